@@ -1,0 +1,1 @@
+"""dualjax: two-tower retrieval models in JAX/Flax."""

@@ -1,0 +1,1 @@
+"""Datasets: TFDS builders, readers, retrieval tasks and grain pipelines."""

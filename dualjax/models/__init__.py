@@ -1,0 +1,1 @@
+"""Flax towers and the dual encoder that composes them."""
