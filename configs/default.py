@@ -1,0 +1,71 @@
+"""Quick start: a bow_mlp dual encoder on the embedded synthetic paraphrase data.
+
+Trains and evaluates in about two minutes on 2 CPU cores:
+    python -m dualjax.main --config=configs/default.py --workdir=runs/default
+Any field can be overridden: --config.model.tower=bow --config.num_train_steps=100
+"""
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0                      # seeds params init, data shuffling and the step rng
+    c.num_train_steps = 1200        # optimizer steps
+    c.global_batch_size = 256       # pairs per step over all devices; each query sees all
+                                    # other documents of the global batch as negatives
+    c.checkpoint_every_steps = 400  # Orbax save cadence (a save also happens at the end)
+    c.keep_checkpoints = 2          # how many recent checkpoints to keep
+    c.eval_every_steps = 400        # evaluate on the "val" split every this many steps (0: off)
+    c.log_every_steps = 50          # metrics.jsonl train rows and non-finite checks
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.num_devices = 0          # devices on the `data` axis (0: all visible devices)
+
+    c.data = ml_collections.ConfigDict()
+    c.data.name = "synthetic_paraphrase"  # "synthetic_paraphrase" | "pairs"
+    c.data.tfds_dir = ""            # where TFDS writes the array_record files ("": WORKDIR/tfds)
+    c.data.path = ""                # pairs: TSV (query<TAB>document) or JSONL file
+    c.data.skip_bad_lines = False   # pairs: skip (and count) bad lines instead of stopping
+    c.data.val_fraction = 0.05      # pairs: fraction of clusters held out for "val"
+    c.data.test_fraction = 0.1      # pairs: fraction of clusters held out for "test"
+    c.data.num_train_clusters = 3000  # synthetic: paraphrase clusters to train on
+    c.data.num_val_clusters = 200   # synthetic: clusters in the "val" split
+    c.data.num_test_clusters = 500  # synthetic: clusters in the "test" split
+    c.data.worker_count = 0         # grain worker processes (0: read in the main process)
+
+    c.model = ml_collections.ConfigDict()
+    c.model.tokenizer = "word"      # word unigrams + hashed out-of-vocabulary buckets
+    c.model.vocab_size = 20000      # most frequent training words kept in the vocabulary
+    c.model.num_oov_buckets = 1000  # hashed buckets for every other word
+    c.model.max_len = 32            # tokens per text (longer texts are truncated)
+    c.model.tower = "bow_mlp"       # "bow" (mean of embeddings) | "bow_mlp" (+ 2-layer tanh MLP)
+    c.model.shared_towers = True    # one tower for queries and documents, or two
+    c.model.embed_dim = 128         # word embedding size (= output size for "bow")
+    c.model.hidden_dim = 256        # bow_mlp: hidden layer size
+    c.model.output_dim = 128        # bow_mlp: embedding size
+    c.model.similarity = "cosine_affine"  # "cosine_affine": alpha*cos+beta, learned |
+                                                                    # "cosine_temperature": cos/temperature, fixed
+    c.model.temperature = 0.1       # cosine_temperature: tau
+    c.model.init_scale = 10.0       # cosine_affine: initial alpha
+    c.model.init_bias = 0.0         # cosine_affine: initial beta
+
+    c.loss = ml_collections.ConfigDict()
+    c.loss.name = "in_batch_softmax"  # softmax over the global batch, positives on the diagonal
+
+    c.optimizer = ml_collections.ConfigDict()
+    c.optimizer.name = "adamw"      # "sgd" (with momentum) | "adam" | "adamw"
+    c.optimizer.learning_rate = 3e-3  # peak learning rate
+    c.optimizer.momentum = 0.9      # sgd: momentum
+    c.optimizer.weight_decay = 0.0  # adamw: decoupled weight decay
+    c.optimizer.warmup_steps = 100  # adam/adamw: linear warmup from 0 to the peak
+    c.optimizer.decay = "linear"    # adam/adamw after warmup: "linear" (to 0 at the end) | "constant"
+    c.optimizer.grad_clip_norm = 0.0  # clip the global gradient norm to this (0: off)
+
+    c.eval = ml_collections.ConfigDict()
+    c.eval.index = "exact"          # "exact": chunked matmul + top_k over the corpus
+    c.eval.top_k = 100              # results kept per query (>= every metric's cutoff)
+    c.eval.batch_size = 512         # texts per jitted encoding batch
+    c.eval.query_chunk = 256        # queries scored at once against the corpus
+    c.eval.corpus_chunk = 4096      # corpus rows scored at once (memory: query_chunk x corpus_chunk)
+    c.eval.untrained = True         # also evaluate the model at initialisation (system "untrained")
+    return c

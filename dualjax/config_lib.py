@@ -1,0 +1,71 @@
+"""Config checks that need the registries: every name and number is checked before any
+work starts, and the message names the key and what would work."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import ml_collections
+
+from dualjax import index, losses
+from dualjax.data import builders
+from dualjax.models import dual_encoder, towers
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+DECAYS = ("linear", "constant")
+TOKENIZERS = ("word",)
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key."""
+
+
+def _one_of(key: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"config.{key}={value!r} is not one of: {', '.join(map(str, allowed))}")
+
+
+def _positive(config: ml_collections.ConfigDict, *keys: str, allow_zero: bool = False) -> None:
+    for key in keys:
+        value = config
+        for part in key.split("."):
+            value = value[part]
+        if value < 0 or (value == 0 and not allow_zero):
+            raise ConfigError(f"config.{key}={value} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
+    """Raises ConfigError for the first value that cannot work."""
+    _one_of("data.name", config.data.name, builders.DATASETS)
+    _one_of("model.tokenizer", config.model.tokenizer, TOKENIZERS)
+    _one_of("model.tower", config.model.tower, towers.TOWERS)
+    _one_of("model.similarity", config.model.similarity, dual_encoder.SIMILARITIES)
+    _one_of("loss.name", config.loss.name, losses.LOSSES)
+    _one_of("optimizer.name", config.optimizer.name, OPTIMIZERS)
+    _one_of("optimizer.decay", config.optimizer.decay, DECAYS)
+    _one_of("eval.index", config.eval.index, index.INDEXES)
+    _positive(config, "num_train_steps", "global_batch_size", "model.vocab_size", "model.max_len",
+              "model.embed_dim", "model.hidden_dim", "model.output_dim", "model.temperature",
+              "optimizer.learning_rate", "eval.top_k", "eval.batch_size", "eval.query_chunk",
+              "eval.corpus_chunk")
+    _positive(config, "checkpoint_every_steps", "eval_every_steps", "log_every_steps",
+              "keep_checkpoints", "model.num_oov_buckets", "optimizer.warmup_steps",
+              "optimizer.grad_clip_norm", "optimizer.weight_decay", "data.worker_count",
+              "mesh.num_devices", allow_zero=True)
+    if config.global_batch_size % num_devices:
+        raise ConfigError(f"config.global_batch_size={config.global_batch_size} must be divisible "
+                          f"by the {num_devices} devices of the mesh (config.mesh.num_devices)")
+    if config.data.name == "pairs":
+        if not config.data.path:
+            raise ConfigError("config.data.path must name a TSV or JSONL pairs file when "
+                              "config.data.name='pairs'")
+        if not 0 <= config.data.val_fraction + config.data.test_fraction < 1:
+            raise ConfigError("config.data.val_fraction + config.data.test_fraction must be in [0, 1)")
+
+
+def write(config: ml_collections.ConfigDict, workdir: str) -> None:
+    """Writes the resolved config to WORKDIR/config.json."""
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        json.dump(config.to_dict(), f, indent=2, sort_keys=True)
+        f.write("\n")

@@ -1,0 +1,190 @@
+"""Retrieval tasks from pairwise data (Gillick et al., 2018, section 3.3).
+
+Positive pairs are merged transitively into clusters (a~b and b~c put a, b and
+c together); clusters, not pairs, are split into train/val/test so that no
+paraphrase crosses a split; and a retrieval task is built from each split in
+which every text of a multi-member cluster is a query whose relevant items are
+the other members of its cluster, and singletons are distractors only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def cluster_pairs(pairs: Sequence[tuple[str, str]]) -> dict[str, int]:
+    """Groups the texts of `pairs` into connected components (union-find).
+
+    Texts are compared by exact string identity; callers may normalise them
+    beforehand.
+
+    Args:
+        pairs: (text, text) positive pairs.
+
+    Returns:
+        text -> cluster id, for every text in `pairs`. Cluster ids are dense,
+        0..C-1, assigned in the order in which each cluster's first text first
+        appears in `pairs` (so the result is deterministic). The dict itself is in
+        order of first appearance of the texts.
+    """
+    index: dict[str, int] = {}
+    parent: list[int] = []
+
+    def node(s: str) -> int:
+        i = index.get(s)
+        if i is None:
+            i = index[s] = len(parent)
+            parent.append(i)
+        return i
+
+    def find(i: int) -> int:
+        root = i
+        while parent[root] != root:
+            root = parent[root]
+        while parent[i] != root:  # Path compression.
+            parent[i], i = root, parent[i]
+        return root
+
+    for a, b in pairs:
+        ra, rb = find(node(a)), find(node(b))
+        if ra != rb:
+            # Attach the later root under the earlier one; with path compression
+            # this keeps the trees shallow and makes roots the first-seen member.
+            if ra < rb:
+                parent[rb] = ra
+            else:
+                parent[ra] = rb
+
+    root_to_cluster: dict[int, int] = {}
+    result: dict[str, int] = {}
+    for s, i in index.items():
+        root = find(i)
+        cluster = root_to_cluster.get(root)
+        if cluster is None:
+            cluster = root_to_cluster[root] = len(root_to_cluster)
+        result[s] = cluster
+    return result
+
+
+def split_clusters(
+        num_clusters: int, fractions: dict[str, float], seed: int
+) -> np.ndarray:
+    """Assigns each cluster id to a split by a seeded random permutation.
+
+    Args:
+        num_clusters: number of clusters, ids 0..num_clusters-1.
+        fractions: split name -> fraction of the clusters, e.g.
+            ``{"train": 0.8, "val": 0.1, "test": 0.1}``; must be non-negative and
+            sum to 1.
+        seed: seed of the permutation; equal seeds give equal splits.
+
+    Returns:
+        int array [num_clusters]: the split index of each cluster, in the order of
+        the keys of `fractions`. Split sizes are the fractions times num_clusters,
+        rounded at the cumulative boundaries (so they add up to num_clusters).
+
+    Raises:
+        ValueError: bad `num_clusters` or `fractions`.
+    """
+    if num_clusters < 0:
+        raise ValueError(f"num_clusters must be >= 0, got {num_clusters}")
+    if not fractions:
+        raise ValueError("fractions must name at least one split")
+    values = [float(v) for v in fractions.values()]
+    if any(not math.isfinite(v) or v < 0 for v in values):
+        raise ValueError(f"fractions must be finite and >= 0, got {fractions}")
+    total = math.fsum(values)
+    if not math.isclose(total, 1.0, rel_tol=0, abs_tol=1e-6):
+        raise ValueError(f"fractions must sum to 1, got {total} from {fractions}")
+
+    permutation = np.random.default_rng(seed).permutation(num_clusters)
+    cumulative = np.cumsum(values) / total
+    bounds = np.rint(cumulative * num_clusters).astype(np.int64)
+    bounds[-1] = num_clusters
+    assignment = np.empty(num_clusters, dtype=np.int32)
+    start = 0
+    for split, end in enumerate(bounds):
+        end = max(int(end), start)
+        assignment[permutation[start:end]] = split
+        start = end
+    return assignment
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrievalTask:
+    """A retrieval evaluation task: queries against a corpus of candidates."""
+
+    corpus: list[str]  # Candidate texts.
+    queries: list[str]
+    relevant: list[frozenset[int]]  # Per query, the relevant corpus indices.
+    # int [num_queries]: the query's own index in the corpus, or -1, so that
+    # search can exclude it (a query never retrieves itself).
+    query_corpus_index: np.ndarray
+
+    def __post_init__(self):
+        n = len(self.queries)
+        if len(self.relevant) != n or len(self.query_corpus_index) != n:
+            raise ValueError(
+                    f"{n} queries but {len(self.relevant)} relevant sets and "
+                    f"{len(self.query_corpus_index)} query corpus indices")
+
+
+def task_from_clusters(
+        texts: Sequence[str], cluster_ids: Sequence[int]
+) -> RetrievalTask:
+    """Builds a retrieval task from texts labelled with cluster ids.
+
+    The corpus is all texts, deduplicated (first occurrence wins, order kept).
+    Every text whose cluster has at least two distinct members is a query (in
+    corpus order); its relevant items are the other members of its cluster.
+    Texts of singleton clusters are in the corpus only, as distractors.
+
+    Args:
+        texts: the texts; duplicates are allowed but must carry the same id.
+        cluster_ids: the cluster id of each text, aligned with `texts`.
+
+    Raises:
+        ValueError: `texts` and `cluster_ids` differ in length, or one text is
+            given two different cluster ids.
+    """
+    if len(texts) != len(cluster_ids):
+        raise ValueError(
+                f"{len(texts)} texts but {len(cluster_ids)} cluster ids")
+    corpus_index: dict[str, int] = {}
+    corpus: list[str] = []
+    corpus_cluster: list[int] = []
+    for s, cluster in zip(texts, cluster_ids):
+        cluster = int(cluster)
+        i = corpus_index.get(s)
+        if i is None:
+            corpus_index[s] = len(corpus)
+            corpus.append(s)
+            corpus_cluster.append(cluster)
+        elif corpus_cluster[i] != cluster:
+            raise ValueError(
+                    f"text {s!r} has two cluster ids: {corpus_cluster[i]} and {cluster}")
+
+    members: dict[int, list[int]] = {}
+    for i, cluster in enumerate(corpus_cluster):
+        members.setdefault(cluster, []).append(i)
+
+    queries: list[str] = []
+    relevant: list[frozenset[int]] = []
+    query_corpus_index: list[int] = []
+    for i, cluster in enumerate(corpus_cluster):
+        group = members[cluster]
+        if len(group) < 2:
+            continue
+        queries.append(corpus[i])
+        relevant.append(frozenset(j for j in group if j != i))
+        query_corpus_index.append(i)
+    return RetrievalTask(
+            corpus=corpus,
+            queries=queries,
+            relevant=relevant,
+            query_corpus_index=np.asarray(query_corpus_index, dtype=np.int64),
+    )

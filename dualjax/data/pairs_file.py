@@ -1,0 +1,152 @@
+"""Reading the user's own positive (query, document) pairs from a file.
+
+Two formats, chosen by the file extension:
+
+* ``.tsv`` / ``.txt``: one pair per line, ``query<TAB>document`` (exactly one
+    tab per line).
+* ``.jsonl`` / ``.json``: one JSON object per line with string fields
+    ``query`` and ``document``; other fields are ignored.
+
+Every problem is reported as a :class:`DataError` whose message names the file
+and the (1-based) line number, or, with ``skip_bad_lines=True``, the bad lines
+are skipped and counted in a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from absl import logging
+
+from dualjax import text as text_lib
+
+_TSV_SUFFIXES = (".tsv", ".txt")
+_JSONL_SUFFIXES = (".jsonl", ".json")
+# How many bad line numbers the skip warning lists.
+_MAX_REPORTED_LINES = 10
+
+
+class DataError(ValueError):
+    """Bad input data; the message names the file and line."""
+
+
+def _parse_tsv_line(line: str) -> tuple[str, str]:
+    tabs = line.count("\t")
+    if tabs == 0:
+        raise ValueError("no tab: expected 'query<TAB>document'")
+    if tabs > 1:
+        raise ValueError(
+                f"{tabs} tabs: expected exactly one tab between query and document")
+    query, document = line.split("\t")
+    return query, document
+
+
+def _parse_jsonl_line(line: str) -> tuple[str, str]:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"malformed JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(
+                f"expected a JSON object, got {type(obj).__name__}")
+    sides = []
+    for field in ("query", "document"):
+        if field not in obj:
+            raise ValueError(f"missing field {field!r}")
+        value = obj[field]
+        if not isinstance(value, str):
+            raise ValueError(
+                    f"field {field!r} must be a string, got {type(value).__name__}")
+        sides.append(value)
+    return sides[0], sides[1]
+
+
+def _read_bytes(path: str | os.PathLike) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, expected a file") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
+
+
+def read_pairs(
+        path: str | os.PathLike, skip_bad_lines: bool = False
+) -> list[tuple[str, str]]:
+    """Reads positive (query, document) pairs from a TSV or JSONL file.
+
+    Args:
+        path: the file; its extension picks the format (see the module docstring).
+        skip_bad_lines: if True, bad lines are skipped (and their count logged)
+            instead of raising.
+
+    Returns:
+        The pairs in file order, each side as written in the file (a trailing
+        carriage return of a CRLF line ending is removed).
+
+    Raises:
+        DataError: the file is missing, unreadable, of an unknown type, has a bad
+            line (unless ``skip_bad_lines``), or yields no pairs at all.
+    """
+    suffix = os.path.splitext(os.fspath(path))[1].lower()
+    if suffix in _TSV_SUFFIXES:
+        parse = _parse_tsv_line
+    elif suffix in _JSONL_SUFFIXES:
+        parse = _parse_jsonl_line
+    else:
+        raise DataError(
+                f"{path}: unsupported file extension {suffix!r}; expected one of "
+                f"{', '.join(_TSV_SUFFIXES + _JSONL_SUFFIXES)}")
+
+    if os.path.isdir(path):
+        raise DataError(f"{path}: is a directory, expected a file")
+    data = _read_bytes(path)
+
+    raw_lines = data.split(b"\n")
+    if raw_lines and raw_lines[-1] == b"":
+        # A trailing newline at EOF ends the last line; it is not an empty line.
+        raw_lines.pop()
+
+    pairs: list[tuple[str, str]] = []
+    bad: list[tuple[int, str]] = []  # (line number, reason)
+    for lineno, raw in enumerate(raw_lines, start=1):
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        try:
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                        f"invalid UTF-8 (byte {raw[e.start:e.start + 1]!r} at column "
+                        f"{e.start + 1})") from None
+            if not line.strip():
+                raise ValueError("empty line")
+            query, document = parse(line)
+            for side, value in (("query", query), ("document", document)):
+                if not text_lib.normalize(value):
+                    raise ValueError(
+                            f"{side} is empty after normalisation: {value!r}")
+        except ValueError as e:
+            if not skip_bad_lines:
+                raise DataError(f"{path}:{lineno}: {e}") from None
+            bad.append((lineno, str(e)))
+            continue
+        pairs.append((query, document))
+
+    if bad:
+        shown = ", ".join(str(n) for n, _ in bad[:_MAX_REPORTED_LINES])
+        more = "" if len(bad) <= _MAX_REPORTED_LINES else ", ..."
+        logging.warning(
+                "%s: skipped %d bad line(s) (lines %s%s); first problem: line %d: %s",
+                path, len(bad), shown, more, bad[0][0], bad[0][1])
+    if not pairs:
+        if bad:
+            raise DataError(
+                    f"{path}: no usable pairs: all {len(bad)} line(s) are bad "
+                    f"(first: line {bad[0][0]}: {bad[0][1]})")
+        raise DataError(f"{path}: no pairs: the file is empty")
+    return pairs

@@ -1,0 +1,130 @@
+"""Retrieval metrics over ranked corpus ids and per-query relevance sets (plain numpy).
+
+All metrics are computed from one boolean hit matrix ``hits[q, j]`` (is the item at rank
+``j + 1`` of query ``q`` relevant?).  A metric cutoff larger than the number of returned
+results ``K`` simply uses all ``K`` results; the denominators (R for MAP/recall, the ideal
+DCG for nDCG) still depend only on R and the nominal cutoff, so returning fewer results is
+never rewarded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+import numpy as np
+
+PAD_ID = -1
+
+
+def _hits_and_counts(ranked: np.ndarray, relevant: Sequence[Collection[int]]
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Builds the hit matrix.
+
+    Args:
+      ranked: int array [nq, K] of corpus ids, best first; ``-1`` is padding.
+      relevant: length-nq sequence of relevant-id collections.
+
+    Returns:
+      hits: bool [nq, K]; True where the id is relevant (padding and repeats of an id
+        already seen higher in the same row never count).
+      num_rel: float [nq], R per query (number of distinct relevant ids).
+
+    Raises:
+      ValueError: on shape mismatch or a query with no relevant ids.
+    """
+    ranked = np.asarray(ranked)
+    if ranked.ndim != 2:
+        raise ValueError(f"ranked must be 2-D [num_queries, K], got shape {ranked.shape}")
+    nq, k = ranked.shape
+    if nq == 0:
+        raise ValueError("no queries to score")
+    if len(relevant) != nq:
+        raise ValueError(f"ranked has {nq} queries but relevant has {len(relevant)}")
+    hits = np.zeros((nq, k), dtype=bool)
+    num_rel = np.zeros(nq, dtype=np.float64)
+    for q, rel in enumerate(relevant):
+        rel_set = {int(r) for r in rel}
+        if not rel_set:
+            raise ValueError(f"query {q} has no relevant items; drop it before scoring")
+        num_rel[q] = len(rel_set)
+        seen: set[int] = set()
+        for j, doc in enumerate(ranked[q].tolist()):
+            if doc != PAD_ID and doc in rel_set and doc not in seen:
+                hits[q, j] = True
+                seen.add(doc)
+    return hits, num_rel
+
+
+def _ranks(n: int) -> np.ndarray:
+    """1-based ranks [n] as float64."""
+    return np.arange(1, n + 1, dtype=np.float64)
+
+
+def retrieval_metrics(ranked: np.ndarray, relevant: Sequence[Collection[int]],
+                      ks_recall: Sequence[int] = (1, 10, 100),
+                      ks_success: Sequence[int] = (1, 10),
+                      map_k: int = 100, mrr_k: int = 10, ndcg_k: int = 10
+                      ) -> dict[str, float]:
+    """Mean retrieval metrics over queries.
+
+    Args:
+      ranked: int array [nq, K] of corpus ids, best first; ``-1`` means "no result".
+      relevant: per query, the relevant corpus ids (must be non-empty).
+      ks_recall, ks_success, map_k, mrr_k, ndcg_k: metric cutoffs.
+
+    Returns:
+      Dict with keys ``map@{map_k}``, ``recall@{k}``, ``mrr@{mrr_k}``, ``success@{k}``,
+      ``ndcg@{ndcg_k}`` (Python floats, means over queries) and ``num_queries`` (int).
+    """
+    hits, num_rel = _hits_and_counts(ranked, relevant)
+    nq, k_avail = hits.shape
+    h = hits.astype(np.float64)
+    cum = np.cumsum(h, axis=1)                                   # [nq, K] hits in top j
+    cum0 = np.concatenate([np.zeros((nq, 1)), cum], axis=1)      # [nq, K+1]; col k = top k
+
+    def top(k: int) -> int:
+        if k < 1:
+            raise ValueError(f"cutoffs must be >= 1, got {k}")
+        return min(k, k_avail)
+
+    out: dict[str, float] = {}
+    # MAP@K (Gillick et al. 2018): sum_j P@j * rel_j / R.
+    n = top(map_k)
+    prec = cum[:, :n] / _ranks(n)
+    out[f"map@{map_k}"] = float(np.mean((prec * h[:, :n]).sum(axis=1) / num_rel))
+    for k in ks_recall:
+        out[f"recall@{k}"] = float(np.mean(cum0[:, top(k)] / num_rel))
+    # MRR@K: 1 / rank of first hit within top K.
+    n = top(mrr_k)
+    first = np.argmax(hits[:, :n], axis=1) if n else np.zeros(nq, dtype=int)
+    found = hits[:, :n].any(axis=1)
+    out[f"mrr@{mrr_k}"] = float(np.mean(np.where(found, 1.0 / (first + 1), 0.0)))
+    for k in ks_success:
+        out[f"success@{k}"] = float(np.mean(cum0[:, top(k)] > 0))
+    # nDCG@K, binary gains; IDCG over min(R, K) with the nominal cutoff K.
+    n = top(ndcg_k)
+    dcg = (h[:, :n] / np.log2(_ranks(n) + 1)).sum(axis=1)
+    disc = np.concatenate([[0.0], np.cumsum(1.0 / np.log2(_ranks(ndcg_k) + 1))])
+    idcg = disc[np.minimum(num_rel, ndcg_k).astype(int)]
+    out[f"ndcg@{ndcg_k}"] = float(np.mean(dcg / idcg))
+    out["num_queries"] = int(nq)
+    return out
+
+
+def recall_curve(ranked: np.ndarray, relevant: Sequence[Collection[int]],
+                 max_k: int = 100) -> np.ndarray:
+    """Mean recall@k for k = 1..max_k.
+
+    Args:
+      ranked: int array [nq, K]; ``-1`` is padding.
+      relevant: per query, the relevant corpus ids (non-empty).
+      max_k: last cutoff; cutoffs beyond K repeat recall@K.
+
+    Returns:
+      float64 array [max_k]; entry ``k - 1`` equals ``retrieval_metrics(...)["recall@k"]``.
+    """
+    hits, num_rel = _hits_and_counts(ranked, relevant)
+    nq, k_avail = hits.shape
+    cum0 = np.concatenate([np.zeros((nq, 1)), np.cumsum(hits, axis=1)], axis=1)
+    cols = np.minimum(np.arange(1, max_k + 1), k_avail)
+    return (cum0[:, cols] / num_rel[:, None]).mean(axis=0)

@@ -1,0 +1,150 @@
+"""Text normalisation, a word tokenizer with hashed OOV buckets, and vocab save/load.
+
+Pure Python + numpy (no jax), so it can run inside data-loading workers.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import json
+import os
+import re
+import unicodedata
+import zlib
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+PAD_ID = 0
+_NON_ALNUM = re.compile(r"[^a-z0-9]+")
+_FORMAT_VERSION = 1
+
+
+def normalize(text: str) -> str:
+    """Canonical form of `text` used before splitting into words.
+
+    Steps: casefold (lowercase, also "ß" -> "ss"); Unicode NFKD and drop combining
+    marks; drop any remaining non-ASCII characters; replace every run of characters
+    outside [a-z0-9] (punctuation, whitespace) by a single space; strip.
+    Punctuation becomes a word boundary, e.g. "What's up?" -> "what s up",
+    "Café Über" -> "cafe uber".
+    """
+    decomposed = unicodedata.normalize("NFKD", text.casefold())
+    no_marks = "".join(c for c in decomposed if not unicodedata.combining(c))
+    ascii_only = no_marks.encode("ascii", "ignore").decode("ascii").lower()
+    return _NON_ALNUM.sub(" ", ascii_only).strip()
+
+
+def words(text: str) -> list[str]:
+    """The normalised words of `text` (`normalize(text).split()`); may be empty."""
+    return normalize(text).split()
+
+
+def _stable_hash(word: str) -> int:
+    """Process-independent hash of a word: CRC-32 of its UTF-8 bytes (unsalted)."""
+    return zlib.crc32(word.encode("utf-8"))
+
+
+@dataclasses.dataclass(frozen=True)
+class WordTokenizer:
+    """Maps normalised words to integer ids.
+
+    Id layout (N = len(vocab), M = num_oov_buckets):
+      0            padding (never produced for a real token)
+      1 .. N       vocab words, in `vocab` order (most frequent first)
+      N+1 .. N+M   OOV buckets: an unknown word w gets N + 1 + crc32(w) % M
+      N+1          if M == 0, the single shared "unk" id for every unknown word
+    so `vocab_size` (embedding rows) is 1 + N + max(M, 1).
+    """
+
+    vocab: tuple[str, ...]
+    num_oov_buckets: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "vocab", tuple(self.vocab))
+        if self.num_oov_buckets < 0:
+            raise ValueError(f"num_oov_buckets must be >= 0, got {self.num_oov_buckets}")
+        if len(set(self.vocab)) != len(self.vocab):
+            raise ValueError("vocab contains duplicate words")
+
+    @property
+    def vocab_size(self) -> int:
+        """Total number of ids / embedding rows: 1 + N + max(M, 1)."""
+        return 1 + len(self.vocab) + max(self.num_oov_buckets, 1)
+
+    @functools.cached_property
+    def _word_to_id(self) -> dict[str, int]:
+        return {w: i + 1 for i, w in enumerate(self.vocab)}
+
+    def _oov_id(self, word: str) -> int:
+        first = len(self.vocab) + 1
+        if self.num_oov_buckets == 0:
+            return first
+        return first + _stable_hash(word) % self.num_oov_buckets
+
+    def token_ids(self, text: str) -> list[int]:
+        """Unpadded ids (each in [1, vocab_size)) of the normalised words of `text`."""
+        table = self._word_to_id
+        return [table.get(w) or self._oov_id(w) for w in words(text)]
+
+    def encode(self, texts: Sequence[str], max_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """Batch-encode `texts` to fixed length.
+
+        Returns (ids, mask): ids int32 [n, max_len], truncated to the first `max_len`
+        words and right-padded with 0; mask bool [n, max_len], True on real tokens.
+        A text with no words gives an all-padding row (mask all False).
+        """
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        ids = np.zeros((len(texts), max_len), dtype=np.int32)
+        for row, text in enumerate(texts):
+            toks = self.token_ids(text)[:max_len]
+            ids[row, : len(toks)] = toks
+        return ids, ids != PAD_ID
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the tokenizer as JSON: {"type", "vocab", "num_oov_buckets", "version"}."""
+        payload = {"type": "word", "vocab": list(self.vocab),
+                   "num_oov_buckets": self.num_oov_buckets, "version": _FORMAT_VERSION}
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(payload, f, ensure_ascii=True)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> WordTokenizer:
+        """Read a tokenizer written by `save`; errors name `path` if missing or corrupt."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                payload = json.load(f)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"tokenizer file not found: {os.fspath(path)}") from e
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read tokenizer file {os.fspath(path)}: {e}") from e
+        try:
+            if payload.get("type") != "word" or payload.get("version") != _FORMAT_VERSION:
+                raise ValueError(f"unsupported type/version {payload.get('type')!r}/"
+                                 f"{payload.get('version')!r}")
+            vocab, m = payload["vocab"], payload["num_oov_buckets"]
+            if not (isinstance(vocab, list) and all(isinstance(w, str) for w in vocab)
+                    and isinstance(m, int)):
+                raise ValueError("bad vocab or num_oov_buckets")
+            return cls(vocab=tuple(vocab), num_oov_buckets=m)
+        except (AttributeError, KeyError, ValueError) as e:
+            raise ValueError(f"corrupt tokenizer file {os.fspath(path)}: {e}") from e
+
+
+def build_word_tokenizer(texts: Iterable[str], vocab_size: int, num_oov_buckets: int,
+                         min_count: int = 1) -> WordTokenizer:
+    """Build a tokenizer from training texts.
+
+    Keeps the `vocab_size` most frequent normalised words with count >= `min_count`,
+    ordered by count descending, ties broken alphabetically (deterministic).
+    `vocab_size` here is N (vocab words), not the total id count.
+    """
+    if vocab_size < 0:
+        raise ValueError(f"vocab_size must be >= 0, got {vocab_size}")
+    counts = collections.Counter(w for t in texts for w in words(t))
+    ranked = sorted((kv for kv in counts.items() if kv[1] >= min_count),
+                    key=lambda kv: (-kv[1], kv[0]))
+    return WordTokenizer(vocab=tuple(w for w, _ in ranked[:vocab_size]),
+                         num_oov_buckets=num_oov_buckets)

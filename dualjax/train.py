@@ -1,0 +1,245 @@
+"""Training and evaluation of a dual encoder, in named sections.
+
+`train_and_evaluate(config, workdir)` runs: workdir → mesh → input → model and
+optimizer → sharded state → update step → checkpoint/resume → loop (logging, evals,
+preemption) → final evaluation. Everything it writes goes under `workdir`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from tqdm.auto import tqdm
+
+from dualjax import checkpoints, config_lib, evaluate, losses, sharding, text
+from dualjax.data import builders, pipeline
+from dualjax.metrics_log import MetricsLog
+from dualjax.models import dual_encoder
+
+State = dict[str, Any]  # {"params", "opt_state", "step", "rng"}
+Hook = Callable[[int, dict], None]  # called after every step with (step, device metrics)
+TABLE_KEYS = ("map@100", "recall@1", "recall@10", "recall@100", "mrr@10", "success@1",
+              "success@10", "ndcg@10")
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Training produced a non-finite loss or gradient; nothing of that state was saved."""
+
+
+# ----------------------------------------------------------------------------- optimizer
+def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """SGD with momentum (constant rate, as Gillick et al.) or Adam/AdamW with linear
+    warmup then linear decay to zero or a constant rate (as Chang et al.)."""
+    if cfg.name == "sgd":
+        schedule = optax.constant_schedule(cfg.learning_rate)
+        tx = optax.sgd(schedule, momentum=cfg.momentum or None)
+    else:
+        warmup = min(cfg.warmup_steps, num_steps)
+        after = (optax.linear_schedule(cfg.learning_rate, 0.0, max(num_steps - warmup, 1))
+                 if cfg.decay == "linear" else optax.constant_schedule(cfg.learning_rate))
+        schedule = optax.join_schedules(
+            [optax.linear_schedule(0.0, cfg.learning_rate, warmup), after], [warmup])
+        tx = (optax.adamw(schedule, weight_decay=cfg.weight_decay) if cfg.name == "adamw"
+              else optax.adam(schedule))
+    if cfg.grad_clip_norm:
+        tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip_norm), tx)
+    return tx, schedule
+
+
+# ----------------------------------------------------------------------------- input
+def load_tokenizer(config, workdir: str, source) -> text.WordTokenizer:
+    """WORKDIR/vocab.json if it exists (a resumed or evaluated run), else built from the
+    training pairs and saved there."""
+    path = os.path.join(workdir, "vocab.json")
+    if os.path.exists(path):
+        return text.WordTokenizer.load(path)
+    records = (source[i] for i in range(len(source)))
+    texts = (r[k].decode("utf-8") for r in records for k in ("query", "document"))
+    tok = text.build_word_tokenizer(texts, config.model.vocab_size, config.model.num_oov_buckets)
+    tok.save(path)
+    logging.info("Vocabulary: %d words + %d OOV buckets, saved to %s", len(tok.vocab),
+                 tok.num_oov_buckets, path)
+    return tok
+
+
+# ----------------------------------------------------------------------------- step
+def make_train_step(model, tx, schedule, loss_fn, state_sharding, batch_sharding, replicated):
+    """The jitted update: state, global batch -> new state, flat dict of metrics."""
+
+    def step(state: State, batch: dict) -> tuple[State, dict]:
+        rng = jax.random.fold_in(state["rng"], state["step"])
+
+        def objective(params):
+            q, d, scale, bias = model.apply({"params": params}, batch["q_ids"], batch["q_mask"],
+                                            batch["d_ids"], batch["d_mask"], rngs={"dropout": rng})
+            loss, aux = loss_fn(q, d, scale, bias)
+            return loss, {**aux, "scale": scale}
+
+        (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(state["params"])
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        new_state = {**state, "params": params, "opt_state": opt_state, "step": state["step"] + 1}
+        metrics = {"loss": loss, **aux, "grad_norm": optax.global_norm(grads),
+                   "param_norm": optax.global_norm(params),
+                   "learning_rate": schedule(state["step"])}
+        return new_state, metrics
+
+    return jax.jit(step, in_shardings=(state_sharding, batch_sharding),
+                   out_shardings=(state_sharding, replicated), donate_argnums=(0,))
+
+
+def check_finite(pending: list[tuple[int, dict]], last_saved: int | None) -> None:
+    """Raises NonFiniteLossError if any pending step had a non-finite loss or gradient."""
+    for step, m in pending:
+        loss, gnorm = float(m["loss"]), float(m["grad_norm"])
+        if not (np.isfinite(loss) and np.isfinite(gnorm)):
+            where = (f"the last good checkpoint is step {last_saved}" if last_saved is not None
+                     else "no checkpoint was written")
+            raise NonFiniteLossError(
+                f"non-finite training loss at step {step} (loss={loss}, grad_norm={gnorm}); "
+                f"stopped without saving this state ({where}). Try a lower "
+                "optimizer.learning_rate or optimizer.grad_clip_norm.")
+
+
+# ----------------------------------------------------------------------------- main
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       hooks: Sequence[Hook] = ()) -> dict[str, dict]:
+    """Trains (or resumes) and evaluates; returns {system: test metrics}.
+
+    A SIGTERM during training saves a checkpoint and returns early ({}); running the
+    same command again resumes from it.
+    """
+    # Workdir and mesh.
+    mesh = sharding.make_mesh(config.mesh.num_devices)
+    config_lib.validate(config, mesh.devices.size)
+    os.makedirs(workdir, exist_ok=True)
+    config_lib.write(config, workdir)
+    log = MetricsLog(workdir)
+    tfds_dir = config.data.tfds_dir or os.path.join(workdir, "tfds")
+
+    # Input.
+    source = builders.train_source(config.data, config.seed, tfds_dir)
+    tokenizer = load_tokenizer(config, workdir, source)
+    data_iter = pipeline.train_iterator(source, tokenizer, config.model.max_len,
+                                        config.global_batch_size, config.seed,
+                                        config.data.worker_count)
+    logging.info("Training pairs: %d; global batch %d over %d devices", len(source),
+                 config.global_batch_size, mesh.devices.size)
+
+    # Model, optimizer and the sharded state.
+    model = dual_encoder.make_model(config.model, tokenizer.vocab_size)
+    tx, schedule = make_optimizer(config.optimizer, config.num_train_steps)
+
+    def init_state(seed: int) -> State:
+        params = dual_encoder.init_params(model, jax.random.PRNGKey(seed), config.model.max_len)
+        return {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
+                "rng": jax.random.PRNGKey(seed + 1)}
+
+    replicated = sharding.replicated(mesh)
+    state_sharding = jax.tree.map(lambda _: replicated, jax.eval_shape(init_state, config.seed))
+    state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(config.seed)
+    loss_fn = losses.sharded(config.loss.name, mesh)
+    train_step = make_train_step(model, tx, schedule, loss_fn, state_sharding,
+                                 sharding.batch_sharding(mesh), replicated)
+
+    # Checkpoints: resume from the latest one if there is one.
+    ckpt = checkpoints.Checkpointer(workdir, config.keep_checkpoints)
+    last_saved = ckpt.latest_step()
+    if last_saved is not None:
+        state, data_state = ckpt.restore(last_saved, checkpoints.abstract_like(state))
+        data_iter.set_state(data_state)
+        log.truncate_after(last_saved)
+        logging.info("Resumed from %s at step %d", os.path.join(workdir, "checkpoints"), last_saved)
+    start = int(state["step"])
+
+    encoders = make_encoders(model)
+    eval_tasks = {}
+
+    def run_eval(params, split: str, system: str, step: int) -> dict:
+        if split not in eval_tasks:
+            eval_tasks[split] = builders.eval_task(config.data, config.seed, tfds_dir, split)
+        task = eval_tasks[split]
+        values = evaluate.evaluate_task(*(functools.partial(f, params) for f in encoders), task,
+                                        tokenizer, config.model.max_len, config.eval, mesh)
+        log.write(step, split, values, system=system)
+        evaluate.log_metrics(f"eval {split} {system} step {step} ({len(task.queries)} queries, "
+                             f"{len(task.corpus)} candidates)", values)
+        return values
+
+    def save(step: int) -> None:
+        nonlocal last_saved
+        ckpt.save(step, state, data_iter.get_state())
+        last_saved = step
+
+    # Loop.
+    preempted = []
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
+    pending: list[tuple[int, dict]] = []
+    bar = tqdm(total=config.num_train_steps, initial=start, desc="train", unit="step",
+               disable=None, dynamic_ncols=True)
+    try:
+        for step in range(start + 1, config.num_train_steps + 1):
+            batch = sharding.put_global_batch(next(data_iter), mesh)
+            state, step_metrics = train_step(state, batch)
+            pending.append((step, step_metrics))
+            for hook in hooks:
+                hook(step, step_metrics)
+            bar.update(1)
+            is_last = step == config.num_train_steps
+            is_ckpt = is_last or (config.checkpoint_every_steps and
+                                  step % config.checkpoint_every_steps == 0) or preempted
+            if is_ckpt or step % max(config.log_every_steps, 1) == 0:
+                pending = jax.device_get(pending)
+                check_finite(pending, last_saved)
+                step_, values = pending[-1]
+                log.write(step_, "train", values)
+                bar.set_postfix(loss=f"{values['loss']:.4f}",
+                                p1=f"{values['in_batch_p@1']:.3f}")
+                pending = []
+            if is_ckpt:
+                save(step)
+            if preempted:
+                ckpt.close()
+                logging.warning("SIGTERM: saved a checkpoint at step %d in %s; run the same "
+                                "command again to resume.", step, workdir)
+                return {}
+            if config.eval_every_steps and step % config.eval_every_steps == 0 and not is_last:
+                run_eval(state["params"], "val", "dual_encoder", step)
+    finally:
+        bar.close()
+        signal.signal(signal.SIGTERM, previous_handler)
+    if last_saved != config.num_train_steps and start < config.num_train_steps:
+        save(config.num_train_steps)
+    ckpt.close()
+
+    # Final evaluation: the trained towers and, for reference, their initialisation.
+    step = config.num_train_steps
+    results = {}
+    for split in builders.EVAL_SPLITS:
+        results_split = {"dual_encoder": run_eval(state["params"], split, "dual_encoder", step)}
+        if config.eval.untrained:
+            untrained = jax.jit(init_state, static_argnums=0)(config.seed)["params"]
+            results_split["untrained"] = run_eval(untrained, split, "untrained", step)
+        results[split] = results_split
+    rows = [{"system": s, **v} for s, v in results["test"].items()]
+    print(f"\nTest split, step {step} ({workdir}):\n" + evaluate.format_table(rows, TABLE_KEYS))
+    return results["test"]
+
+
+def make_encoders(model) -> tuple[Callable, Callable]:
+    """Jitted (params, ids, mask) -> unit vectors, for the query and the document side."""
+    q = jax.jit(lambda p, ids, mask: model.apply({"params": p}, ids, mask,
+                                                 method="encode_queries"))
+    d = jax.jit(lambda p, ids, mask: model.apply({"params": p}, ids, mask,
+                                                 method="encode_documents"))
+    return q, d

@@ -1,0 +1,142 @@
+"""Tests for dualjax.text: normalisation, word tokenizer, OOV hashing, save/load."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dualjax.text import WordTokenizer, build_word_tokenizer, normalize, words
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("Hello World", "hello world"),
+    ("Café Über", "cafe uber"),
+    ("naïve façade", "naive facade"),
+    ("What's up?!", "what s up"),
+    ("  many \t\n  spaces  ", "many spaces"),
+    ("a-b_c.d,e", "a b c d e"),
+    ("日本 tokyo", "tokyo"),
+    ("Straße", "strasse"),
+    ("R2-D2 & C3PO", "r2 d2 c3po"),
+    ("", ""),
+    ("?!...", ""),
+])
+def test_normalize(raw, expected):
+    assert normalize(raw) == expected
+
+
+def test_words():
+    assert words("The cat's HAT.") == ["the", "cat", "s", "hat"]
+    assert words(" !! ") == []
+
+
+def test_vocab_order_ties_and_min_count():
+    texts = ["b a c", "a b", "a d", "e"]  # a:3, b:2, c:1, d:1, e:1
+    tok = build_word_tokenizer(texts, vocab_size=10, num_oov_buckets=2)
+    assert tok.vocab == ("a", "b", "c", "d", "e")
+    assert build_word_tokenizer(texts, vocab_size=3, num_oov_buckets=2).vocab == ("a", "b", "c")
+    assert build_word_tokenizer(texts, vocab_size=10, num_oov_buckets=2,
+                                min_count=2).vocab == ("a", "b")
+    # counting happens on normalised words
+    tok2 = build_word_tokenizer(["Zed zed ZED!", "Ünder under"], 10, 1)
+    assert tok2.vocab == ("zed", "under")
+    # input order does not matter
+    assert build_word_tokenizer(texts[::-1], 10, 2).vocab == tok.vocab
+
+
+def test_id_layout():
+    tok = WordTokenizer(vocab=("a", "b", "c"), num_oov_buckets=4)
+    assert tok.vocab_size == 1 + 3 + 4
+    assert tok.token_ids("a b c") == [1, 2, 3]
+    oov = tok.token_ids("x y z zebra quux unknown words here")
+    assert all(4 <= i <= 7 for i in oov)
+    assert len(set(oov)) > 1  # hashing spreads words over buckets
+    assert tok.token_ids("zebra")[0] == tok.token_ids("ZEBRA!")[0]  # deterministic
+    assert tok.token_ids("zebra a zebra") == [oov[3], 1, oov[3]]
+
+
+def test_no_oov_buckets_uses_single_unk():
+    tok = WordTokenizer(vocab=("a", "b"), num_oov_buckets=0)
+    assert tok.vocab_size == 4
+    assert tok.token_ids("a x b y") == [1, 3, 2, 3]
+
+
+def test_invalid_construction():
+    with pytest.raises(ValueError):
+        WordTokenizer(vocab=("a", "a"), num_oov_buckets=1)
+    with pytest.raises(ValueError):
+        WordTokenizer(vocab=("a",), num_oov_buckets=-1)
+
+
+_CHILD = """
+import json, sys
+from dualjax.text import WordTokenizer
+tok = WordTokenizer(vocab=("a",), num_oov_buckets=1000)
+print(json.dumps(tok.token_ids(sys.argv[1])))
+"""
+
+
+def test_oov_bucket_stable_across_processes():
+    text = "zebra quux xylophone flibbertigibbet a"
+    repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    results = []
+    for seed in ("0", "1", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=seed,
+                   PYTHONPATH=repo_root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        out = subprocess.run([sys.executable, "-c", _CHILD, text], env=env,
+                             capture_output=True, text=True, check=True)
+        results.append(json.loads(out.stdout))
+    local = WordTokenizer(vocab=("a",), num_oov_buckets=1000).token_ids(text)
+    assert results[0] == results[1] == results[2] == local
+    assert local[-1] == 1
+
+
+def test_encode_padding_truncation_and_mask():
+    tok = WordTokenizer(vocab=("a", "b", "c"), num_oov_buckets=2)
+    ids, mask = tok.encode(["a b", "c a b a c", "", "!!"], max_len=4)
+    assert ids.shape == mask.shape == (4, 4)
+    assert ids.dtype == np.int32 and mask.dtype == np.bool_
+    np.testing.assert_array_equal(ids, [[1, 2, 0, 0], [3, 1, 2, 1], [0, 0, 0, 0], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(mask, ids != 0)
+    assert mask.sum(axis=1).tolist() == [2, 4, 0, 0]
+    empty_ids, empty_mask = tok.encode([], max_len=3)
+    assert empty_ids.shape == empty_mask.shape == (0, 3)
+    with pytest.raises(ValueError):
+        tok.encode(["a"], max_len=0)
+
+
+def test_save_load_round_trip(tmp_path):
+    texts = ["The quick brown fox", "jumps over the lazy dog", "the fox again", "Café"]
+    tok = build_word_tokenizer(texts, vocab_size=5, num_oov_buckets=3)
+    path = tmp_path / "tok.json"
+    tok.save(path)
+    payload = json.loads(path.read_text())
+    assert payload == {"type": "word", "vocab": list(tok.vocab), "num_oov_buckets": 3,
+                       "version": 1}
+    loaded = WordTokenizer.load(str(path))
+    assert loaded == tok
+    probe = texts + ["unseen words everywhere", ""]
+    for a, b in zip(tok.encode(probe, 6), loaded.encode(probe, 6)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_load_missing_file_names_path(tmp_path):
+    path = tmp_path / "does_not_exist.json"
+    with pytest.raises(FileNotFoundError, match="does_not_exist.json"):
+        WordTokenizer.load(path)
+
+
+@pytest.mark.parametrize("content", [
+    "{not json",
+    json.dumps([1, 2]),
+    json.dumps({"type": "bpe", "vocab": [], "num_oov_buckets": 1, "version": 1}),
+    json.dumps({"type": "word", "vocab": ["a"], "version": 1}),
+    json.dumps({"type": "word", "vocab": ["a", "a"], "num_oov_buckets": 1, "version": 1}),
+])
+def test_load_corrupt_file_names_path(tmp_path, content):
+    path = tmp_path / "corrupt_tok.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match="corrupt_tok.json"):
+        WordTokenizer.load(path)
