@@ -89,8 +89,8 @@ def make_train_step(model, tx, schedule, loss_fn, state_sharding, batch_sharding
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         new_state = {**state, "params": params, "opt_state": opt_state, "step": state["step"] + 1}
-        metrics = {"loss": loss, **aux, "grad_norm": optax.global_norm(grads),
-                   "param_norm": optax.global_norm(params),
+        metrics = {"loss": loss, **aux, "grad_norm": optax.tree.norm(grads),
+                   "param_norm": optax.tree.norm(params),
                    "learning_rate": schedule(state["step"])}
         return new_state, metrics
 

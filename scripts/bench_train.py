@@ -1,0 +1,320 @@
+"""Training-step and input-pipeline throughput on this machine's CPU.
+
+Measures pairs/second of the real jitted update (`train.make_train_step`, with
+`train.make_optimizer`, `losses.sharded` and the `bow_mlp` dual encoder of
+configs/default.py, resized) on random token ids, once per device count. Each device
+count runs in its own subprocess, because the number of fake CPU devices
+(`XLA_FLAGS=--xla_force_host_platform_device_count=N`) must be set before jax is
+imported; the parent prints a combined table and the N-device / 1-device ratios.
+
+Input cost is excluded from the step timing: the random batches are placed on the mesh
+with `sharding.put_global_batch` before the clock starts. `--input` measures the input
+pipeline (grain over the synthetic TFDS dataset, word tokenizer) separately, so the
+two can be compared.
+
+    python scripts/bench_train.py                 # 1 and 8 devices, batch 1024 x 32
+    python scripts/bench_train.py --input --json bench.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import runpy
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ----------------------------------------------------------------------------- helpers
+def default_config():
+    """configs/default.py's get_config(), loaded by path as dualjax.main does."""
+    return runpy.run_path(os.path.join(REPO, "configs", "default.py"))["get_config"]()
+
+
+def cpu_model() -> str:
+    """The CPU model name from /proc/cpuinfo, else platform.processor(), else '?'."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated q-th percentile (0 <= q <= 100) of `values`."""
+    xs = sorted(values)
+    if len(xs) == 1:
+        return xs[0]
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(times_s: list[float], items_per_step: int) -> dict[str, float]:
+    """Median and p10/p90 step time in ms, and items/s at the median step time."""
+    median = statistics.median(times_s)
+    return {"median_ms": 1e3 * median, "p10_ms": 1e3 * percentile(times_s, 10),
+            "p90_ms": 1e3 * percentile(times_s, 90), "per_s": items_per_step / median}
+
+
+def child_env(devices: int) -> dict[str, str]:
+    """This process's environment with exactly `devices` host CPU devices forced."""
+    env = dict(os.environ)
+    flags = re.sub(rf"{DEVICE_COUNT_FLAG}=\S+", "", env.get("XLA_FLAGS", "")).split()
+    env["XLA_FLAGS"] = " ".join(flags + [f"{DEVICE_COUNT_FLAG}={devices}"])
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+# ----------------------------------------------------------------------------- workers
+def random_batch(rng, batch: int, seq_len: int, vocab: int) -> dict[str, Any]:
+    """Uniform token ids in [1, vocab) with random lengths 1..seq_len, right-padded with 0."""
+    import numpy as np
+
+    out = {}
+    for side in ("q", "d"):
+        lengths = rng.integers(1, seq_len + 1, size=(batch, 1))
+        mask = np.arange(seq_len)[None, :] < lengths
+        ids = rng.integers(1, vocab, size=(batch, seq_len), dtype=np.int32)
+        out[f"{side}_ids"] = np.where(mask, ids, 0).astype(np.int32)
+        out[f"{side}_mask"] = mask
+    return out
+
+
+def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
+    """Times the real train step on `args.devices` CPU devices (run in a subprocess)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from dualjax import losses, sharding, train
+    from dualjax.models import dual_encoder
+
+    (devices,) = args.devices
+    config = default_config()
+    config.model.tower = "bow_mlp"
+    config.model.max_len = args.seq_len
+    config.model.embed_dim = config.model.hidden_dim = config.model.output_dim = args.dim
+    config.loss.name = "in_batch_softmax"
+    config.global_batch_size = args.batch
+    if args.batch % devices:
+        raise SystemExit(f"--batch {args.batch} is not divisible by {devices} devices")
+
+    mesh = sharding.make_mesh(devices)
+    model = dual_encoder.make_model(config.model, args.vocab)
+    # Schedule long enough that warmup/decay never reach zero during the benchmark.
+    tx, schedule = train.make_optimizer(config.optimizer, 100 * (args.steps + args.warmup))
+
+    def init_state(seed: int) -> dict:
+        params = dual_encoder.init_params(model, jax.random.PRNGKey(seed), args.seq_len)
+        return {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
+                "rng": jax.random.PRNGKey(seed + 1)}
+
+    replicated = sharding.replicated(mesh)
+    state_sharding = jax.tree.map(lambda _: replicated, jax.eval_shape(init_state, 0))
+    state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(0)
+    step_fn = train.make_train_step(model, tx, schedule, losses.sharded(config.loss.name, mesh),
+                                    state_sharding, sharding.batch_sharding(mesh), replicated)
+    num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
+    state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
+
+    # A few distinct batches, placed on the mesh before any timing.
+    rng = np.random.default_rng(0)
+    batches = [sharding.put_global_batch(random_batch(rng, args.batch, args.seq_len, args.vocab),
+                                         mesh) for _ in range(4)]
+    jax.block_until_ready(batches)
+
+    t0 = time.perf_counter()
+    state, metrics = step_fn(state, batches[0])
+    jax.block_until_ready((state, metrics))
+    first_step_s = time.perf_counter() - t0  # compile + one step
+    for i in range(1, args.warmup):
+        state, metrics = step_fn(state, batches[i % len(batches)])
+        jax.block_until_ready((state, metrics))
+
+    times = []
+    for i in range(args.steps):
+        batch = batches[i % len(batches)]
+        t0 = time.perf_counter()
+        state, metrics = step_fn(state, batch)
+        jax.block_until_ready((state, metrics))
+        times.append(time.perf_counter() - t0)
+    loss = float(metrics["loss"])
+    if not np.isfinite(loss):
+        raise SystemExit(f"non-finite loss {loss} on {devices} devices")
+
+    return {"kind": "train", "devices": devices, "jax_devices": jax.device_count(),
+            "jax_version": jax.__version__, "backend": jax.default_backend(),
+            "num_params": int(num_params), "state_mb": state_bytes / 2**20,
+            "first_step_s": first_step_s, "last_loss": loss, "step_times_s": times,
+            **summarize(times, args.batch)}
+
+
+def bench_input(args: argparse.Namespace) -> dict[str, Any]:
+    """Times `pipeline.train_iterator` over the synthetic dataset (run in a subprocess)."""
+    from dualjax import text
+    from dualjax.data import builders, pipeline
+
+    config = default_config()
+    with tempfile.TemporaryDirectory(prefix="bench_tfds_") as tfds_dir:
+        t0 = time.perf_counter()
+        source = builders.train_source(config.data, config.seed, tfds_dir)
+        prepare_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        records = (source[i] for i in range(len(source)))
+        tok = text.build_word_tokenizer(
+            (r[k].decode("utf-8") for r in records for k in ("query", "document")),
+            config.model.vocab_size, config.model.num_oov_buckets)
+        tokenizer_s = time.perf_counter() - t0
+        it = pipeline.train_iterator(source, tok, args.seq_len, args.batch, config.seed,
+                                     config.data.worker_count)
+        for _ in range(args.warmup):
+            next(it)
+        # grain's to_iter_dataset prefetches with 16 threads (ReadOptions defaults), so
+        # single next() calls come in bursts; the sustained rate is batches / total time.
+        t0 = time.perf_counter()
+        for _ in range(args.input_batches):
+            batch = next(it)
+        total_s = time.perf_counter() - t0
+        shape = list(batch["q_ids"].shape)
+        mean_tokens = float(batch["q_mask"].sum(1).mean() + batch["d_mask"].sum(1).mean()) / 2
+        num_pairs = len(source)
+    import jax
+
+    return {"kind": "input", "jax_version": jax.__version__, "num_pairs": num_pairs, "vocab_size": tok.vocab_size,
+            "worker_count": config.data.worker_count, "batch_shape": shape,
+            "mean_tokens_per_text": mean_tokens, "prepare_s": prepare_s,
+            "tokenizer_s": tokenizer_s, "num_batches": args.input_batches, "total_s": total_s,
+            "ms_per_batch": 1e3 * total_s / args.input_batches,
+            "batches_per_s": args.input_batches / total_s,
+            "per_s": args.input_batches * args.batch / total_s}
+
+
+# ----------------------------------------------------------------------------- parent
+def run_worker(args: argparse.Namespace, worker: str, devices: int) -> dict[str, Any]:
+    """Re-invokes this script as `--worker WORKER --devices N` and returns its result."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", worker,
+           "--devices", str(devices), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
+           "--vocab", str(args.vocab), "--dim", str(args.dim), "--steps", str(args.steps),
+           "--warmup", str(args.warmup), "--input-batches", str(args.input_batches),
+           "--out", out]
+    print(f"# running {worker} on {devices} device(s) ...", file=sys.stderr, flush=True)
+    try:
+        subprocess.run(cmd, env=child_env(devices), check=True)
+        with open(out, encoding="utf-8") as f:
+            return json.load(f)
+    finally:
+        os.unlink(out)
+
+
+def print_report(args: argparse.Namespace, train_results: list[dict], input_result: dict | None
+                 ) -> None:
+    """The machine, the per-device-count table, the ratios and the input figure."""
+    jax_version = next((r["jax_version"] for r in train_results + [input_result or {}]
+                        if "jax_version" in r), "?")
+    print(f"\nMachine: {cpu_model()}; os.cpu_count()={os.cpu_count()}; "
+          f"python {platform.python_version()}; jax {jax_version} (CPU backend)")
+    print(f"Workload: bow_mlp shared tower, in-batch softmax, adamw; global batch {args.batch} "
+          f"pairs, {args.seq_len} tokens per text, vocab {args.vocab} rows, "
+          f"embed=hidden=output dim {args.dim}; {args.warmup} warm-up + {args.steps} timed "
+          "steps; input pre-placed on the mesh (excluded).")
+    if train_results:
+        r0 = train_results[0]
+        print(f"Params: {r0['num_params']:,}; train state {r0['state_mb']:.0f} MiB "
+              "(replicated on every device)\n")
+        header = (f"{'devices':>7} | {'median ms':>9} | {'p10 ms':>8} | {'p90 ms':>8} | "
+                  f"{'pairs/s':>8} | {'compile+1st s':>13} | {'loss':>6}")
+        print(header)
+        print("-" * len(header))
+        for r in train_results:
+            print(f"{r['devices']:>7} | {r['median_ms']:>9.1f} | {r['p10_ms']:>8.1f} | "
+                  f"{r['p90_ms']:>8.1f} | {r['per_s']:>8.0f} | {r['first_step_s']:>13.2f} | "
+                  f"{r['last_loss']:>6.3f}")
+        base = train_results[0]
+        for r in train_results[1:]:
+            print(f"\nRatio {r['devices']}-device / {base['devices']}-device (same run): "
+                  f"pairs/s x{r['per_s'] / base['per_s']:.2f}, "
+                  f"median step time x{r['median_ms'] / base['median_ms']:.2f}")
+    if input_result:
+        r = input_result
+        print(f"\nInput pipeline (grain, worker_count={r['worker_count']}, 16 read threads, "
+              f"{r['num_pairs']:,} synthetic pairs, word tokenizer of {r['vocab_size']:,} ids, "
+              f"batches {r['batch_shape'][0]} x {r['batch_shape'][1]}, "
+              f"{r['mean_tokens_per_text']:.1f} real tokens per text):")
+        print(f"  {r['num_batches']} batches in {r['total_s']:.2f} s = {r['ms_per_batch']:.1f} "
+              f"ms/batch: {r['batches_per_s']:.2f} batches/s, "
+              f"{r['per_s']:.0f} pairs/s  (TFDS prepare {r['prepare_s']:.1f} s, "
+              f"tokenizer build {r['tokenizer_s']:.1f} s, not included)")
+        for t in train_results:
+            side = "input" if r["per_s"] < t["per_s"] else "compute"
+            print(f"  vs train step on {t['devices']} device(s): {t['per_s']:.0f} pairs/s -> "
+                  f"{side} is the bottleneck (input/compute = {r['per_s'] / t['per_s']:.2f})")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--batch", type=int, default=1024, help="global batch (pairs per step)")
+    p.add_argument("--seq-len", type=int, default=32, help="tokens per text (max_len)")
+    p.add_argument("--vocab", type=int, default=50_000, help="embedding rows (token id range)")
+    p.add_argument("--dim", type=int, default=256, help="embed_dim = hidden_dim = output_dim")
+    p.add_argument("--steps", type=int, default=20, help="timed steps (and timed input batches)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="untimed blocking steps first (the first one compiles)")
+    p.add_argument("--input-batches", type=int, default=60,
+                   help="--input: consecutive batches timed as a whole (after --warmup)")
+    p.add_argument("--devices", default="1,8",
+                   help="comma-separated fake CPU device counts, one subprocess each "
+                        "('' with --input: input pipeline only)")
+    p.add_argument("--input", action="store_true",
+                   help="also measure the input pipeline (grain + tokenizer) throughput")
+    p.add_argument("--json", help="write all results to this path")
+    p.add_argument("--worker", choices=("train", "input"), help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.devices = [int(d) for d in args.devices.split(",") if d.strip()]
+    if min(args.steps, args.warmup, args.input_batches) < 1:
+        p.error("--steps, --warmup and --input-batches must be >= 1")
+    if not args.devices and not args.input:
+        p.error("nothing to do: give --devices and/or --input")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.worker:  # a subprocess: one measurement, written to --out
+        result = bench_train_step(args) if args.worker == "train" else bench_input(args)
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(result, f)
+        return
+
+    train_results = [run_worker(args, "train", n) for n in args.devices]
+    input_result = run_worker(args, "input", 1) if args.input else None
+    print_report(args, train_results, input_result)
+    if args.json:
+        payload = {"args": {k: v for k, v in vars(args).items() if k not in ("worker", "out")},
+                   "machine": {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
+                               "python": platform.python_version()},
+                   "train": train_results, "input": input_result}
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(payload, f, indent=2)
+        print(f"\nWrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Tests for dualjax.index.exact_search against a numpy brute-force reference."""
+import numpy as np
+import pytest
+
+from dualjax import index
+
+NQ, NC, DIM = 13, 37, 8
+# (query_chunk, corpus_chunk): defaults, chunk=1, non-dividing, exact, larger than sizes.
+CHUNKS = [(256, 4096), (1, 1), (4, 7), (5, 10), (13, 37), (100, 100)]
+
+
+def _data(seed=0, nq=NQ, nc=NC, dim=DIM):
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=(nq, dim)).astype(np.float32),
+            rng.normal(size=(nc, dim)).astype(np.float32))
+
+
+def _reference(q, c):
+    """Scores [nq, nc] in float64 and the full ranking (best first) per query."""
+    scores = q.astype(np.float64) @ c.astype(np.float64).T
+    return scores, np.argsort(-scores, axis=1, kind="stable")
+
+
+def _assert_no_near_ties(scores):
+    """Guards the fixed test data: float32 rounding cannot reorder the ranking."""
+    gaps = np.diff(np.sort(scores, axis=1), axis=1)
+    assert gaps.min() > 1e-4
+
+
+def test_reference_data_has_no_ties():
+    q, c = _data()
+    _assert_no_near_ties(_reference(q, c)[0])
+
+
+@pytest.mark.parametrize("query_chunk,corpus_chunk,k",
+                         [(qc, cc, 5) for qc, cc in CHUNKS]
+                         + [(4, 7, 1), (256, 4096, NC), (1, 1, NC), (5, 10, NC)])
+def test_matches_brute_force(query_chunk, corpus_chunk, k):
+    q, c = _data()
+    ref_scores, ref_rank = _reference(q, c)
+    scores, ids = index.exact_search(q, c, k, query_chunk=query_chunk,
+                                     corpus_chunk=corpus_chunk)
+    assert scores.shape == ids.shape == (NQ, k)
+    assert scores.dtype == np.float32 and ids.dtype == np.int32
+    np.testing.assert_array_equal(ids, ref_rank[:, :k])
+    np.testing.assert_allclose(scores, np.take_along_axis(ref_scores, ref_rank[:, :k], 1),
+                               rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("query_chunk,corpus_chunk", [(256, 4096), (1, 1), (3, 16)])
+def test_exclude_removes_that_id_and_next_best_moves_up(query_chunk, corpus_chunk):
+    q, c = _data(seed=1)
+    ref_scores, ref_rank = _reference(q, c)
+    _assert_no_near_ties(ref_scores)
+    k = 6
+    # Exclude the best id (even queries), a mid-ranked id (every third), or nothing (-1).
+    exclude = np.full(NQ, -1, np.int64)
+    exclude[0::2] = ref_rank[0::2, 0]
+    exclude[1::3] = ref_rank[1::3, 3]
+    scores, ids = index.exact_search(q, c, k, exclude=exclude, query_chunk=query_chunk,
+                                     corpus_chunk=corpus_chunk)
+    for i in range(NQ):
+        expected = [j for j in ref_rank[i] if j != exclude[i]][:k]
+        np.testing.assert_array_equal(ids[i], expected, err_msg=f"query {i}")
+        np.testing.assert_allclose(scores[i], ref_scores[i, expected], rtol=0, atol=1e-5)
+        if exclude[i] >= 0:
+            assert exclude[i] not in ids[i]
+    # Excluding the best: the old second is now first, the rest shift up by one.
+    np.testing.assert_array_equal(ids[0, :k - 1], ref_rank[0, 1:k])
+    # Without an exclusion (query 5 is odd and not 1 mod 3) nothing changes.
+    assert exclude[5] == -1
+    np.testing.assert_array_equal(ids[5], ref_rank[5, :k])
+
+
+def test_self_retrieval_excluded():
+    """Queries that are corpus rows (their own best match) retrieve the others instead."""
+    rng = np.random.default_rng(2)
+    c = rng.normal(size=(20, DIM)).astype(np.float32)
+    c /= np.linalg.norm(c, axis=1, keepdims=True)
+    own = np.array([3, 0, 19, 7])
+    q = c[own]
+    _, ids_all = index.exact_search(q, c, 3, corpus_chunk=6)
+    np.testing.assert_array_equal(ids_all[:, 0], own)  # unit vectors: self is the best
+    _, ids = index.exact_search(q, c, 3, exclude=own, corpus_chunk=6)
+    _, rank = _reference(q, c)
+    expected = [[j for j in row if j != o][:3] for row, o in zip(rank, own)]
+    np.testing.assert_array_equal(ids, expected)
+    np.testing.assert_array_equal(ids[:, :2], ids_all[:, 1:])
+
+
+@pytest.mark.parametrize("corpus_chunk", [4096, 1, 4])
+def test_k_larger_than_corpus_pads_with_minus_one_and_inf(corpus_chunk):
+    q, c = _data(seed=3, nq=5, nc=6)
+    ref_scores, ref_rank = _reference(q, c)
+    scores, ids = index.exact_search(q, c, 9, query_chunk=2, corpus_chunk=corpus_chunk)
+    assert ids.shape == (5, 9)
+    np.testing.assert_array_equal(ids[:, :6], ref_rank)
+    np.testing.assert_allclose(scores[:, :6], np.take_along_axis(ref_scores, ref_rank, 1),
+                               rtol=0, atol=1e-5)
+    assert (ids[:, 6:] == -1).all()
+    assert np.isneginf(scores[:, 6:]).all()
+
+
+@pytest.mark.parametrize("corpus_chunk", [4096, 1, 4])
+def test_exclusion_with_k_equal_to_corpus_size(corpus_chunk):
+    q, c = _data(seed=4, nq=6, nc=6)
+    ref_scores, ref_rank = _reference(q, c)
+    exclude = np.array([ref_rank[0, 0], -1, ref_rank[2, 5], 0, 5, ref_rank[5, 2]])
+    scores, ids = index.exact_search(q, c, 6, exclude=exclude, corpus_chunk=corpus_chunk)
+    for i in range(6):
+        if exclude[i] < 0:
+            np.testing.assert_array_equal(ids[i], ref_rank[i])
+            assert np.isfinite(scores[i]).all()
+        else:
+            expected = [j for j in ref_rank[i] if j != exclude[i]]
+            np.testing.assert_array_equal(ids[i, :5], expected)
+            np.testing.assert_allclose(scores[i, :5], ref_scores[i, expected], rtol=0, atol=1e-5)
+            assert ids[i, 5] == -1 and np.isneginf(scores[i, 5])
+
+
+@pytest.mark.parametrize("corpus_chunk", [4, 16])
+def test_padding_rows_never_returned_when_all_scores_negative(corpus_chunk):
+    """Zero padding rows would score 0 and beat every real (negative) score."""
+    rng = np.random.default_rng(5)
+    q = -np.abs(rng.normal(size=(7, DIM))).astype(np.float32)
+    c = np.abs(rng.normal(size=(9, DIM))).astype(np.float32)
+    ref_scores, ref_rank = _reference(q, c)
+    assert (ref_scores < 0).all()
+    scores, ids = index.exact_search(q, c, 12, query_chunk=3, corpus_chunk=corpus_chunk)
+    np.testing.assert_array_equal(ids[:, :9], ref_rank)
+    assert (scores[:, :9] < 0).all()
+    assert (ids[:, 9:] == -1).all() and np.isneginf(scores[:, 9:]).all()
+
+
+def test_registered_as_exact():
+    assert index.INDEXES["exact"] is index.exact_search

@@ -1,0 +1,145 @@
+"""Training end to end: a tiny run, kill-and-resume equality, bad values and bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from conftest import CONFIGS, load_config
+from dualjax import config_lib, train
+from dualjax.data.pairs_file import DataError
+
+
+def tiny(**overrides):
+    cfg = load_config("tiny")
+    cfg.eval.untrained = False
+    for key, value in overrides.items():
+        node = cfg
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return cfg
+
+
+def final_params(workdir, step):
+    path = os.path.join(workdir, "checkpoints", str(step), "state")
+    return ocp.PyTreeCheckpointer().restore(path)["params"]
+
+
+def train_rows(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, f) if r["split"] == "train"]
+
+
+def test_tiny_run_writes_the_workdir_contract(tmp_path):
+    cfg = tiny()
+    cfg.eval.untrained = True
+    results = train.train_and_evaluate(cfg, str(tmp_path))
+    assert set(results) == {"dual_encoder", "untrained"}
+    with open(tmp_path / "config.json") as f:
+        assert json.load(f) == cfg.to_dict()
+    assert (tmp_path / "vocab.json").exists()
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["10", "20"]
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    train_steps = [r["step"] for r in rows if r["split"] == "train"]
+    assert train_steps == [5, 10, 15, 20]
+    for r in rows:
+        if r["split"] == "train":
+            assert {"loss", "in_batch_p@1", "grad_norm", "learning_rate"} <= set(r)
+            assert np.isfinite(r["loss"]) and 0 <= r["in_batch_p@1"] <= 1
+    evals = {(r["split"], r["system"]) for r in rows if r["split"] != "train"}
+    assert evals == {(s, m) for s in ("val", "test") for m in ("dual_encoder", "untrained")}
+    test_row = next(r for r in rows if r["split"] == "test" and r["system"] == "dual_encoder")
+    assert {"map@100", "recall@1", "recall@10", "recall@100", "mrr@10", "success@1",
+            "success@10", "ndcg@10"} <= set(test_row)
+    # 20 steps of training already lower the in-batch loss.
+    losses = [r["loss"] for r in rows if r["split"] == "train"]
+    assert losses[-1] < losses[0]
+
+
+def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
+    whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
+    train.train_and_evaluate(tiny(), whole)
+
+    def preempt_at_7(step, _):
+        if step == 7:
+            os.kill(os.getpid(), signal.SIGTERM)  # what a TPU VM preemption sends
+
+    assert train.train_and_evaluate(tiny(), split, hooks=[preempt_at_7]) == {}
+    assert sorted(os.listdir(os.path.join(split, "checkpoints"))) == ["7"]
+    assert not any(r["step"] > 7 for r in train_rows(split))
+    train.train_and_evaluate(tiny(), split)  # the same command again resumes at step 7
+
+    a, b = final_params(whole, 20), final_params(split, 20)
+    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(leaves_a) == len(leaves_b) > 0
+    for x, y in zip(leaves_a, leaves_b):
+        np.testing.assert_array_equal(x, y)
+    later = lambda rows: [r for r in rows if r["step"] >= 10]
+    assert later(train_rows(whole)) == later(train_rows(split))  # steps 10, 15, 20 alike
+
+
+def test_non_finite_loss_stops_without_saving(tmp_path):
+    cfg = tiny(**{"optimizer.name": "sgd", "optimizer.learning_rate": 1e38,
+                  "model.init_scale": 1e38})
+    with pytest.raises(train.NonFiniteLossError, match="non-finite training loss at step"):
+        train.train_and_evaluate(cfg, str(tmp_path))
+    assert not os.path.exists(tmp_path / "checkpoints") or not os.listdir(tmp_path / "checkpoints")
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("model.tower", "cnnx", "config.model.tower='cnnx' is not one of: bow, bow_mlp"),
+    ("loss.name", "hinge", "config.loss.name='hinge' is not one of"),
+    ("global_batch_size", 30, "config.global_batch_size=30 must be divisible by the 8 devices"),
+    ("data.name", "nope", "config.data.name='nope' is not one of: synthetic_paraphrase, pairs"),
+    ("eval.top_k", 0, "config.eval.top_k=0 must be > 0"),
+])
+def test_bad_config_values_fail_before_any_work(tmp_path, key, value, message):
+    with pytest.raises(config_lib.ConfigError, match=message.replace("(", r"\(")):
+        train.train_and_evaluate(tiny(**{key: value}), str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_pairs_file_run_and_bad_line(tmp_path):
+    lines = [f"how do i fix my {obj} {i} ?\thow can i repair my {obj} {i} ?"
+             for i in range(40) for obj in ("bike", "car", "phone")]
+    good = tmp_path / "pairs.tsv"
+    good.write_text("\n".join(lines) + "\n")
+    results = train.train_and_evaluate(
+        tiny(**{"data.name": "pairs", "data.path": str(good), "data.test_fraction": 0.2}),
+        str(tmp_path / "run"))
+    assert results["dual_encoder"]["num_queries"] > 10
+
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("\n".join(lines[:3] + ["no tab on this line"] + lines[3:]) + "\n")
+    cfg = tiny(**{"data.name": "pairs", "data.path": str(bad)})
+    with pytest.raises(DataError, match=f"{bad}:4: "):
+        train.train_and_evaluate(cfg, str(tmp_path / "bad_run"))
+    cfg.data.skip_bad_lines = True
+    assert train.train_and_evaluate(cfg, str(tmp_path / "skip_run"))["dual_encoder"]
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "dualjax.main", f"--config={CONFIGS / 'tiny.py'}", *args],
+        capture_output=True, text=True, timeout=300)
+
+
+def test_cli_rejects_unknown_key_and_wrong_type_by_name(tmp_path):
+    unknown = _cli(f"--workdir={tmp_path / 'a'}", "--config.model.towr=bow")
+    assert unknown.returncode != 0 and "towr" in unknown.stderr
+    wrong_type = _cli(f"--workdir={tmp_path / 'b'}", "--config.num_train_steps=abc")
+    assert wrong_type.returncode != 0 and "num_train_steps" in wrong_type.stderr
+    missing = _cli(f"--workdir={tmp_path / 'c'}", "--config.data.name=pairs",
+                   f"--config.data.path={tmp_path / 'nowhere.tsv'}")
+    assert missing.returncode == 1
+    assert f"dualjax: {tmp_path / 'nowhere.tsv'}: no such file" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    assert not any((tmp_path / d).exists() for d in "ab")
