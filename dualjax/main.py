@@ -7,6 +7,7 @@ files) ends the run with one line naming the key, file or line, and exit status 
 from __future__ import annotations
 
 import logging as std_logging
+import re
 import sys
 
 from absl import app, flags, logging
@@ -45,5 +46,20 @@ def main(argv: list[str]) -> None:
         sys.exit(f"dualjax: {e}")
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl flag parsing, with one clear line for a bad --config override."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        sys.exit(f"dualjax: {e}")
+    except (AttributeError, KeyError) as e:  # ml_collections: no such config key
+        key = re.search(r"(\w+)", str(e)).group(1)
+        bad = [a.split("=")[0] for a in argv[1:]
+               if a.startswith("--config.") and f".{key}" in a.split("=")[0]]
+        hint = re.search(r'Did you mean "(\w+)"', str(e))
+        sys.exit(f"dualjax: {' '.join(bad) or key}: no such config key '{key}'"
+                 + (f"; did you mean '{hint.group(1)}'?" if hint else ""))
+
+
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,184 @@
+"""Tests for dualjax.evaluate: sharded encoding, hand-computed task metrics, tables."""
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from conftest import load_config
+from dualjax import evaluate, sharding
+from dualjax.data.clusters import RetrievalTask
+from dualjax.models import dual_encoder
+from dualjax.text import WordTokenizer, build_word_tokenizer
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    m = sharding.make_mesh()
+    assert m.devices.size == 8
+    return m
+
+
+# --- encode_texts ----------------------------------------------------------------------
+
+TEXTS = [f"text number {i} with words w{i % 5} w{i % 7}" + " extra" * (i % 4) for i in range(21)]
+TEXTS[4] = ""  # a text with no words: all-padding row
+
+
+def _masked_mean_encoder(vocab_size, dim=6, seed=0):
+    """A jitted encode fn (mean of a fixed random embedding table over real tokens)."""
+    table = jax.random.normal(jax.random.PRNGKey(seed), (vocab_size, dim))
+    calls = {"traces": 0}
+
+    @jax.jit
+    def encode(ids, mask):
+        calls["traces"] += 1
+        m = mask.astype(jnp.float32)[..., None]
+        return (table[ids] * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
+
+    return encode, calls
+
+
+@pytest.mark.parametrize("batch_size", [5, 8, 13, 64])
+def test_encode_texts_matches_one_direct_call(mesh, batch_size):
+    tok = build_word_tokenizer(TEXTS, vocab_size=10, num_oov_buckets=7)
+    encode, calls = _masked_mean_encoder(tok.vocab_size)
+    ids, mask = tok.encode(TEXTS, 12)
+    expected = np.asarray(encode(ids, mask))
+    calls["traces"] = 0
+
+    out = evaluate.encode_texts(encode, TEXTS, tok, 12, batch_size, mesh)
+    assert out.shape == (len(TEXTS), 6)
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(out[4], 0.0)  # the empty text
+    # Every batch (the padded last one too) has the same shape: one compile.
+    assert calls["traces"] == 1
+
+
+def test_encode_texts_with_real_model(mesh):
+    """The tiny config's dual encoder, batched over the mesh, equals one direct call."""
+    cfg = load_config("tiny").model
+    tok = build_word_tokenizer(TEXTS, vocab_size=20, num_oov_buckets=cfg.num_oov_buckets)
+    model = dual_encoder.make_model(cfg, tok.vocab_size)
+    params = dual_encoder.init_params(model, jax.random.PRNGKey(0), cfg.max_len)
+    encode = jax.jit(lambda i, m: model.apply({"params": params}, i, m, method="encode_queries"))
+    ids, mask = tok.encode(TEXTS, cfg.max_len)
+    expected = np.asarray(encode(ids, mask))
+    out = evaluate.encode_texts(encode, TEXTS, tok, cfg.max_len, 6, mesh)
+    assert out.shape == (len(TEXTS), cfg.output_dim)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(out[np.arange(21) != 4], axis=1), 1.0, atol=1e-5)
+
+
+# --- evaluate_task on a hand-made task -------------------------------------------------
+
+# Every text is one word; its embedding is the unit vector at an angle (degrees) in 2-D,
+# so a score is cos(angle difference) and ranking is by angular distance.
+ANGLES = {"alpha": 0.0, "beta": 20.0, "gamma": 50.0, "delta": 90.0, "eps": 180.0,
+          "zeta": 85.0}
+TOKENIZER = WordTokenizer(vocab=tuple(ANGLES), num_oov_buckets=0)  # ids 1..6, in order
+
+
+def _lookup_encoder(angles):
+    """Text (first token id) -> unit vector at angles[word]; padding id 0 -> zeros."""
+    table = np.zeros((TOKENIZER.vocab_size, 2), np.float32)
+    for word, deg in angles.items():
+        table[TOKENIZER.token_ids(word)[0]] = [math.cos(math.radians(deg)),
+                                              math.sin(math.radians(deg))]
+    table = jnp.asarray(table)
+    return jax.jit(lambda ids, mask: table[ids[:, 0]])
+
+
+# corpus ids: 0 alpha (0 deg), 1 beta (20), 2 gamma (50), 3 delta (90), 4 eps (180)
+TASK = RetrievalTask(
+    corpus=["alpha", "beta", "gamma", "delta", "eps"],
+    queries=["alpha", "zeta", "gamma"],
+    relevant=[frozenset({2}), frozenset({3, 0}), frozenset({1})],
+    query_corpus_index=np.array([0, -1, 2]),
+)
+
+
+def _eval_cfg(**overrides):
+    cfg = ml_collections.ConfigDict(dict(index="exact", top_k=100, batch_size=3,
+                                         query_chunk=2, corpus_chunk=2))
+    cfg.update(overrides)
+    return cfg
+
+
+@pytest.mark.parametrize("cfg_overrides", [{}, {"query_chunk": 256, "corpus_chunk": 4096,
+                                                "batch_size": 512}])
+def test_evaluate_task_hand_computed(mesh, cfg_overrides):
+    enc = _lookup_encoder(ANGLES)
+    got = evaluate.evaluate_task(enc, enc, TASK, TOKENIZER, 4, _eval_cfg(**cfg_overrides), mesh)
+    # top_k = min(100, 5) = 5. Rankings (angular distance from the query):
+    # q0 "alpha" (0 deg, itself excluded): beta 20, gamma 50, delta 90, eps 180, then -1.
+    #    relevant {gamma}: hit at rank 2. (Retrieving itself would push it to rank 3.)
+    # q1 "zeta" (85 deg, not in corpus): delta 5, gamma 35, beta 65, alpha 85, eps 95.
+    #    relevant {delta, alpha}: hits at ranks 1 and 4.
+    # q2 "gamma" (50 deg, itself excluded): beta 30, delta 40, alpha 50, eps 130, then -1.
+    #    relevant {beta}: hit at rank 1. (Retrieving itself would push it to rank 2.)
+    expected = {
+        "recall@1": (0 + 1 / 2 + 1) / 3,
+        "recall@10": (1 + 1 + 1) / 3,
+        "recall@100": 1.0,
+        "success@1": (0 + 1 + 1) / 3,
+        "success@10": 1.0,
+        "mrr@10": (1 / 2 + 1 + 1) / 3,
+        # AP: q0 P@2 / R = 0.5; q1 (P@1 + P@4) / 2 = (1 + 2/4) / 2 = 0.75; q2 1.
+        "map@100": (0.5 + 0.75 + 1.0) / 3,
+        # nDCG@10: q0 (1/log2 3) / 1; q1 (1 + 1/log2 5) / (1 + 1/log2 3); q2 1.
+        "ndcg@10": (1 / math.log2(3)
+                    + (1 + 1 / math.log2(5)) / (1 + 1 / math.log2(3))
+                    + 1.0) / 3,
+        "num_queries": 3,
+    }
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, abs=1e-9), key
+    assert got["mrr@10"] == pytest.approx(0.8333333333)
+    assert got["map@100"] == pytest.approx(0.75)
+
+
+def test_evaluate_task_uses_query_and_document_towers(mesh):
+    """Queries go through encode_queries, the corpus through encode_documents."""
+    documents = _lookup_encoder(ANGLES)
+    queries = _lookup_encoder({**ANGLES, "alpha": 45.0})  # only the query "alpha" moves
+    got = evaluate.evaluate_task(queries, documents, TASK, TOKENIZER, 4, _eval_cfg(), mesh)
+    # q0 "alpha" now at 45 deg: gamma 5, beta 25, delta 45, eps 135 -> hit at rank 1.
+    # q1, q2 as in the test above (the corpus "alpha" stays at 0 deg): ranks 1 (+4), 1.
+    # Swapped towers would give q0 rank 2 (beta 20, gamma 50) and q1 its alpha at rank 3.
+    assert got["mrr@10"] == pytest.approx(1.0)
+    assert got["recall@1"] == pytest.approx((1 + 1 / 2 + 1) / 3)
+    assert got["map@100"] == pytest.approx((1.0 + 0.75 + 1.0) / 3)
+
+
+def test_evaluate_task_top_k_cutoff(mesh):
+    """top_k=1 keeps one result: recall@10 counts only the first."""
+    enc = _lookup_encoder(ANGLES)
+    got = evaluate.evaluate_task(enc, enc, TASK, TOKENIZER, 4, _eval_cfg(top_k=1), mesh)
+    # First results: q0 beta (miss), q1 delta (hit, 1 of 2), q2 beta (hit).
+    assert got["recall@10"] == pytest.approx((0 + 1 / 2 + 1) / 3)
+    assert got["success@10"] == pytest.approx(2 / 3)
+
+
+# --- format_table ----------------------------------------------------------------------
+
+def test_format_table_rows_and_aligned_columns():
+    rows = [{"system": "untrained", "map@100": 0.123456, "num_queries": 65},
+            {"system": "trained_long_name", "map@100": 0.25, "num_queries": 1200},
+            {"system": "partial"}]
+    table = evaluate.format_table(rows, ["map@100", "num_queries"])
+    assert table == "\n".join([
+        "system             map@100  num_queries",
+        "-----------------  -------  -----------",
+        "untrained           0.1235           65",
+        "trained_long_name   0.2500         1200",
+        "partial                                ",
+    ])
+    lines = table.split("\n")
+    assert len({len(line) for line in lines}) == 1
+    # Numeric columns are right-aligned: values end where the header ends.
+    end = lines[0].index("map@100") + len("map@100")
+    assert lines[2][:end].endswith("0.1235") and lines[3][:end].endswith("0.2500")
