@@ -60,8 +60,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
         if not config.data.path:
             raise ConfigError("config.data.path must name a TSV or JSONL pairs file when "
                               "config.data.name='pairs'")
-        if not 0 <= config.data.val_fraction + config.data.test_fraction < 1:
-            raise ConfigError("config.data.val_fraction + config.data.test_fraction must be in [0, 1)")
+        val, test = config.data.val_fraction, config.data.test_fraction
+        if not (val > 0 and test > 0 and val + test < 1):
+            raise ConfigError(f"config.data.val_fraction={val} and config.data.test_fraction={test}"
+                              " must be > 0 with a sum below 1 (both splits are evaluated)")
 
 
 def write(config: ml_collections.ConfigDict, workdir: str) -> None:

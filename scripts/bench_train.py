@@ -113,6 +113,9 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
     if args.batch % devices:
         raise SystemExit(f"--batch {args.batch} is not divisible by {devices} devices")
 
+    if jax.device_count() != devices:
+        raise SystemExit(f"expected {devices} CPU devices, jax sees {jax.device_count()} "
+                         f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})")
     mesh = sharding.make_mesh(devices)
     model = dual_encoder.make_model(config.model, args.vocab)
     # Schedule long enough that warmup/decay never reach zero during the benchmark.
@@ -194,9 +197,9 @@ def bench_input(args: argparse.Namespace) -> dict[str, Any]:
         num_pairs = len(source)
     import jax
 
-    return {"kind": "input", "jax_version": jax.__version__, "num_pairs": num_pairs, "vocab_size": tok.vocab_size,
-            "worker_count": config.data.worker_count, "batch_shape": shape,
-            "mean_tokens_per_text": mean_tokens, "prepare_s": prepare_s,
+    return {"kind": "input", "jax_version": jax.__version__, "num_pairs": num_pairs,
+            "vocab_size": tok.vocab_size, "worker_count": config.data.worker_count,
+            "batch_shape": shape, "mean_tokens_per_text": mean_tokens, "prepare_s": prepare_s,
             "tokenizer_s": tokenizer_s, "num_batches": args.input_batches, "total_s": total_s,
             "ms_per_batch": 1e3 * total_s / args.input_batches,
             "batches_per_s": args.input_batches / total_s,

@@ -7,7 +7,7 @@ A dataset has two tables, each a TFDS builder config:
   into a retrieval task.
 
 The config name carries a hash of everything that shapes the data (sizes, seed, file
-path and contents' size and time), so a changed setting never reuses stale files.
+path and a hash of its contents), so a changed setting never reuses stale files.
 Reading needs no TensorFlow: `builder.as_data_source(split)` gives a random-access
 source for grain.
 """
@@ -26,6 +26,7 @@ import tensorflow_datasets as tfds
 
 from dualjax.data import clusters, pairs_file, synthetic
 from dualjax.data.pairs_file import DataError
+from dualjax.text import normalize
 
 EVAL_SPLITS = ("val", "test")
 
@@ -90,18 +91,30 @@ class PairsFile(_RetrievalBuilder):
 
     def _load(self, settings):
         pairs = pairs_file.read_pairs(settings["path"], skip_bad_lines=settings["skip_bad_lines"])
-        cluster_of = clusters.cluster_pairs(pairs)
+        # Cluster on the normalised text, so two spellings the tokenizer cannot tell apart
+        # ("How?" and "how") can never sit on both sides of a split.
+        cluster_of = clusters.cluster_pairs([(normalize(q), normalize(d)) for q, d in pairs])
         fractions = {"train": 1.0 - settings["val_fraction"] - settings["test_fraction"],
                      "val": settings["val_fraction"], "test": settings["test_fraction"]}
-        split_of_cluster = clusters.split_clusters(
-            max(cluster_of.values()) + 1, fractions, settings["seed"])
+        split_of = clusters.split_clusters(max(cluster_of.values()) + 1, fractions, settings["seed"])
         names = list(fractions)
-        train = [(q, d) for q, d in pairs if names[split_of_cluster[cluster_of[q]]] == "train"]
-        evals = {s: [] for s in EVAL_SPLITS}
-        for text, c in cluster_of.items():
-            split = names[split_of_cluster[c]]
-            if split != "train":
-                evals[split].append((text, c))
+        train, evals, seen = [], {s: [] for s in EVAL_SPLITS}, set()
+        for q, d in pairs:
+            c = cluster_of[normalize(q)]
+            if names[split_of[c]] == "train":
+                train.append((q, d))
+                continue
+            for t in (q, d):  # the first spelling of each normalised text represents it
+                if normalize(t) not in seen:
+                    seen.add(normalize(t))
+                    evals[names[split_of[c]]].append((t, c))
+        counts = {name: int((split_of == i).sum()) for i, name in enumerate(names)}
+        for name in names:
+            if not counts[name]:
+                raise DataError(
+                    f"{settings['path']}: {len(split_of)} clusters of pairs leave split "
+                    f"{name!r} empty ({counts}); give more pairs or adjust "
+                    "data.val_fraction / data.test_fraction")
         return train, evals
 
 
@@ -116,8 +129,9 @@ def _pairs_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
     path = os.path.abspath(os.path.expanduser(cfg.path))
     if not os.path.isfile(path):
         raise DataError(f"{cfg.path}: no such file (data.path)")
-    stat = os.stat(path)
-    return {"path": path, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "seed": seed,
+    with open(path, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    return {"path": path, "sha256": digest, "seed": seed,
             "skip_bad_lines": cfg.skip_bad_lines, "val_fraction": cfg.val_fraction,
             "test_fraction": cfg.test_fraction}
 

@@ -1,0 +1,321 @@
+"""Tests for dualjax.data.builders (TFDS array_record tables) and dualjax.data.pipeline."""
+import glob
+import os
+import re
+
+import numpy as np
+import pytest
+
+from conftest import load_config
+from dualjax.data import builders, pipeline, synthetic
+from dualjax.data.pairs_file import DataError
+from dualjax.text import WordTokenizer, build_word_tokenizer, normalize
+
+SEED = 0
+
+
+def _generate(data_cfg, seed=SEED):
+    return synthetic.generate(seed=seed, num_train_clusters=data_cfg.num_train_clusters,
+                              num_val_clusters=data_cfg.num_val_clusters,
+                              num_test_clusters=data_cfg.num_test_clusters)
+
+
+@pytest.fixture(scope="module")
+def tiny_data():
+    return load_config("tiny").data
+
+
+@pytest.fixture(scope="module")
+def synthetic_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tfds_synthetic"))
+
+
+@pytest.fixture(scope="module")
+def train_src(tiny_data, synthetic_dir):
+    return builders.train_source(tiny_data, SEED, synthetic_dir)
+
+
+# --- synthetic_paraphrase ----------------------------------------------------------------
+
+def test_synthetic_array_record_files_exist(tiny_data, synthetic_dir, train_src):
+    builders.eval_task(tiny_data, SEED, synthetic_dir, "val")
+    root = os.path.join(synthetic_dir, "synthetic_paraphrase")
+    pairs = glob.glob(os.path.join(root, "pairs-*", "1.0.0", "*-train.array_record-*"))
+    val = glob.glob(os.path.join(root, "questions-*", "1.0.0", "*-val.array_record-*"))
+    test = glob.glob(os.path.join(root, "questions-*", "1.0.0", "*-test.array_record-*"))
+    assert len(pairs) == len(val) == len(test) == 1
+    assert all(os.path.getsize(f) > 0 for f in pairs + val + test)
+
+
+def test_synthetic_train_records_match_generate(tiny_data, train_src):
+    data = _generate(tiny_data)
+    assert len(train_src) == len(data.train_pairs) > 100
+    records = [train_src[i] for i in range(len(train_src))]
+    assert set(records[0]) == {"query", "document"}
+    got = sorted((r["query"].decode(), r["document"].decode()) for r in records)
+    assert got == sorted(data.train_pairs)
+
+
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_synthetic_eval_task_matches_generate(tiny_data, synthetic_dir, split):
+    data = _generate(tiny_data)
+    task = builders.eval_task(tiny_data, SEED, synthetic_dir, split)
+    cluster_of = {q.text: q.cluster for q in data.splits[split]}
+    assert sorted(task.corpus) == sorted(cluster_of)
+    assert len(task.corpus) == len(data.splits[split])
+    sizes = {}
+    for c in cluster_of.values():
+        sizes[c] = sizes.get(c, 0) + 1
+    assert len(task.queries) == sum(n for n in sizes.values() if n >= 2) > 0
+    for q, rel, own in zip(task.queries, task.relevant, task.query_corpus_index):
+        assert task.corpus[own] == q
+        assert rel  # every query has relevant items ...
+        expected = {j for j, t in enumerate(task.corpus)
+                    if cluster_of[t] == cluster_of[q] and t != q}
+        assert rel == expected  # ... exactly the other members of its cluster
+
+
+def test_synthetic_eval_texts_not_in_training(tiny_data, synthetic_dir, train_src):
+    train_texts = set()
+    for i in range(len(train_src)):
+        r = train_src[i]
+        train_texts |= {r["query"].decode(), r["document"].decode()}
+    train_norm = {normalize(t) for t in train_texts}
+    val = builders.eval_task(tiny_data, SEED, synthetic_dir, "val").corpus
+    test = builders.eval_task(tiny_data, SEED, synthetic_dir, "test").corpus
+    assert not set(val) & set(test)
+    for text in val + test:
+        assert text not in train_texts and normalize(text) not in train_norm
+
+
+def test_changed_setting_makes_new_config_dir(tiny_data, tmp_path):
+    tfds_dir = str(tmp_path)
+    first = builders.prepare(tiny_data, SEED, tfds_dir, "pairs")
+    changed = tiny_data.copy_and_resolve_references()
+    changed.num_train_clusters = 40
+    second = builders.prepare(changed, SEED, tfds_dir, "pairs")
+    other_seed = builders.prepare(tiny_data, SEED + 1, tfds_dir, "pairs")
+    dirs = {first.data_dir, second.data_dir, other_seed.data_dir}
+    assert len(dirs) == 3 and all(os.path.isdir(d) for d in dirs)
+    assert len(second.as_data_source("train")) == len(_generate(changed).train_pairs)
+    assert len(first.as_data_source("train")) == len(_generate(tiny_data).train_pairs)
+    assert len(second.as_data_source("train")) < len(first.as_data_source("train"))
+    # Same settings again: the same directory, reused.
+    assert builders.prepare(tiny_data, SEED, tfds_dir, "pairs").data_dir == first.data_dir
+
+
+# --- pairs file ----------------------------------------------------------------------------
+
+NUM_CLUSTERS = 20
+
+
+def _members(c):
+    return [f"topic {c} question {m}" for m in ("one", "two", "three")]
+
+
+def _write_pairs(path):
+    """Clusters of three texts joined transitively: a~b first, c~b later in the file."""
+    lines = [f"{_members(c)[0]}\t{_members(c)[1]}" for c in range(NUM_CLUSTERS)]
+    lines += [f"{_members(c)[2]}\t{_members(c)[1]}" for c in range(NUM_CLUSTERS)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _pairs_cfg(path, **overrides):
+    cfg = load_config("tiny").data
+    cfg.name, cfg.path = "pairs", str(path)
+    cfg.val_fraction, cfg.test_fraction = 0.2, 0.2
+    cfg.update(overrides)
+    return cfg
+
+
+def test_pairs_builder_splits_by_cluster(tmp_path):
+    cfg = _pairs_cfg(_write_pairs(tmp_path / "pairs.tsv"))
+    tfds_dir = str(tmp_path / "tfds")
+    src = builders.train_source(cfg, SEED, tfds_dir)
+    assert glob.glob(os.path.join(tfds_dir, "pairs_file", "pairs-*", "1.0.0",
+                                  "*-train.array_record-*"))
+    train = [(src[i]["query"].decode(), src[i]["document"].decode()) for i in range(len(src))]
+    tasks = {s: builders.eval_task(cfg, SEED, tfds_dir, s) for s in ("val", "test")}
+
+    cluster = {t: c for c in range(NUM_CLUSTERS) for t in _members(c)}
+    texts = {"train": {t for pair in train for t in pair},
+             "val": set(tasks["val"].corpus), "test": set(tasks["test"].corpus)}
+    # 20 clusters, fractions 0.6/0.2/0.2: 12 train, 4 val, 4 test clusters.
+    assert len(train) == 12 * 2
+    assert len(texts["train"]) == 12 * 3
+    assert len(texts["val"]) == len(texts["test"]) == 4 * 3
+    # No text in two splits; together the splits hold every text.
+    assert not texts["train"] & texts["val"]
+    assert not texts["train"] & texts["test"]
+    assert not texts["val"] & texts["test"]
+    assert texts["train"] | texts["val"] | texts["test"] == set(cluster)
+    # Cluster members stay together (both pairs of a train cluster are in train).
+    for split, split_texts in texts.items():
+        for c in {cluster[t] for t in split_texts}:
+            assert set(_members(c)) <= split_texts, (split, c)
+    for q, d in train:
+        assert cluster[q] == cluster[d]
+    # Eval queries retrieve the other two members of their cluster.
+    for task in tasks.values():
+        assert len(task.queries) == 12
+        for q, rel in zip(task.queries, task.relevant):
+            assert {task.corpus[j] for j in rel} == set(_members(cluster[q])) - {q}
+
+
+def _all_texts(cfg, tfds_dir):
+    src = builders.train_source(cfg, SEED, tfds_dir)
+    texts = {src[i][k].decode() for i in range(len(src)) for k in ("query", "document")}
+    for split in ("val", "test"):
+        texts |= set(builders.eval_task(cfg, SEED, tfds_dir, split).corpus)
+    return texts
+
+
+def test_pairs_changed_file_is_rebuilt(tmp_path):
+    path = _write_pairs(tmp_path / "pairs.tsv")
+    cfg = _pairs_cfg(path)
+    tfds_dir = str(tmp_path / "tfds")
+    assert "brand new query" not in _all_texts(cfg, tfds_dir)
+    with open(path, "a") as f:
+        f.write("brand new query\tbrand new document\n")
+    assert {"brand new query", "brand new document"} <= _all_texts(cfg, tfds_dir)
+
+
+def test_pairs_clustered_on_normalised_text(tmp_path):
+    # "How are you?" and "how are you" encode identically, so they are one node: the
+    # two pairs form one cluster and cannot land in different splits.
+    path = tmp_path / "pairs.tsv"
+    lines = [f"{_members(c)[0]}\t{_members(c)[1]}" for c in range(NUM_CLUSTERS)]
+    lines += ["How are you?\tHow do you do?", "how are you\thow are things going"]
+    path.write_text("\n".join(lines) + "\n")
+    cfg, tfds_dir = _pairs_cfg(path), str(tmp_path / "tfds")
+    src = builders.train_source(cfg, SEED, tfds_dir)
+    where = {"train": {normalize(src[i][k].decode()) for i in range(len(src))
+                       for k in ("query", "document")}}
+    for split in ("val", "test"):
+        where[split] = {normalize(t) for t in builders.eval_task(cfg, SEED, tfds_dir, split).corpus}
+    splits = [name for name, texts in where.items() if "how are you" in texts]
+    assert len(splits) == 1
+    assert {"how do you do", "how are things going"} <= where[splits[0]]
+    if splits[0] != "train":  # one corpus entry for the two spellings
+        task = builders.eval_task(cfg, SEED, tfds_dir, splits[0])
+        assert sum(normalize(t) == "how are you" for t in task.corpus) == 1
+
+
+def test_pairs_too_few_clusters_for_a_split_is_a_clear_error(tmp_path):
+    path = tmp_path / "few.tsv"
+    path.write_text("a b\tc d\ne f\tg h\ni j\tk l\n")  # 3 clusters, fractions 0.9/0.05/0.05
+    with pytest.raises(DataError, match=re.escape(f"{path}: 3 clusters of pairs leave split")):
+        builders.train_source(_pairs_cfg(path, val_fraction=0.05, test_fraction=0.05),
+                              SEED, str(tmp_path / "tfds"))
+
+
+def test_unknown_dataset_name_raises(tmp_path):
+    cfg = load_config("tiny").data
+    cfg.name = "no_such_data"
+    with pytest.raises(DataError, match="no_such_data") as err:
+        builders.train_source(cfg, SEED, str(tmp_path))
+    assert "known: synthetic_paraphrase, pairs" in str(err.value)
+
+
+def test_missing_pairs_file_raises(tmp_path):
+    missing = tmp_path / "nope.tsv"
+    with pytest.raises(DataError, match=re.escape(f"{missing}: no such file")):
+        builders.train_source(_pairs_cfg(missing), SEED, str(tmp_path / "tfds"))
+    with pytest.raises(DataError, match="data.path"):
+        builders.train_source(_pairs_cfg(""), SEED, str(tmp_path / "tfds"))
+
+
+def test_bad_pairs_line_raises_on_prepare(tmp_path):
+    path = tmp_path / "bad.tsv"
+    path.write_text("a query\ta doc\nno tab on this line\nq\td\n")
+    with pytest.raises(DataError) as err:
+        builders.train_source(_pairs_cfg(path), SEED, str(tmp_path / "tfds"))
+    assert f"{path}:2:" in str(err.value)
+    # skip_bad_lines is a different setting: it prepares, without line 2.
+    good = _write_pairs(tmp_path / "good.tsv").read_text().splitlines()
+    path.write_text("\n".join(good[:1] + ["no tab on this line"] + good[1:]) + "\n")
+    texts = _all_texts(_pairs_cfg(path, skip_bad_lines=True), str(tmp_path / "tfds"))
+    assert texts == {t for line in good for t in line.split("\t")}
+
+
+# --- pipeline.train_iterator ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tokenizer(train_src):
+    texts = [train_src[i]["query"].decode() for i in range(len(train_src))]
+    return build_word_tokenizer(texts, vocab_size=500, num_oov_buckets=50)
+
+
+def _iterator(src, tok, seed=SEED, batch=32, max_len=16):
+    return pipeline.train_iterator(src, tok, max_len, batch, seed=seed)
+
+
+def _take(it, n):
+    return [next(it) for _ in range(n)]
+
+
+def _assert_same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+
+
+def _differ(a, b):
+    return any(not np.array_equal(x[k], y[k]) for x, y in zip(a, b) for k in x)
+
+
+def test_batch_shapes_and_dtypes(train_src, tokenizer):
+    batch = next(_iterator(train_src, tokenizer))
+    assert set(batch) == {"q_ids", "q_mask", "d_ids", "d_mask"}
+    for side in ("q", "d"):
+        ids, mask = batch[f"{side}_ids"], batch[f"{side}_mask"]
+        assert ids.shape == mask.shape == (32, 16)
+        assert ids.dtype == np.int32 and mask.dtype == np.bool_
+        np.testing.assert_array_equal(mask, ids != 0)
+        assert mask[:, 0].all()  # every synthetic text has words
+        assert ids.max() < tokenizer.vocab_size
+
+
+def test_same_seed_same_batches_different_seed_different(train_src, tokenizer):
+    first = _take(_iterator(train_src, tokenizer, seed=3), 4)
+    _assert_same(first, _take(_iterator(train_src, tokenizer, seed=3), 4))
+    assert _differ(first, _take(_iterator(train_src, tokenizer, seed=4), 4))
+
+
+def test_get_state_set_state_resumes(train_src, tokenizer):
+    it = _iterator(train_src, tokenizer)
+    start = _take(it, 3)
+    state = it.get_state()
+    following = _take(it, 2)
+    resumed = _iterator(train_src, tokenizer)
+    resumed.set_state(state)
+    _assert_same(_take(resumed, 2), following)
+    assert _differ(following, start[:2])  # the resumed batches are not the first ones
+
+
+def _indexed_source(n):
+    """Records whose query is word q{i} and document word d{i}, and a tokenizer where
+    q{i} -> id i + 1 and d{i} -> id n + i + 1."""
+    src = [{"query": f"q{i}".encode(), "document": f"d{i}".encode()} for i in range(n)]
+    vocab = tuple(f"q{i}" for i in range(n)) + tuple(f"d{i}" for i in range(n))
+    return src, WordTokenizer(vocab=vocab, num_oov_buckets=0)
+
+
+def test_epochs_are_reshuffled_permutations():
+    n, batch = 24, 6
+    src, tok = _indexed_source(n)
+    it = pipeline.train_iterator(src, tok, 3, batch, seed=SEED)
+    epochs = []
+    for _ in range(3):
+        order = []
+        for b in _take(it, n // batch):
+            q = b["q_ids"][:, 0] - 1
+            np.testing.assert_array_equal(b["d_ids"][:, 0] - 1 - n, q)  # pairs stay aligned
+            order += q.tolist()
+        assert sorted(order) == list(range(n))  # each record exactly once per epoch
+        epochs.append(order)
+    assert epochs[0] != list(range(n))  # shuffled at all
+    assert epochs[1] != epochs[0] and epochs[2] != epochs[1] and epochs[2] != epochs[0]
