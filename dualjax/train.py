@@ -209,28 +209,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
             if is_ckpt:
                 save(step)
             if preempted:
-                ckpt.close()
                 logging.warning("SIGTERM: saved a checkpoint at step %d in %s; run the same "
                                 "command again to resume.", step, workdir)
                 return {}
             if config.eval_every_steps and step % config.eval_every_steps == 0 and not is_last:
                 run_eval(state["params"], "val", "dual_encoder", step)
-    finally:
+    finally:  # also on errors: the saves already started finish before we leave
         bar.close()
         signal.signal(signal.SIGTERM, previous_handler)
-    if last_saved != config.num_train_steps and start < config.num_train_steps:
-        save(config.num_train_steps)
-    ckpt.close()
+        ckpt.close()
 
     # Final evaluation: the trained towers and, for reference, their initialisation.
     step = config.num_train_steps
-    results = {}
-    for split in builders.EVAL_SPLITS:
-        results_split = {"dual_encoder": run_eval(state["params"], split, "dual_encoder", step)}
-        if config.eval.untrained:
-            untrained = jax.jit(init_state, static_argnums=0)(config.seed)["params"]
-            results_split["untrained"] = run_eval(untrained, split, "untrained", step)
-        results[split] = results_split
+    systems = {"dual_encoder": state["params"]}
+    if config.eval.untrained:
+        systems["untrained"] = jax.jit(init_state, static_argnums=0)(config.seed)["params"]
+    results = {split: {name: run_eval(params, split, name, step) for name, params in systems.items()}
+               for split in builders.EVAL_SPLITS}
     rows = [{"system": s, **v} for s, v in results["test"].items()]
     print(f"\nTest split, step {step} ({workdir}):\n" + evaluate.format_table(rows, TABLE_KEYS))
     return results["test"]
