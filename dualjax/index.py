@@ -4,15 +4,32 @@
 each query chunk scans the corpus a chunk at a time keeping a running top-k, so memory
 holds at most [query_chunk, k + corpus_chunk] scores, never the full query x corpus
 matrix.
+
+`scann`: a ScaNN (pybind, CPU) searcher configured by corpus size after ScaNN's own rules
+of thumb (see `default_scann_config`), saved to and reloaded from a directory keyed by a
+fingerprint of the corpus and settings.
+
+`make_index` gives either behind one `search(queries, k, exclude)` contract.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.metadata
+import json
+import math
+import os
+import shutil
+import time
 
+from absl import logging
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
+
+_META = "meta.json"
 
 
 @functools.partial(jax.jit, static_argnames=("k",))
@@ -75,4 +92,237 @@ def exact_search(queries: np.ndarray, corpus: np.ndarray, k: int,
     return scores, ids
 
 
-INDEXES = {"exact": exact_search}
+INDEXES = ("exact", "scann")
+_MODES = ("auto", "brute_force", "ah", "tree_ah")
+
+
+def default_scann_config() -> ml_collections.ConfigDict:
+    """ScaNN knobs (mounted as `config.eval.scann`); 0 / "auto" pick by corpus size n.
+
+    The defaults follow ScaNN's docs/algorithms.md rules of thumb.
+    """
+    c = ml_collections.ConfigDict()
+    c.mode = "auto"               # "brute_force" | "ah" | "tree_ah"; auto: n < 20k brute force,
+                                  # n < 100k AH + reorder, else tree + AH + reorder
+    c.num_leaves = 0              # tree_ah: k-means partitions (0: round(sqrt(n)))
+    c.num_leaves_to_search = 0    # tree_ah: partitions scored per query (0: ceil(num_leaves / 5),
+                                  # ~20% of the corpus: recall-leaning, this is for evaluation)
+    c.training_sample_size = 0    # rows sampled to train the tree and AH codes (0: min(n, 250k))
+    c.dims_per_block = 2          # AH: dimensions per 16-centre codebook block (a remainder
+                                  # becomes one smaller block, so odd dims work)
+    c.anisotropic_threshold = 0.2  # AH: anisotropic quantization threshold (unit-norm data)
+    c.reorder_k = 0               # AH: candidates rescored exactly (0: max(1000, 10 * k); 2 * k
+                                  # loses ~15% of recall@100 at k = 100)
+    c.num_threads = 0             # build and search threads (0: all cores this process may use)
+    return c
+
+
+def scann_settings(n: int, dim: int, k: int, cfg: ml_collections.ConfigDict) -> dict:
+    """The knobs actually used for a corpus of n x dim searched for k results.
+
+    Raises ValueError naming the knob when a value cannot work.
+    """
+    if cfg.mode not in _MODES:
+        raise ValueError(f"scann mode {cfg.mode!r} is not one of: {', '.join(_MODES)}")
+    if n < 1 or dim < 1:
+        raise ValueError(f"cannot build a ScaNN index over a corpus of shape ({n}, {dim})")
+    mode = cfg.mode if cfg.mode != "auto" else (
+        "brute_force" if n < 20_000 else "ah" if n < 100_000 else "tree_ah")
+    s = {"mode": mode,
+         "num_threads": int(cfg.num_threads) or len(os.sched_getaffinity(0))}
+    if mode == "brute_force":
+        return s
+    if cfg.dims_per_block < 1:
+        raise ValueError(f"scann dims_per_block={cfg.dims_per_block} must be >= 1")
+    s.update(dims_per_block=int(cfg.dims_per_block),
+             anisotropic_threshold=float(cfg.anisotropic_threshold),
+             reorder_k=min(n, int(cfg.reorder_k) or max(1000, 10 * k)),
+             training_sample_size=min(n, int(cfg.training_sample_size) or 250_000))
+    if mode == "tree_ah":
+        leaves = int(cfg.num_leaves) or max(1, round(math.sqrt(n)))
+        search = int(cfg.num_leaves_to_search) or -(-leaves // 5)
+        if not 1 <= leaves <= s["training_sample_size"]:
+            raise ValueError(f"scann num_leaves={leaves} must be in [1, training sample size "
+                             f"{s['training_sample_size']}]")
+        if not 1 <= search <= leaves:
+            raise ValueError(f"scann num_leaves_to_search={search} must be in [1, {leaves}]")
+        s.update(num_leaves=leaves, num_leaves_to_search=search)
+    return s
+
+
+def corpus_fingerprint(corpus: np.ndarray, extra: str = "") -> str:
+    """sha256 hex digest of the corpus' shape, dtype and bytes, then `extra`."""
+    corpus = np.ascontiguousarray(corpus)
+    h = hashlib.sha256(f"{corpus.shape}|{corpus.dtype.str}|".encode())
+    h.update(memoryview(corpus).cast("B"))
+    h.update(extra.encode())
+    return h.hexdigest()
+
+
+def _pad(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """[nq, <=k] -> [nq, k] with -inf / -1 on the right."""
+    out_s = np.full((len(scores), k), -np.inf, np.float32)
+    out_i = np.full((len(ids), k), -1, np.int32)
+    width = min(k, scores.shape[1])
+    out_s[:, :width], out_i[:, :width] = scores[:, :width], ids[:, :width]
+    return out_s, out_i
+
+
+class ExactIndex:
+    """Exact search (`exact_search`) over a fixed corpus [n, dim]."""
+
+    def __init__(self, corpus: np.ndarray, query_chunk: int = 256, corpus_chunk: int = 4096):
+        self.corpus = np.asarray(corpus, np.float32)
+        self.settings = {"query_chunk": int(query_chunk), "corpus_chunk": int(corpus_chunk)}
+
+    def search(self, queries: np.ndarray, k: int, exclude: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """(scores [nq, k] float32, ids [nq, k] int32), best first; see `exact_search`."""
+        return exact_search(queries, self.corpus, k, exclude=exclude, **self.settings)
+
+
+class ScannIndex:
+    """ScaNN (pybind, dot product) searcher with `ExactIndex.search`'s contract.
+
+    settings: the knobs used (`scann_settings`); n, dim: the corpus shape it was built over.
+    """
+
+    def __init__(self, searcher: "scann_ops_pybind.ScannSearcher", settings: dict, n: int,
+                 dim: int):
+        self.searcher, self.settings, self.n, self.dim = searcher, settings, n, dim
+        searcher.set_num_threads(settings["num_threads"])
+
+    @classmethod
+    def build(cls, corpus: np.ndarray, scann_cfg: ml_collections.ConfigDict, k: int
+              ) -> "ScannIndex":
+        """Trains a searcher over corpus [n, dim] (unit vectors: dot product = cosine)."""
+        from scann import scann_ops_pybind
+        corpus = np.ascontiguousarray(corpus, np.float32)
+        s = scann_settings(*corpus.shape, k, scann_cfg)
+        b = scann_ops_pybind.builder(corpus, k, "dot_product").set_n_training_threads(
+            s["num_threads"])
+        if s["mode"] == "tree_ah":
+            b = b.tree(s["num_leaves"], s["num_leaves_to_search"],
+                       training_sample_size=s["training_sample_size"])
+        if s["mode"] == "brute_force":
+            b = b.score_brute_force()
+        else:
+            b = b.score_ah(s["dims_per_block"], s["anisotropic_threshold"],
+                           training_sample_size=s["training_sample_size"]).reorder(s["reorder_k"])
+        return cls(b.build(), s, *corpus.shape)
+
+    def search(self, queries: np.ndarray, k: int, exclude: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """(scores [nq, k] float32, ids [nq, k] int32), best first, -inf / -1 padded.
+
+        Asks ScaNN for k + 1 neighbours, drops exclude[i] from row i (or the surplus last one).
+        """
+        queries = np.ascontiguousarray(queries, np.float32)
+        nq, want = len(queries), min(self.n, k + (exclude is not None))
+        if nq == 0 or want == 0:
+            return _pad(np.zeros((nq, 0), np.float32), np.zeros((nq, 0), np.int32), k)
+        # final_num_neighbors above the reorder count silently comes back as NaN rows.
+        pre = max(want, self.settings.get("reorder_k", want))
+        batch = min(256, -(-nq // self.settings["num_threads"]))  # one batch per thread
+        ids, scores = self.searcher.search_batched_parallel(
+            queries, final_num_neighbors=want, pre_reorder_num_neighbors=pre, batch_size=batch)
+        ids, scores = ids.astype(np.int64), scores.astype(np.float32)
+        missing = ~np.isfinite(scores)  # fewer than `want` found: NaN score, id 0
+        ids[missing], scores[missing] = -1, -np.inf
+        if exclude is not None:
+            exclude = np.asarray(exclude, np.int64)[:, None]
+            hit = (ids == exclude) & (exclude >= 0)
+            drop = hit & (np.cumsum(hit, axis=1) == 1)  # the first match only
+            order = np.argsort(drop, axis=1, kind="stable")  # the dropped one goes last
+            ids, scores = np.take_along_axis(ids, order, 1), np.take_along_axis(scores, order, 1)
+            drop = np.take_along_axis(drop, order, 1)
+            ids[drop], scores[drop] = -1, -np.inf
+        return _pad(scores, ids.astype(np.int32), k)
+
+    def set_num_threads(self, num_threads: int) -> None:
+        """Threads for search (0: all cores this process may use)."""
+        self.settings["num_threads"] = int(num_threads) or len(os.sched_getaffinity(0))
+        self.searcher.set_num_threads(self.settings["num_threads"])
+
+    def save(self, directory: str, fingerprint: str) -> None:
+        """Writes the searcher and meta.json (last, so a partial save never loads)."""
+        occupied = os.path.isfile(directory) or os.path.isdir(directory) and os.listdir(directory)
+        if occupied and not os.path.isfile(os.path.join(directory, "scann_assets.pbtxt")):
+            raise ValueError(f"{directory} exists and is not a ScaNN index: not replacing it")
+        tmp = f"{directory.rstrip('/')}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        self.searcher.serialize(tmp, relative_path=True)  # movable: asset paths relative
+        meta = {"fingerprint": fingerprint, "n": self.n, "dim": self.dim,
+                "settings": self.settings, "scann": importlib.metadata.version("scann")}
+        with open(os.path.join(tmp, _META), "w") as f:
+            json.dump(meta, f, indent=1)
+        shutil.rmtree(directory, ignore_errors=True)
+        os.replace(tmp, directory)
+
+    @classmethod
+    def load(cls, directory: str, fingerprint: str, n: int | None = None,
+             dim: int | None = None) -> "ScannIndex | None":
+        """The searcher saved in `directory`, or None, logging why, when there is none or it
+        was saved under another fingerprint, n or dim (None: unchecked) or scann version."""
+        path = os.path.join(directory, _META)
+        if not os.path.isfile(path):
+            logging.warning("ScaNN index: nothing saved at %s; building", directory)
+            return None
+        with open(path) as f:
+            meta = json.load(f)
+        version = importlib.metadata.version("scann")
+        for what, saved, now in (("corpus size", meta["n"], n), ("dim", meta["dim"], dim),
+                                 ("fingerprint", meta["fingerprint"], fingerprint),
+                                 ("scann version", meta.get("scann"), version)):
+            if now is not None and saved != now:  # fingerprint: another model/corpus/settings
+                logging.warning("ScaNN index at %s was saved for %s %.16s, not %.16s; rebuilding",
+                                directory, what, saved, now)
+                return None
+        from scann import scann_ops_pybind
+        try:
+            searcher = scann_ops_pybind.load_searcher(directory)
+        except (RuntimeError, ValueError, OSError) as e:
+            logging.warning("ScaNN index at %s could not be loaded (%s); rebuilding", directory, e)
+            return None
+        if searcher.size() != meta["n"]:
+            logging.warning("ScaNN index at %s holds %d rows, meta.json says %d; rebuilding",
+                            directory, searcher.size(), meta["n"])
+            return None
+        return cls(searcher, meta["settings"], meta["n"], meta["dim"])
+
+
+def make_index(kind: str, corpus: np.ndarray, eval_cfg: ml_collections.ConfigDict, k: int,
+               directory: str | None = None, extra: str = ""
+               ) -> tuple[ExactIndex | ScannIndex, dict]:
+    """A searcher over corpus [n, dim] and info {built, build_seconds, bytes_on_disk, settings}.
+
+    "scann" with a directory loads the index saved there when its fingerprint (corpus bytes,
+    `extra` such as the checkpoint step, and every build setting) matches, else builds and
+    saves it. build_seconds is the time to have the index ready (building or loading).
+    """
+    start = time.perf_counter()
+    if kind == "exact":
+        idx, built = ExactIndex(corpus, eval_cfg.query_chunk, eval_cfg.corpus_chunk), True
+    elif kind == "scann":
+        cfg = eval_cfg.get("scann") or default_scann_config()
+        corpus = np.ascontiguousarray(corpus, np.float32)
+        settings = scann_settings(*corpus.shape, k, cfg)
+        build = {key: v for key, v in settings.items() if key != "num_threads"}
+        fingerprint = corpus_fingerprint(corpus, extra + json.dumps(build, sort_keys=True))
+        idx = ScannIndex.load(directory, fingerprint, *corpus.shape) if directory else None
+        built = idx is None
+        if built:
+            idx = ScannIndex.build(corpus, cfg, k)
+            if directory:
+                idx.save(directory, fingerprint)
+        else:
+            idx.set_num_threads(settings["num_threads"])
+    else:
+        raise ValueError(f"index {kind!r} is not one of: {', '.join(INDEXES)}")
+    on_disk = kind == "scann" and directory and os.path.isdir(directory)
+    info = {"built": built, "build_seconds": time.perf_counter() - start,
+            "bytes_on_disk": sum(e.stat().st_size for e in os.scandir(directory)
+                                 if e.is_file()) if on_disk else 0,
+            "settings": dict(idx.settings)}
+    return idx, info

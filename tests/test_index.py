@@ -132,5 +132,5 @@ def test_padding_rows_never_returned_when_all_scores_negative(corpus_chunk):
     assert (ids[:, 9:] == -1).all() and np.isneginf(scores[:, 9:]).all()
 
 
-def test_registered_as_exact():
-    assert index.INDEXES["exact"] is index.exact_search
+def test_registered_kinds():
+    assert index.INDEXES == ("exact", "scann")
