@@ -8,6 +8,8 @@ so a resumed run sees exactly the batches an uninterrupted one would have.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import grain
 import jax
 import numpy as np
@@ -15,16 +17,28 @@ import numpy as np
 from dualjax.text import WordTokenizer
 
 
-class TokenizePairs(grain.transforms.Map):
-    """A batch of raw records -> {q_ids, q_mask, d_ids, d_mask}, [batch, max_len] each."""
+def read_records(source, indices: Sequence[int]) -> list:
+    """Records at `indices`, in one bulk read where the source supports it."""
+    if hasattr(source, "__getitems__"):
+        return list(source.__getitems__(list(indices)))
+    return [source[i] for i in indices]
 
-    def __init__(self, tokenizer: WordTokenizer, max_len: int):
-        self._tokenizer, self._max_len = tokenizer, max_len
 
-    def map(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+class ReadPairs(grain.transforms.Map):
+    """A batch of record indices -> {q_ids, q_mask, d_ids, d_mask}, [batch, max_len] each.
+
+    Records are read with one bulk `__getitems__` per batch: array_record then fetches
+    them together, many times faster than one random read per record.
+    """
+
+    def __init__(self, source, tokenizer: WordTokenizer, max_len: int):
+        self._source, self._tokenizer, self._max_len = source, tokenizer, max_len
+
+    def map(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        records = read_records(self._source, indices.tolist())
         out = {}
         for side, key in (("q", "query"), ("d", "document")):
-            texts = [t.decode("utf-8") for t in batch[key]]
+            texts = [r[key].decode("utf-8") for r in records]
             out[f"{side}_ids"], out[f"{side}_mask"] = self._tokenizer.encode(texts, self._max_len)
         return out
 
@@ -40,9 +54,9 @@ def train_iterator(source, tokenizer: WordTokenizer, max_len: int, global_batch_
     if global_batch_size % n_proc:
         raise ValueError(f"global_batch_size={global_batch_size} is not divisible by "
                          f"{n_proc} processes")
-    ds = grain.MapDataset.source(source)[jax.process_index()::n_proc]
+    ds = grain.MapDataset.range(len(source))[jax.process_index()::n_proc]
     ds = ds.shuffle(seed=seed).repeat().batch(global_batch_size // n_proc)
-    ds = ds.map(TokenizePairs(tokenizer, max_len)).to_iter_dataset()
+    ds = ds.map(ReadPairs(source, tokenizer, max_len)).to_iter_dataset()
     if worker_count > 0:
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
     return iter(ds)
