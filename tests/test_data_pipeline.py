@@ -40,11 +40,11 @@ def train_src(tiny_data, synthetic_dir):
 def test_synthetic_array_record_files_exist(tiny_data, synthetic_dir, train_src):
     builders.eval_task(tiny_data, SEED, synthetic_dir, "val")
     root = os.path.join(synthetic_dir, "synthetic_paraphrase")
-    pairs = glob.glob(os.path.join(root, "pairs-*", "1.0.0", "*-train.array_record-*"))
-    val = glob.glob(os.path.join(root, "questions-*", "1.0.0", "*-val.array_record-*"))
-    test = glob.glob(os.path.join(root, "questions-*", "1.0.0", "*-test.array_record-*"))
-    assert len(pairs) == len(val) == len(test) == 1
-    assert all(os.path.getsize(f) > 0 for f in pairs + val + test)
+    pairs = glob.glob(os.path.join(root, "pairs-*", "2.0.0", "*-train.array_record-*"))
+    evals = [glob.glob(os.path.join(root, f"{table}-*", "2.0.0", f"*-{split}.array_record-*"))
+             for table in ("corpus", "queries") for split in ("val", "test")]
+    assert len(pairs) == 1 and all(len(files) == 1 for files in evals)
+    assert all(os.path.getsize(f) > 0 for f in pairs + sum(evals, []))
 
 
 def test_synthetic_train_records_match_generate(tiny_data, train_src):
@@ -133,7 +133,7 @@ def test_pairs_builder_splits_by_cluster(tmp_path):
     cfg = _pairs_cfg(_write_pairs(tmp_path / "pairs.tsv"))
     tfds_dir = str(tmp_path / "tfds")
     src = builders.train_source(cfg, SEED, tfds_dir)
-    assert glob.glob(os.path.join(tfds_dir, "pairs_file", "pairs-*", "1.0.0",
+    assert glob.glob(os.path.join(tfds_dir, "pairs_file", "pairs-*", "2.0.0",
                                   "*-train.array_record-*"))
     train = [(src[i]["query"].decode(), src[i]["document"].decode()) for i in range(len(src))]
     tasks = {s: builders.eval_task(cfg, SEED, tfds_dir, s) for s in ("val", "test")}

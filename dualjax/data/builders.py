@@ -1,10 +1,11 @@
 """TFDS builders: every dataset is written once as array_record and read back by index.
 
-A dataset has two tables, each a TFDS builder config:
-- `pairs`: the training split, one positive (query, document) pair per record;
-- `questions`: the "val" and "test" splits, one (text, cluster) record per question,
-  from clusters disjoint from training; `clusters.task_from_clusters` turns a split
-  into a retrieval task.
+A dataset is three tables, each a TFDS builder config:
+- `pairs`: split "train", one positive (query, document) pair per record;
+- `corpus`: splits "val"/"test", the candidates {id, text} of each evaluation split;
+- `queries`: splits "val"/"test", {id, text, relevant: corpus ids, self: the query's
+  own corpus id or -1 (a query never retrieves itself)}.
+Builders only implement `_load(settings) -> RawData`; writing and reading are shared.
 
 The config name carries a hash of everything that shapes the data (sizes, seed, file
 path and a hash of its contents), so a changed setting never reuses stale files.
@@ -18,56 +19,116 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Iterator
+from typing import Callable, Iterator
 
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
-from dualjax.data import clusters, pairs_file, synthetic
+from dualjax.data import beir, clusters, pairs_file, reqa, synthetic
+from dualjax.data.clusters import RawData, RetrievalTask
 from dualjax.data.pairs_file import DataError
-from dualjax.text import normalize
+from dualjax.text import normalize, words
 
 EVAL_SPLITS = ("val", "test")
+CANDIDATES = ("split", "all")
 
 
 @dataclasses.dataclass
 class TableConfig(tfds.core.BuilderConfig):
     """A builder config: which table, and the data settings it was made from."""
 
-    table: str = "pairs"  # "pairs" | "questions"
+    table: str = "pairs"  # "pairs" | "corpus" | "queries"
     settings: str = "{}"  # JSON of the data settings (sizes, seed, path, ...)
+
+
+_FEATURES = {
+    "pairs": lambda: {"query": tfds.features.Text(), "document": tfds.features.Text()},
+    "corpus": lambda: {"id": np.int64, "text": tfds.features.Text()},
+    "queries": lambda: {"id": np.int64, "text": tfds.features.Text(),
+                        "relevant": tfds.features.Sequence(np.int64), "self": np.int64},
+}
+_last_load: dict = {}  # one RawData, shared by the three tables of one dataset
 
 
 class _RetrievalBuilder(tfds.core.GeneratorBasedBuilder):
     """Shared writing logic; subclasses implement `_load` from their settings."""
 
-    VERSION = tfds.core.Version("1.0.0")
+    VERSION = tfds.core.Version("2.0.0")
 
-    def _load(self, settings: dict) -> tuple[list[tuple[str, str]], dict[str, list[tuple[str, int]]]]:
-        """Returns (training pairs, {eval split: [(text, cluster id)]})."""
+    def _load(self, settings: dict) -> RawData:
         raise NotImplementedError
 
+    def _loaded(self) -> RawData:
+        key = (type(self).__name__, self.builder_config.settings)
+        if key not in _last_load:
+            _last_load.clear()
+            _last_load[key] = self._load(json.loads(self.builder_config.settings))
+        return _last_load[key]
+
     def _info(self) -> tfds.core.DatasetInfo:
-        if self.builder_config.table == "pairs":
-            features = {"query": tfds.features.Text(), "document": tfds.features.Text()}
-        else:
-            features = {"text": tfds.features.Text(), "cluster": tfds.features.Scalar(dtype=np.int64)}
         return tfds.core.DatasetInfo(
             builder=self, description=self.builder_config.settings,
-            features=tfds.features.FeaturesDict(features))
+            features=tfds.features.FeaturesDict(_FEATURES[self.builder_config.table]()))
 
     def _split_generators(self, dl_manager):
         del dl_manager
-        train, evals = self._load(json.loads(self.builder_config.settings))
-        if self.builder_config.table == "pairs":
+        data, table = self._loaded(), self.builder_config.table
+        if table == "pairs":
+            if not data.train_pairs:
+                raise DataError(f"{type(self).__name__}: no training pairs in this dataset")
             return {"train": self._generate_examples(
-                {"query": q, "document": d} for q, d in train)}
-        return {split: self._generate_examples({"text": t, "cluster": c} for t, c in evals[split])
-                for split in EVAL_SPLITS}
+                {"query": q, "document": d} for q, d in data.train_pairs)}
+        if table == "corpus":
+            return {s: self._generate_examples({"id": i, "text": t} for i, t in enumerate(task.corpus))
+                    for s, task in data.tasks.items()}
+        return {s: self._generate_examples(
+            {"id": i, "text": q, "relevant": sorted(rel), "self": int(own)}
+            for i, (q, rel, own) in enumerate(zip(task.queries, task.relevant,
+                                                  task.query_corpus_index)))
+            for s, task in data.tasks.items()}
 
     def _generate_examples(self, records) -> Iterator[tuple[int, dict]]:
         yield from enumerate(records)
+
+
+def cluster_tasks(items: list[tuple[str, int, str]], candidates: str) -> dict[str, RetrievalTask]:
+    """Retrieval tasks from questions labelled (text, cluster, split).
+
+    Each question of an eval-split cluster with >= 2 members is a query; its relevant
+    items are the other members. Candidates are the split's own questions ("split") or
+    every question of the dataset, training ones included ("all": harder, realistic).
+    """
+    tasks = {}
+    for split in EVAL_SPLITS:
+        mine = [(t, c) for t, c, s in items if s == split]
+        if candidates == "split":
+            tasks[split] = clusters.task_from_clusters([t for t, _ in mine], [c for _, c in mine])
+        else:
+            tasks[split] = clusters.task_from_clusters(
+                [t for t, _, _ in items], [c for _, c, _ in items],
+                query_clusters={c for _, c in mine})
+    return tasks
+
+
+def drop_incoherent(items: list[tuple[str, int, str]], min_coherence: float) -> set[int]:
+    """Clusters whose coherence (Bonadiman et al. eq. 4-5) is below `min_coherence`."""
+    if min_coherence <= 0:
+        return set()
+    members: dict[int, list[set[str]]] = {}
+    for text, c, _ in items:
+        members.setdefault(c, []).append(set(words(text)))
+    return {c for c, sets in members.items() if clusters.cluster_coherence(sets) < min_coherence}
+
+
+def _cluster_raw(train_pairs, items, settings) -> RawData:
+    """RawData from clustered questions, after the optional coherence filter."""
+    dropped = drop_incoherent(items, settings["min_cluster_coherence"])
+    if dropped:
+        cluster_of = {t: c for t, c, _ in items}
+        train_pairs = [(q, d) for q, d in train_pairs if cluster_of[q] not in dropped]
+        items = [it for it in items if it[1] not in dropped]
+    return RawData(train_pairs, cluster_tasks(items, settings["candidates"]))
 
 
 class SyntheticParaphrase(_RetrievalBuilder):
@@ -78,36 +139,28 @@ class SyntheticParaphrase(_RetrievalBuilder):
             seed=settings["seed"], num_train_clusters=settings["num_train_clusters"],
             num_val_clusters=settings["num_val_clusters"],
             num_test_clusters=settings["num_test_clusters"])
-        evals = {s: [(q.text, q.cluster) for q in data.splits[s]] for s in EVAL_SPLITS}
-        return data.train_pairs, evals
+        offset = 1 + max(q.cluster for qs in data.splits.values() for q in qs)
+        train_cluster = clusters.cluster_pairs(data.train_pairs)
+        items = [(t, offset + c, "train") for t, c in train_cluster.items()]
+        items += [(q.text, q.cluster, s) for s in EVAL_SPLITS for q in data.splits[s]]
+        return _cluster_raw(data.train_pairs, items, settings)
 
 
 class PairsFile(_RetrievalBuilder):
     """The user's own positive pairs (TSV or JSONL), split by cluster.
 
-    Pairs are joined transitively into clusters and whole clusters go to train, val or
-    test, so no text is in two splits.
+    Pairs are joined transitively into clusters of normalised text (so two spellings
+    the tokenizer cannot tell apart, "How?" and "how", are one node) and whole clusters
+    go to train, val or test: no text is in two splits.
     """
 
     def _load(self, settings):
         pairs = pairs_file.read_pairs(settings["path"], skip_bad_lines=settings["skip_bad_lines"])
-        # Cluster on the normalised text, so two spellings the tokenizer cannot tell apart
-        # ("How?" and "how") can never sit on both sides of a split.
         cluster_of = clusters.cluster_pairs([(normalize(q), normalize(d)) for q, d in pairs])
         fractions = {"train": 1.0 - settings["val_fraction"] - settings["test_fraction"],
                      "val": settings["val_fraction"], "test": settings["test_fraction"]}
         split_of = clusters.split_clusters(max(cluster_of.values()) + 1, fractions, settings["seed"])
         names = list(fractions)
-        train, evals, seen = [], {s: [] for s in EVAL_SPLITS}, set()
-        for q, d in pairs:
-            c = cluster_of[normalize(q)]
-            if names[split_of[c]] == "train":
-                train.append((q, d))
-                continue
-            for t in (q, d):  # the first spelling of each normalised text represents it
-                if normalize(t) not in seen:
-                    seen.add(normalize(t))
-                    evals[names[split_of[c]]].append((t, c))
         counts = {name: int((split_of == i).sum()) for i, name in enumerate(names)}
         for name in names:
             if not counts[name]:
@@ -115,31 +168,104 @@ class PairsFile(_RetrievalBuilder):
                     f"{settings['path']}: {len(split_of)} clusters of pairs leave split "
                     f"{name!r} empty ({counts}); give more pairs or adjust "
                     "data.val_fraction / data.test_fraction")
-        return train, evals
+        train, items, seen = [], [], set()
+        for q, d in pairs:
+            c = cluster_of[normalize(q)]
+            split = names[split_of[c]]
+            if split == "train":
+                train.append((q, d))
+            for t in (q, d):  # the first spelling of each normalised text represents it
+                if normalize(t) not in seen:
+                    seen.add(normalize(t))
+                    items.append((t, c, split))
+        return _cluster_raw(train, items, settings)
+
+
+class Quora(PairsFile):
+    """Quora duplicate questions (positive pairs only), split by cluster as PairsFile."""
+
+
+class Beir(_RetrievalBuilder):
+    """Any BEIR-format folder: corpus.jsonl, queries.jsonl, qrels/{train,dev,test}.tsv."""
+
+    def _load(self, settings):
+        return beir.load_beir(settings)
+
+
+class ReqaSquad(_RetrievalBuilder):
+    """ReQA on SQuAD v1.1: questions against every (sentence, paragraph) candidate."""
+
+    def _load(self, settings):
+        return reqa.load_reqa_squad(settings)
+
+
+QUORA_PATH = os.path.join("..", "shared", "data", "quora", "pairs.tsv")
+SQUAD_PATH = os.path.join("..", "shared", "data", "squad", "dev-v1.1.json")
+
+
+def _common(cfg: ml_collections.ConfigDict, seed: int) -> dict:
+    if cfg.candidates not in CANDIDATES:
+        raise DataError(f"data.candidates={cfg.candidates!r} is not one of: {', '.join(CANDIDATES)}")
+    return {"seed": seed, "candidates": cfg.candidates,
+            "min_cluster_coherence": cfg.min_cluster_coherence}
 
 
 def _synthetic_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
-    return {"seed": seed, "num_train_clusters": cfg.num_train_clusters,
+    return {**_common(cfg, seed), "num_train_clusters": cfg.num_train_clusters,
             "num_val_clusters": cfg.num_val_clusters, "num_test_clusters": cfg.num_test_clusters}
 
 
-def _pairs_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
-    if not cfg.path:
-        raise DataError("data.name='pairs' needs data.path: a TSV or JSONL file of positive pairs")
-    path = os.path.abspath(os.path.expanduser(cfg.path))
-    if not os.path.isfile(path):
-        raise DataError(f"{cfg.path}: no such file (data.path)")
-    with open(path, "rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
-    return {"path": path, "sha256": digest, "seed": seed,
+def file_settings(path: str, what: str) -> dict:
+    """The absolute path and a hash of the contents of an input file (or DataError)."""
+    if not path:
+        raise DataError(f"data.path must name {what}")
+    full = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(full):
+        raise DataError(f"{path}: no such file (data.path)")
+    with open(full, "rb") as f:
+        return {"path": full, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+
+
+def _pairs_settings(cfg: ml_collections.ConfigDict, seed: int, default_path: str = "") -> dict:
+    return {**_common(cfg, seed),
+            **file_settings(cfg.path or default_path, "a TSV or JSONL file of positive pairs"),
             "skip_bad_lines": cfg.skip_bad_lines, "val_fraction": cfg.val_fraction,
             "test_fraction": cfg.test_fraction}
 
 
+def _quora_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
+    return _pairs_settings(cfg, seed, default_path=QUORA_PATH)
+
+
+def _beir_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
+    if not cfg.path or not os.path.isdir(cfg.path):
+        raise DataError(f"{cfg.path or '(empty)'}: data.path must be a BEIR folder "
+                        "(corpus.jsonl, queries.jsonl, qrels/<split>.tsv)")
+    folder = os.path.abspath(os.path.expanduser(cfg.path))
+    digest = hashlib.sha256()
+    for root, _, files in sorted(os.walk(folder)):
+        for name in sorted(files):
+            if name.endswith((".jsonl", ".tsv")):
+                with open(os.path.join(root, name), "rb") as f:
+                    digest.update(name.encode() + hashlib.file_digest(f, "sha256").digest())
+    return {"seed": seed, "path": folder, "sha256": digest.hexdigest(),
+            "skip_bad_lines": cfg.skip_bad_lines}
+
+
+def _reqa_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
+    return {**_common(cfg, seed),
+            **file_settings(cfg.path or SQUAD_PATH, "a SQuAD v1.1 JSON file"),
+            "val_fraction": cfg.val_fraction, "test_fraction": cfg.test_fraction,
+            "context": cfg.candidate_context}
+
+
 # data.name -> (builder class, settings from the data config and the run's seed)
-DATASETS = {
+DATASETS: dict[str, tuple[type[_RetrievalBuilder], Callable[[ml_collections.ConfigDict, int], dict]]] = {
     "synthetic_paraphrase": (SyntheticParaphrase, _synthetic_settings),
     "pairs": (PairsFile, _pairs_settings),
+    "quora": (Quora, _quora_settings),
+    "beir": (Beir, _beir_settings),
+    "reqa_squad": (ReqaSquad, _reqa_settings),
 }
 
 
@@ -162,10 +288,24 @@ def train_source(data_cfg, seed: int, tfds_dir: str):
     return prepare(data_cfg, seed, tfds_dir, "pairs").as_data_source(split="train")
 
 
-def eval_task(data_cfg, seed: int, tfds_dir: str, split: str) -> clusters.RetrievalTask:
-    """The retrieval task of an evaluation split ("val" or "test")."""
-    source = prepare(data_cfg, seed, tfds_dir, "questions").as_data_source(split=split)
+def eval_splits(data_cfg, seed: int, tfds_dir: str) -> tuple[str, ...]:
+    """The evaluation splits this dataset has, in EVAL_SPLITS order."""
+    have = prepare(data_cfg, seed, tfds_dir, "queries").info.splits
+    return tuple(s for s in EVAL_SPLITS if s in have)
+
+
+def _read_sorted(source) -> list[dict]:
     records = [source[i] for i in range(len(source))]
-    records.sort(key=lambda r: (r["cluster"], r["text"]))  # TFDS stores records hashed
-    return clusters.task_from_clusters([r["text"].decode() for r in records],
-                                       [int(r["cluster"]) for r in records])
+    records.sort(key=lambda r: r["id"])  # TFDS stores records in hashed-key order
+    return records
+
+
+def eval_task(data_cfg, seed: int, tfds_dir: str, split: str) -> RetrievalTask:
+    """The retrieval task of an evaluation split ("val" or "test")."""
+    corpus = _read_sorted(prepare(data_cfg, seed, tfds_dir, "corpus").as_data_source(split=split))
+    queries = _read_sorted(prepare(data_cfg, seed, tfds_dir, "queries").as_data_source(split=split))
+    return RetrievalTask(
+        corpus=[r["text"].decode("utf-8") for r in corpus],
+        queries=[r["text"].decode("utf-8") for r in queries],
+        relevant=[frozenset(int(j) for j in r["relevant"]) for r in queries],
+        query_corpus_index=np.asarray([int(r["self"]) for r in queries], np.int64))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -114,6 +114,18 @@ def split_clusters(
     return assignment
 
 
+def cluster_coherence(token_sets: Sequence[set[str]]) -> float:
+    """Bonadiman et al. 2019, eq. 4-5: the mean Jaccard overlap of each member's token
+    set with the union of the cluster's tokens (1.0 when all members share all words).
+
+    Jaccard(T_i, U) = |T_i & U| / |T_i | U| = |T_i| / |U| since T_i is inside U.
+    """
+    union = set().union(*token_sets)
+    if not union:
+        return 0.0
+    return sum(len(t) for t in token_sets) / (len(token_sets) * len(union))
+
+
 @dataclasses.dataclass(frozen=True)
 class RetrievalTask:
     """A retrieval evaluation task: queries against a corpus of candidates."""
@@ -134,14 +146,18 @@ class RetrievalTask:
 
 
 def task_from_clusters(
-        texts: Sequence[str], cluster_ids: Sequence[int]
+        texts: Sequence[str], cluster_ids: Sequence[int],
+        query_clusters: Collection[int] | None = None,
 ) -> RetrievalTask:
     """Builds a retrieval task from texts labelled with cluster ids.
 
     The corpus is all texts, deduplicated (first occurrence wins, order kept).
     Every text whose cluster has at least two distinct members is a query (in
     corpus order); its relevant items are the other members of its cluster.
-    Texts of singleton clusters are in the corpus only, as distractors.
+    Texts of singleton clusters are in the corpus only, as distractors. With
+    `query_clusters`, only members of those clusters are queries (the others are
+    candidates only: e.g. every question of the dataset as the candidate pool of
+    one split's queries).
 
     Args:
         texts: the texts; duplicates are allowed but must carry the same id.
@@ -177,7 +193,7 @@ def task_from_clusters(
     query_corpus_index: list[int] = []
     for i, cluster in enumerate(corpus_cluster):
         group = members[cluster]
-        if len(group) < 2:
+        if len(group) < 2 or (query_clusters is not None and cluster not in query_clusters):
             continue
         queries.append(corpus[i])
         relevant.append(frozenset(j for j in group if j != i))
@@ -188,3 +204,12 @@ def task_from_clusters(
             relevant=relevant,
             query_corpus_index=np.asarray(query_corpus_index, dtype=np.int64),
     )
+
+
+@dataclasses.dataclass
+class RawData:
+    """What a dataset builder loads: training pairs and one retrieval task per
+    evaluation split ("val", "test"; a split may be missing)."""
+
+    train_pairs: list[tuple[str, str]]  # positive (query, document) pairs
+    tasks: dict[str, RetrievalTask]
