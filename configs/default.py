@@ -6,11 +6,13 @@ Any field can be overridden: --config.model.tower=bow --config.num_train_steps=1
 """
 import ml_collections
 
+from dualjax import index
+
 
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0                      # seeds params init, data shuffling and the step rng
-    c.num_train_steps = 1200        # optimizer steps
+    c.num_train_steps = 1200        # optimizer steps (0: evaluate the initialisation only)
     c.global_batch_size = 256       # pairs per step over all devices; each query sees all
                                     # other documents of the global batch as negatives
     c.checkpoint_every_steps = 400  # Orbax save cadence (a save also happens at the end)
@@ -22,15 +24,24 @@ def get_config() -> ml_collections.ConfigDict:
     c.mesh.num_devices = 0          # devices on the `data` axis (0: all visible devices)
 
     c.data = ml_collections.ConfigDict()
-    c.data.name = "synthetic_paraphrase"  # "synthetic_paraphrase" | "pairs"
+    c.data.name = "synthetic_paraphrase"  # "synthetic_paraphrase" | "pairs" | "quora" |
+                                    # "beir" (a BEIR folder) | "reqa_squad" (SQuAD v1.1 JSON)
     c.data.tfds_dir = ""            # where TFDS writes the array_record files ("": WORKDIR/tfds)
-    c.data.path = ""                # pairs: TSV (query<TAB>document) or JSONL file
+    c.data.path = ""                # pairs: TSV (query<TAB>document) or JSONL file;
+                                    # quora: default ../shared/data/quora/pairs.tsv;
+                                    # beir: the folder; reqa_squad: default
+                                    # ../shared/data/squad/dev-v1.1.json
     c.data.skip_bad_lines = False   # pairs: skip (and count) bad lines instead of stopping
-    c.data.val_fraction = 0.05      # pairs: fraction of clusters held out for "val"
-    c.data.test_fraction = 0.1      # pairs: fraction of clusters held out for "test"
+    c.data.val_fraction = 0.05      # pairs/quora: clusters (reqa_squad: articles) for "val"
+    c.data.test_fraction = 0.1      # pairs/quora: clusters (reqa_squad: articles) for "test"
+    c.data.candidate_context = False  # reqa_squad: candidate = sentence + its paragraph
     c.data.num_train_clusters = 3000  # synthetic: paraphrase clusters to train on
     c.data.num_val_clusters = 200   # synthetic: clusters in the "val" split
     c.data.num_test_clusters = 500  # synthetic: clusters in the "test" split
+    c.data.candidates = "split"     # eval candidates: the split's own questions ("split") or
+                                    # every question of the dataset, train included ("all")
+    c.data.min_cluster_coherence = 0.0  # drop clusters whose mean member/union word Jaccard
+                                    # is below this (Bonadiman et al. eq. 4-5; 0: keep all)
     c.data.worker_count = 0         # grain worker processes (0: read in the main process)
 
     c.model = ml_collections.ConfigDict()
@@ -62,10 +73,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.optimizer.grad_clip_norm = 0.0  # clip the global gradient norm to this (0: off)
 
     c.eval = ml_collections.ConfigDict()
-    c.eval.index = "exact"          # "exact": chunked matmul + top_k over the corpus
+    c.eval.index = "scann"          # "scann": ScaNN index (also searched exactly, to report
+                                    # its recall and MAP gap) | "exact": chunked matmul + top_k
+    c.eval.scann = index.default_scann_config()  # ScaNN knobs; "auto" picks by corpus size
     c.eval.top_k = 100              # results kept per query (>= every metric's cutoff)
     c.eval.batch_size = 512         # texts per jitted encoding batch
     c.eval.query_chunk = 256        # queries scored at once against the corpus
     c.eval.corpus_chunk = 4096      # corpus rows scored at once (memory: query_chunk x corpus_chunk)
     c.eval.untrained = True         # also evaluate the model at initialisation (system "untrained")
+    c.eval.baselines = "bm25,tfidf,identity"  # lexical baselines on the same task ("": none)
     return c

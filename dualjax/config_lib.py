@@ -8,7 +8,7 @@ import os
 
 import ml_collections
 
-from dualjax import index, losses
+from dualjax import baselines, index, losses
 from dualjax.data import builders
 from dualjax.models import dual_encoder, towers
 
@@ -38,6 +38,7 @@ def _positive(config: ml_collections.ConfigDict, *keys: str, allow_zero: bool = 
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     """Raises ConfigError for the first value that cannot work."""
     _one_of("data.name", config.data.name, builders.DATASETS)
+    _one_of("data.candidates", config.data.candidates, builders.CANDIDATES)
     _one_of("model.tokenizer", config.model.tokenizer, TOKENIZERS)
     _one_of("model.tower", config.model.tower, towers.TOWERS)
     _one_of("model.similarity", config.model.similarity, dual_encoder.SIMILARITIES)
@@ -45,25 +46,32 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     _one_of("optimizer.name", config.optimizer.name, OPTIMIZERS)
     _one_of("optimizer.decay", config.optimizer.decay, DECAYS)
     _one_of("eval.index", config.eval.index, index.INDEXES)
-    _positive(config, "num_train_steps", "global_batch_size", "model.vocab_size", "model.max_len",
+    for name in baseline_names(config):
+        _one_of("eval.baselines", name, baselines.BASELINES)
+    _positive(config, "global_batch_size", "model.vocab_size", "model.max_len",
               "model.embed_dim", "model.hidden_dim", "model.output_dim", "model.temperature",
               "optimizer.learning_rate", "eval.top_k", "eval.batch_size", "eval.query_chunk",
               "eval.corpus_chunk")
-    _positive(config, "checkpoint_every_steps", "eval_every_steps", "log_every_steps",
+    _positive(config, "num_train_steps", "checkpoint_every_steps", "eval_every_steps", "log_every_steps",
               "keep_checkpoints", "model.num_oov_buckets", "optimizer.warmup_steps",
               "optimizer.grad_clip_norm", "optimizer.weight_decay", "data.worker_count",
               "mesh.num_devices", allow_zero=True)
     if config.global_batch_size % num_devices:
         raise ConfigError(f"config.global_batch_size={config.global_batch_size} must be divisible "
                           f"by the {num_devices} devices of the mesh (config.mesh.num_devices)")
-    if config.data.name == "pairs":
-        if not config.data.path:
-            raise ConfigError("config.data.path must name a TSV or JSONL pairs file when "
-                              "config.data.name='pairs'")
+    if config.data.name == "pairs" and not config.data.path:
+        raise ConfigError("config.data.path must name a TSV or JSONL pairs file when "
+                          "config.data.name='pairs'")
+    if config.data.name in ("pairs", "quora", "reqa_squad"):
         val, test = config.data.val_fraction, config.data.test_fraction
         if not (val > 0 and test > 0 and val + test < 1):
             raise ConfigError(f"config.data.val_fraction={val} and config.data.test_fraction={test}"
                               " must be > 0 with a sum below 1 (both splits are evaluated)")
+
+
+def baseline_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """config.eval.baselines ("bm25,tfidf,identity" or "") as a tuple of names."""
+    return tuple(n.strip() for n in config.eval.baselines.split(",") if n.strip())
 
 
 def write(config: ml_collections.ConfigDict, workdir: str) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 from absl import logging
 from tqdm.auto import tqdm
 
+from dualjax import baselines as baselines_lib
 from dualjax import index, metrics, sharding
 from dualjax.data.clusters import RetrievalTask
 from dualjax.text import WordTokenizer
@@ -42,24 +43,70 @@ def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], tokenizer: WordToken
     return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
 
 
-def evaluate_task(encode_queries: EncodeFn, encode_documents: EncodeFn, task: RetrievalTask,
-                  tokenizer: WordTokenizer, max_len: int, eval_cfg: ml_collections.ConfigDict,
-                  mesh: jax.sharding.Mesh) -> dict[str, float]:
-    """Retrieval metrics of the towers on `task` (a query never retrieves itself)."""
+def ann_recall(ann_ids: np.ndarray, exact_ids: np.ndarray, k: int = 10) -> float:
+    """Mean over queries of |ANN top-k & exact top-k| / |exact top-k| (ids of -1 ignored)."""
+    found = []
+    for a, e in zip(ann_ids[:, :k], exact_ids[:, :k]):
+        truth = set(e[e >= 0].tolist())
+        if truth:
+            found.append(len(truth & set(a.tolist())) / len(truth))
+    return float(np.mean(found)) if found else 1.0
+
+
+def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]],
+                   tokenizer: WordTokenizer, max_len: int, eval_cfg: ml_collections.ConfigDict,
+                   mesh: jax.sharding.Mesh, baselines: Sequence[str] = (),
+                   index_dir: str | None = None, ann_systems: Sequence[str] = ("dual_encoder",),
+                   index_extra: str = "") -> tuple[list[dict], dict[str, np.ndarray]]:
+    """Every system's metrics on one retrieval task (a query never retrieves itself).
+
+    towers: system name -> (encode_queries, encode_documents). Each is searched exactly;
+    with eval.index = "scann", the systems in `ann_systems` are also searched with a
+    ScaNN index (saved under `index_dir`), whose row adds `ann_recall@10` (overlap with
+    the exact top 10) and `map@100_gap` (exact minus ScaNN). Lexical `baselines` run on
+    the same task. Returns (rows {"system", "index", metrics...}, {label: ranked ids}).
+    """
     enc = dict(tokenizer=tokenizer, max_len=max_len, batch_size=eval_cfg.batch_size, mesh=mesh)
-    corpus = encode_texts(encode_documents, task.corpus, desc="encode corpus", **enc)
-    queries = encode_texts(encode_queries, task.queries, desc="encode queries", **enc)
-    search = index.INDEXES[eval_cfg.index]
-    _, ranked = search(queries, corpus, min(eval_cfg.top_k, len(task.corpus)),
-                       exclude=task.query_corpus_index, query_chunk=eval_cfg.query_chunk,
-                       corpus_chunk=eval_cfg.corpus_chunk)
-    return metrics.retrieval_metrics(ranked, task.relevant)
+    k = min(eval_cfg.top_k, len(task.corpus))
+    exclude = task.query_corpus_index
+    rows, ranked = [], {}
+
+    def add(system: str, kind: str, ids: np.ndarray, **extra) -> dict:
+        row = {"system": system, "index": kind,
+               **metrics.retrieval_metrics(ids, task.relevant), **extra}
+        rows.append(row)
+        ranked[f"{system} [{kind}]"] = ids
+        return row
+
+    for system, (encode_queries, encode_documents) in towers.items():
+        corpus = encode_texts(encode_documents, task.corpus, desc=f"{system}: corpus", **enc)
+        queries = encode_texts(encode_queries, task.queries, desc=f"{system}: queries", **enc)
+        exact_index, _ = index.make_index("exact", corpus, eval_cfg, k)
+        exact = add(system, "exact", exact_index.search(queries, k, exclude)[1])
+        if eval_cfg.index == "scann" and system in ann_systems:
+            ann_index, info = index.make_index("scann", corpus, eval_cfg, k, directory=index_dir,
+                                               extra=index_extra)
+            ann_ids = ann_index.search(queries, k, exclude)[1]
+            row = add(system, "scann", ann_ids, **{"ann_recall@10": ann_recall(ann_ids, ranked[
+                f"{system} [exact]"])})
+            row["map@100_gap"] = exact["map@100"] - row["map@100"]
+            row["index_seconds"] = info["build_seconds"]
+            row["index_built"] = info["built"]
+            logging.info("ScaNN %s: %s, ready in %.2fs, %.1f MB on disk", system,
+                         info["settings"], info["build_seconds"], info["bytes_on_disk"] / 2**20)
+    for name in baselines:
+        add(name, "exact", baselines_lib.rank(name, task, k))
+    return rows, ranked
+
+
+def row_label(row: dict) -> str:
+    return f"{row['system']} [{row['index']}]" if "index" in row else str(row.get("system", ""))
 
 
 def format_table(rows: Sequence[dict], keys: Sequence[str]) -> str:
-    """A plain-text table: one row per dict, the `system` column first."""
+    """A plain-text table: one row per dict, the system (and index) column first."""
     header = ["system", *keys]
-    lines = [header] + [[str(r.get("system", ""))] + [f"{r[k]:.4f}" if isinstance(r.get(k), float)
+    lines = [header] + [[row_label(r)] + [f"{r[k]:.4f}" if isinstance(r.get(k), float)
                                                         else str(r.get(k, "")) for k in keys]
                         for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]

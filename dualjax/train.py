@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -20,15 +20,13 @@ import optax
 from absl import logging
 from tqdm.auto import tqdm
 
-from dualjax import checkpoints, config_lib, evaluate, losses, sharding, text
+from dualjax import checkpoints, config_lib, evaluate, losses, report, sharding, text
 from dualjax.data import builders, pipeline
 from dualjax.metrics_log import MetricsLog
 from dualjax.models import dual_encoder
 
 State = dict[str, Any]  # {"params", "opt_state", "step", "rng"}
 Hook = Callable[[int, dict], None]  # called after every step with (step, device metrics)
-TABLE_KEYS = ("map@100", "recall@1", "recall@10", "recall@100", "mrr@10", "success@1",
-              "success@10", "ndcg@10")
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -56,20 +54,38 @@ def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int
     return tx, schedule
 
 
+def make_init_state(model, tx: optax.GradientTransformation, max_len: int
+                    ) -> Callable[[int], State]:
+    """seed -> the initial train state {"params", "opt_state", "step", "rng"}."""
+
+    def init_state(seed: int) -> State:
+        params = dual_encoder.init_params(model, jax.random.PRNGKey(seed), max_len)
+        return {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
+                "rng": jax.random.PRNGKey(seed + 1)}
+
+    return init_state
+
+
 # ----------------------------------------------------------------------------- input
-def load_tokenizer(config, workdir: str, source) -> text.WordTokenizer:
-    """WORKDIR/vocab.json if it exists (a resumed or evaluated run), else built from the
-    training pairs and saved there."""
+def load_tokenizer(config, workdir: str, texts: Callable[[], Iterable[str]]) -> text.WordTokenizer:
+    """WORKDIR/vocab.json if it exists (a resumed or evaluated run), else built from
+    `texts()` (the training pairs) and saved there."""
     path = os.path.join(workdir, "vocab.json")
     if os.path.exists(path):
         return text.WordTokenizer.load(path)
-    records = (source[i] for i in range(len(source)))
-    texts = (r[k].decode("utf-8") for r in records for k in ("query", "document"))
-    tok = text.build_word_tokenizer(texts, config.model.vocab_size, config.model.num_oov_buckets)
+    tok = text.build_word_tokenizer(texts(), config.model.vocab_size, config.model.num_oov_buckets)
     tok.save(path)
     logging.info("Vocabulary: %d words + %d OOV buckets, saved to %s", len(tok.vocab),
                  tok.num_oov_buckets, path)
     return tok
+
+
+def pair_texts(source) -> Iterable[str]:
+    """Both sides of every training pair of a data source."""
+    for start in range(0, len(source), 4096):
+        for r in pipeline.read_records(source, range(start, min(start + 4096, len(source)))):
+            yield r["query"].decode("utf-8")
+            yield r["document"].decode("utf-8")
 
 
 # ----------------------------------------------------------------------------- step
@@ -114,7 +130,8 @@ def check_finite(pending: list[tuple[int, dict]], last_saved: int | None) -> Non
 # ----------------------------------------------------------------------------- main
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        hooks: Sequence[Hook] = ()) -> dict[str, dict]:
-    """Trains (or resumes) and evaluates; returns {system: test metrics}.
+    """Trains (or resumes) and evaluates; returns {"system [index]": row} of the last
+    evaluation split (test).
 
     A SIGTERM during training saves a checkpoint and returns early ({}); running the
     same command again resumes from it.
@@ -126,25 +143,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     config_lib.write(config, workdir)
     log = MetricsLog(workdir)
     tfds_dir = config.data.tfds_dir or os.path.join(workdir, "tfds")
+    splits = builders.eval_splits(config.data, config.seed, tfds_dir)
 
-    # Input.
-    source = builders.train_source(config.data, config.seed, tfds_dir)
-    tokenizer = load_tokenizer(config, workdir, source)
-    data_iter = pipeline.train_iterator(source, tokenizer, config.model.max_len,
-                                        config.global_batch_size, config.seed,
-                                        config.data.worker_count)
-    logging.info("Training pairs: %d; global batch %d over %d devices", len(source),
-                 config.global_batch_size, mesh.devices.size)
+    # Input. With num_train_steps = 0 (evaluation only) no training pairs are needed and
+    # the vocabulary comes from the test split's texts.
+    if config.num_train_steps:
+        source = builders.train_source(config.data, config.seed, tfds_dir)
+        tokenizer = load_tokenizer(config, workdir, lambda: pair_texts(source))
+        data_iter = pipeline.train_iterator(source, tokenizer, config.model.max_len,
+                                            config.global_batch_size, config.seed,
+                                            config.data.worker_count)
+        logging.info("Training pairs: %d; global batch %d over %d devices", len(source),
+                     config.global_batch_size, mesh.devices.size)
+    else:
+        test = builders.eval_task(config.data, config.seed, tfds_dir, splits[-1])
+        tokenizer = load_tokenizer(config, workdir, lambda: test.corpus + test.queries)
+        data_iter = None
 
     # Model, optimizer and the sharded state.
     model = dual_encoder.make_model(config.model, tokenizer.vocab_size)
     tx, schedule = make_optimizer(config.optimizer, config.num_train_steps)
 
-    def init_state(seed: int) -> State:
-        params = dual_encoder.init_params(model, jax.random.PRNGKey(seed), config.model.max_len)
-        return {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
-                "rng": jax.random.PRNGKey(seed + 1)}
-
+    init_state = make_init_state(model, tx, config.model.max_len)
     replicated = sharding.replicated(mesh)
     state_sharding = jax.tree.map(lambda _: replicated, jax.eval_shape(init_state, config.seed))
     state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(config.seed)
@@ -157,7 +177,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     last_saved = ckpt.latest_step()
     if last_saved is not None:
         state, data_state = ckpt.restore(last_saved, checkpoints.abstract_like(state))
-        data_iter.set_state(data_state)
+        if data_iter is not None:
+            data_iter.set_state(data_state)
         log.truncate_after(last_saved)
         logging.info("Resumed from %s at step %d", os.path.join(workdir, "checkpoints"), last_saved)
     start = int(state["step"])
@@ -165,16 +186,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     encoders = make_encoders(model)
     eval_tasks = {}
 
-    def run_eval(params, split: str, system: str, step: int) -> dict:
+    def run_eval(systems: dict[str, Any], split: str, step: int, baselines: Sequence[str] = (),
+                 final: bool = False) -> list[dict]:
+        """Evaluates towers (name -> params) and baselines on a split; logs every row."""
         if split not in eval_tasks:
             eval_tasks[split] = builders.eval_task(config.data, config.seed, tfds_dir, split)
         task = eval_tasks[split]
-        values = evaluate.evaluate_task(*(functools.partial(f, params) for f in encoders), task,
-                                        tokenizer, config.model.max_len, config.eval, mesh)
-        log.write(step, split, values, system=system)
-        evaluate.log_metrics(f"eval {split} {system} step {step} ({len(task.queries)} queries, "
-                             f"{len(task.corpus)} candidates)", values)
-        return values
+        towers = {name: tuple(functools.partial(f, p) for f in encoders)
+                  for name, p in systems.items()}
+        rows, ranked = evaluate.evaluate_split(
+            task, towers, tokenizer, config.model.max_len, config.eval, mesh, baselines=baselines,
+            index_dir=os.path.join(workdir, "index", split) if final else None,
+            index_extra=f"step {step}")
+        for row in rows:
+            log.write(step, split, row)
+            evaluate.log_metrics(f"eval {split} step {step} {evaluate.row_label(row)} "
+                                 f"({len(task.queries)} queries, {len(task.corpus)} candidates)",
+                                 {k: v for k, v in row.items() if k not in ("system", "index")})
+        if final:
+            report.write_report(workdir, split, step, rows, ranked, task.relevant, len(task.corpus))
+        return rows
 
     def save(step: int) -> None:
         nonlocal last_saved
@@ -212,23 +243,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                 logging.warning("SIGTERM: saved a checkpoint at step %d in %s; run the same "
                                 "command again to resume.", step, workdir)
                 return {}
-            if config.eval_every_steps and step % config.eval_every_steps == 0 and not is_last:
-                run_eval(state["params"], "val", "dual_encoder", step)
+            if (config.eval_every_steps and step % config.eval_every_steps == 0 and not is_last
+                    and "val" in splits):
+                run_eval({"dual_encoder": state["params"]}, "val", step)
     finally:  # also on errors: the saves already started finish before we leave
         bar.close()
         signal.signal(signal.SIGTERM, previous_handler)
         ckpt.close()
 
-    # Final evaluation: the trained towers and, for reference, their initialisation.
+    # Final evaluation: the trained towers, their initialisation and the baselines.
     step = config.num_train_steps
     systems = {"dual_encoder": state["params"]}
     if config.eval.untrained:
         systems["untrained"] = jax.jit(init_state, static_argnums=0)(config.seed)["params"]
-    results = {split: {name: run_eval(params, split, name, step) for name, params in systems.items()}
-               for split in builders.EVAL_SPLITS}
-    rows = [{"system": s, **v} for s, v in results["test"].items()]
-    print(f"\nTest split, step {step} ({workdir}):\n" + evaluate.format_table(rows, TABLE_KEYS))
-    return results["test"]
+    baselines = config_lib.baseline_names(config)
+    results = {split: run_eval(systems, split, step, baselines, final=True) for split in splits}
+    last = splits[-1]
+    print(f"\n{last} split, step {step} ({workdir}):\n"
+          + evaluate.format_table(results[last], report.KEYS)
+          + f"\nReport: {os.path.join(workdir, 'report.md')}")
+    return {evaluate.row_label(r): r for r in results[last]}
 
 
 def make_encoders(model) -> tuple[Callable, Callable]:

@@ -72,7 +72,7 @@ def test_encode_texts_with_real_model(mesh):
     np.testing.assert_allclose(np.linalg.norm(out[np.arange(21) != 4], axis=1), 1.0, atol=1e-5)
 
 
-# --- evaluate_task on a hand-made task -------------------------------------------------
+# --- evaluate_split on a hand-made task -------------------------------------------------
 
 # Every text is one word; its embedding is the unit vector at an angle (degrees) in 2-D,
 # so a score is cos(angle difference) and ranking is by angular distance.
@@ -107,11 +107,20 @@ def _eval_cfg(**overrides):
     return cfg
 
 
+def _exact_metrics(encode_queries, encode_documents, eval_cfg, mesh):
+    """The dual encoder's exact-search metrics from evaluate_split."""
+    rows, ranked = evaluate.evaluate_split(TASK, {"dual_encoder": (encode_queries, encode_documents)},
+                                           TOKENIZER, 4, eval_cfg, mesh)
+    assert [(r["system"], r["index"]) for r in rows] == [("dual_encoder", "exact")]
+    assert list(ranked) == ["dual_encoder [exact]"]
+    return {k: v for k, v in rows[0].items() if k not in ("system", "index")}
+
+
 @pytest.mark.parametrize("cfg_overrides", [{}, {"query_chunk": 256, "corpus_chunk": 4096,
                                                 "batch_size": 512}])
-def test_evaluate_task_hand_computed(mesh, cfg_overrides):
+def test_evaluate_split_hand_computed(mesh, cfg_overrides):
     enc = _lookup_encoder(ANGLES)
-    got = evaluate.evaluate_task(enc, enc, TASK, TOKENIZER, 4, _eval_cfg(**cfg_overrides), mesh)
+    got = _exact_metrics(enc, enc, _eval_cfg(**cfg_overrides), mesh)
     # top_k = min(100, 5) = 5. Rankings (angular distance from the query):
     # q0 "alpha" (0 deg, itself excluded): beta 20, gamma 50, delta 90, eps 180, then -1.
     #    relevant {gamma}: hit at rank 2. (Retrieving itself would push it to rank 3.)
@@ -141,11 +150,11 @@ def test_evaluate_task_hand_computed(mesh, cfg_overrides):
     assert got["map@100"] == pytest.approx(0.75)
 
 
-def test_evaluate_task_uses_query_and_document_towers(mesh):
+def test_evaluate_split_uses_query_and_document_towers(mesh):
     """Queries go through encode_queries, the corpus through encode_documents."""
     documents = _lookup_encoder(ANGLES)
     queries = _lookup_encoder({**ANGLES, "alpha": 45.0})  # only the query "alpha" moves
-    got = evaluate.evaluate_task(queries, documents, TASK, TOKENIZER, 4, _eval_cfg(), mesh)
+    got = _exact_metrics(queries, documents, _eval_cfg(), mesh)
     # q0 "alpha" now at 45 deg: gamma 5, beta 25, delta 45, eps 135 -> hit at rank 1.
     # q1, q2 as in the test above (the corpus "alpha" stays at 0 deg): ranks 1 (+4), 1.
     # Swapped towers would give q0 rank 2 (beta 20, gamma 50) and q1 its alpha at rank 3.
@@ -154,10 +163,10 @@ def test_evaluate_task_uses_query_and_document_towers(mesh):
     assert got["map@100"] == pytest.approx((1.0 + 0.75 + 1.0) / 3)
 
 
-def test_evaluate_task_top_k_cutoff(mesh):
+def test_evaluate_split_top_k_cutoff(mesh):
     """top_k=1 keeps one result: recall@10 counts only the first."""
     enc = _lookup_encoder(ANGLES)
-    got = evaluate.evaluate_task(enc, enc, TASK, TOKENIZER, 4, _eval_cfg(top_k=1), mesh)
+    got = _exact_metrics(enc, enc, _eval_cfg(top_k=1), mesh)
     # First results: q0 beta (miss), q1 delta (hit, 1 of 2), q2 beta (hit).
     assert got["recall@10"] == pytest.approx((0 + 1 / 2 + 1) / 3)
     assert got["success@10"] == pytest.approx(2 / 3)

@@ -19,6 +19,7 @@ from dualjax.data.pairs_file import DataError
 def tiny(**overrides):
     cfg = load_config("tiny")
     cfg.eval.untrained = False
+    cfg.eval.baselines = ""
     for key, value in overrides.items():
         node = cfg
         *parents, leaf = key.split(".")
@@ -40,9 +41,11 @@ def train_rows(workdir):
 
 def test_tiny_run_writes_the_workdir_contract(tmp_path):
     cfg = tiny()
-    cfg.eval.untrained = True
+    cfg.eval.untrained, cfg.eval.baselines = True, "bm25,tfidf,identity"
     results = train.train_and_evaluate(cfg, str(tmp_path))
-    assert set(results) == {"dual_encoder", "untrained"}
+    systems = [("dual_encoder", "exact"), ("dual_encoder", "scann"), ("untrained", "exact"),
+               ("bm25", "exact"), ("tfidf", "exact"), ("identity", "exact")]
+    assert list(results) == [f"{s} [{i}]" for s, i in systems]
     with open(tmp_path / "config.json") as f:
         assert json.load(f) == cfg.to_dict()
     assert (tmp_path / "vocab.json").exists()
@@ -54,11 +57,18 @@ def test_tiny_run_writes_the_workdir_contract(tmp_path):
         if r["split"] == "train":
             assert {"loss", "in_batch_p@1", "grad_norm", "learning_rate"} <= set(r)
             assert np.isfinite(r["loss"]) and 0 <= r["in_batch_p@1"] <= 1
-    evals = {(r["split"], r["system"]) for r in rows if r["split"] != "train"}
-    assert evals == {(s, m) for s in ("val", "test") for m in ("dual_encoder", "untrained")}
-    test_row = next(r for r in rows if r["split"] == "test" and r["system"] == "dual_encoder")
+    evals = {(r["split"], r["system"], r["index"]) for r in rows if r["split"] != "train"}
+    assert evals == {(split, s, i) for split in ("val", "test") for s, i in systems}
+    test_row = results["dual_encoder [exact]"]
     assert {"map@100", "recall@1", "recall@10", "recall@100", "mrr@10", "success@1",
             "success@10", "ndcg@10"} <= set(test_row)
+    ann = results["dual_encoder [scann]"]  # brute force on this small corpus: same as exact
+    assert ann["ann_recall@10"] == 1.0 and ann["map@100_gap"] == pytest.approx(0, abs=1e-9)
+    assert (tmp_path / "index" / "test" / "meta.json").exists()
+    report = (tmp_path / "report.md").read_text()
+    for s, i in systems:
+        assert f"| {s} [{i}] | {results[f'{s} [{i}]']['map@100']:.4f} |" in report
+    assert (tmp_path / "recall_at_k.png").stat().st_size > 10_000
     # 20 steps of training already lower the in-batch loss.
     losses = [r["loss"] for r in rows if r["split"] == "train"]
     assert losses[-1] < losses[0]
@@ -115,7 +125,7 @@ def test_pairs_file_run_and_bad_line(tmp_path):
     results = train.train_and_evaluate(
         tiny(**{"data.name": "pairs", "data.path": str(good), "data.test_fraction": 0.2}),
         str(tmp_path / "run"))
-    assert results["dual_encoder"]["num_queries"] > 10
+    assert results["dual_encoder [exact]"]["num_queries"] > 10
 
     bad = tmp_path / "bad.tsv"
     bad.write_text("\n".join(lines[:3] + ["no tab on this line"] + lines[3:]) + "\n")
@@ -123,7 +133,7 @@ def test_pairs_file_run_and_bad_line(tmp_path):
     with pytest.raises(DataError, match=f"{bad}:4: "):
         train.train_and_evaluate(cfg, str(tmp_path / "bad_run"))
     cfg.data.skip_bad_lines = True
-    assert train.train_and_evaluate(cfg, str(tmp_path / "skip_run"))["dual_encoder"]
+    assert train.train_and_evaluate(cfg, str(tmp_path / "skip_run"))["dual_encoder [exact]"]
 
 
 def _cli(*args):

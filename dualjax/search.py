@@ -1,0 +1,96 @@
+"""Answer queries with a trained workdir: its vocabulary, towers and saved index.
+
+    python -m dualjax.search --workdir=DIR --query="how do i fix my car" [--query=...] [--k=10]
+    python -m dualjax.search --workdir=DIR --queries_file=queries.txt   # one query per line
+
+The candidates are the corpus of an evaluation split (`--split`, default test) of the
+dataset the run was trained on. The ScaNN index saved by the run's final evaluation is
+loaded when its fingerprint (corpus embeddings, checkpoint step, index settings) still
+matches, and rebuilt and saved again otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Sequence
+
+import jax
+import ml_collections
+from absl import app, flags, logging
+
+from dualjax import checkpoints, evaluate, index, sharding, train
+from dualjax.data import builders
+from dualjax.models import dual_encoder
+from dualjax.text import WordTokenizer
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "A trained dualjax workdir.")
+_QUERY = flags.DEFINE_multi_string("query", [], "A query (repeatable).")
+_QUERIES_FILE = flags.DEFINE_string("queries_file", None, "A file with one query per line.")
+_K = flags.DEFINE_integer("k", 10, "Results per query.")
+_SPLIT = flags.DEFINE_string("split", "test", "Evaluation split whose corpus is searched.")
+
+
+class Searcher:
+    """The towers of a workdir's latest checkpoint and an index over a split's corpus."""
+
+    def __init__(self, workdir: str, split: str = "test", k: int = 10):
+        with open(os.path.join(workdir, "config.json")) as f:
+            config = ml_collections.ConfigDict(json.load(f))
+        self.tokenizer = WordTokenizer.load(os.path.join(workdir, "vocab.json"))
+        self.max_len, self.k = config.model.max_len, k
+        self.mesh = sharding.make_mesh()
+        model = dual_encoder.make_model(config.model, self.tokenizer.vocab_size)
+        tx, _ = train.make_optimizer(config.optimizer, config.num_train_steps)
+        init_state = train.make_init_state(model, tx, config.model.max_len)
+        ckpt = checkpoints.Checkpointer(workdir, config.keep_checkpoints)
+        step = ckpt.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"{workdir}/checkpoints: no checkpoint to search with")
+        replicated = sharding.replicated(self.mesh)
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+            jax.eval_shape(init_state, config.seed))
+        params = ckpt.restore(step, abstract)[0]["params"]
+        ckpt.close()
+        encode_queries, encode_documents = train.make_encoders(model)
+        self._encode_queries = lambda ids, mask: encode_queries(params, ids, mask)
+        tfds_dir = config.data.tfds_dir or os.path.join(workdir, "tfds")
+        self.corpus = builders.eval_task(config.data, config.seed, tfds_dir, split).corpus
+        corpus_emb = evaluate.encode_texts(
+            lambda ids, mask: encode_documents(params, ids, mask), self.corpus, self.tokenizer,
+            self.max_len, config.eval.batch_size, self.mesh, desc="encode corpus")
+        self.index, self.info = index.make_index(
+            config.eval.index, corpus_emb, config.eval, min(k, len(self.corpus)),
+            directory=os.path.join(workdir, "index", split), extra=f"step {step}")
+        logging.info("%s index over %d candidates (%s)", config.eval.index, len(self.corpus),
+                     "built" if self.info["built"] else "loaded")
+
+    def search(self, queries: Sequence[str]) -> list[list[tuple[float, str]]]:
+        """Per query, the top k (score, candidate text), best first."""
+        emb = evaluate.encode_texts(self._encode_queries, queries, self.tokenizer, self.max_len,
+                                    len(queries), self.mesh, desc="encode queries")
+        scores, ids = self.index.search(emb, min(self.k, len(self.corpus)))
+        return [[(float(s), self.corpus[i]) for s, i in zip(row_s, row_i) if i >= 0]
+                for row_s, row_i in zip(scores, ids)]
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    queries = list(_QUERY.value)
+    if _QUERIES_FILE.value:
+        with open(_QUERIES_FILE.value, encoding="utf-8") as f:
+            queries += [line.strip() for line in f if line.strip()]
+    if not queries:
+        sys.exit("dualjax.search: give --query (repeatable) or --queries_file")
+    searcher = Searcher(_WORKDIR.value, _SPLIT.value, _K.value)
+    for query, results in zip(queries, searcher.search(queries)):
+        print(f"\n> {query}")
+        for rank, (score, text) in enumerate(results, 1):
+            print(f"{rank:3d}. {score:+.4f}  {text}")
+
+
+if __name__ == "__main__":
+    flags.mark_flag_as_required("workdir")
+    app.run(main)
