@@ -52,6 +52,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.tower = "bow_mlp"       # "bow" (mean of embeddings) | "bow_mlp" (+ 2-layer tanh MLP)
     c.model.shared_towers = True    # one tower for queries and documents, or two
     c.model.embed_dim = 128         # word embedding size (= output size for "bow")
+    c.model.embed_init_std = 1.0    # stddev of the normal init of word embeddings (with plain
+                                    # SGD, smaller means larger relative updates)
     c.model.hidden_dim = 256        # bow_mlp: hidden layer size
     c.model.output_dim = 128        # bow_mlp: embedding size
     c.model.similarity = "cosine_affine"  # "cosine_affine": alpha*cos+beta, learned |

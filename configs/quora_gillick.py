@@ -38,6 +38,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.max_len = 40            # words per question (longer ones are truncated)
     c.model.tower = "bow"           # mean of word embeddings
     c.model.embed_dim = 300         # Gillick et al.: 300-d
+    c.model.embed_init_std = 0.01   # TF-style small init (glorot on [V, 300] is ~0.007): with
+                                    # SGD at lr 0.01, N(0, 1) embeddings barely move
     c.model.shared_towers = True    # one encoder for questions on both sides
     c.model.similarity = "cosine_affine"  # alpha * cos + beta, both learned
     c.model.init_scale = 10.0

@@ -197,7 +197,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         rows, ranked = evaluate.evaluate_split(
             task, towers, tokenizer, config.model.max_len, config.eval, mesh, baselines=baselines,
             index_dir=os.path.join(workdir, "index", split) if final else None,
-            index_extra=f"step {step}")
+            ann_systems=("dual_encoder",) if final else (), index_extra=f"step {step}")
         for row in rows:
             log.write(step, split, row)
             evaluate.log_metrics(f"eval {split} step {step} {evaluate.row_label(row)} "

@@ -74,7 +74,7 @@ def test_tfidf_sublinear_tf():
 
 
 def _bm25_direct(corpus: list[str], query: str, k1: float, b: float) -> np.ndarray:
-    """Textbook-free BM25 as bm25s "lucene" defines it (no (k1 + 1) numerator factor)."""
+    """BM25 scores [len(corpus)] as bm25s "lucene" defines them (no (k1 + 1) factor)."""
     docs = [words(d) for d in corpus]
     n = len(docs)
     avgdl = sum(len(d) for d in docs) / n

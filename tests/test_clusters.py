@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from dualjax.data import clusters
 from dualjax.data.clusters import (RetrievalTask, cluster_pairs, split_clusters,
                                    task_from_clusters)
 
@@ -128,3 +129,22 @@ def test_task_from_clusters_errors():
         task_from_clusters(["a", "b"], [0])
     with pytest.raises(ValueError):
         task_from_clusters(["a", "a"], [0, 1])
+
+
+def test_cluster_coherence_bonadiman_eq_4_5():
+    # Members {a b c}, {a b}, {a b d}: union {a b c d} (4 words).
+    # Jaccard with the union: 3/4, 2/4, 3/4 -> mean 8/12 = 2/3.
+    assert clusters.cluster_coherence([{"a", "b", "c"}, {"a", "b"}, {"a", "b", "d"}]) == \
+        pytest.approx(2 / 3)
+    assert clusters.cluster_coherence([{"x", "y"}, {"y", "x"}]) == 1.0
+    assert clusters.cluster_coherence([set(), set()]) == 0.0
+
+
+def test_query_clusters_limit_queries_not_candidates():
+    texts = ["a1", "a2", "b1", "b2", "b3", "s"]
+    ids = [0, 0, 1, 1, 1, 2]
+    task = clusters.task_from_clusters(texts, ids, query_clusters={1})
+    assert task.corpus == texts
+    assert task.queries == ["b1", "b2", "b3"]
+    assert task.relevant == [frozenset({3, 4}), frozenset({2, 4}), frozenset({2, 3})]
+    assert task.query_corpus_index.tolist() == [2, 3, 4]

@@ -26,11 +26,12 @@ class BowTower(nn.Module):
     """Mean of word embeddings over non-pad tokens (Gillick et al. 2018)."""
     vocab_size: int
     embed_dim: int
+    init_std: float = 1.0
 
     @nn.compact
     def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
         emb = nn.Embed(self.vocab_size, self.embed_dim, name="embed",
-                                      embedding_init=nn.initializers.normal(stddev=1.0))(ids)
+                       embedding_init=nn.initializers.normal(stddev=self.init_std))(ids)
         return masked_mean(emb, mask)
 
 
@@ -40,20 +41,22 @@ class BowMlpTower(nn.Module):
     embed_dim: int
     hidden_dim: int
     output_dim: int
+    init_std: float = 1.0
 
     @nn.compact
     def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
-        x = BowTower(self.vocab_size, self.embed_dim, name="bow")(ids, mask)
+        x = BowTower(self.vocab_size, self.embed_dim, self.init_std, name="bow")(ids, mask)
         x = jnp.tanh(nn.Dense(self.hidden_dim, name="hidden")(x))
         return jnp.tanh(nn.Dense(self.output_dim, name="output")(x))
 
 
 def _bow(cfg: ml_collections.ConfigDict, vocab_size: int, name: str) -> nn.Module:
-    return BowTower(vocab_size, cfg.embed_dim, name=name)
+    return BowTower(vocab_size, cfg.embed_dim, cfg.embed_init_std, name=name)
 
 
 def _bow_mlp(cfg: ml_collections.ConfigDict, vocab_size: int, name: str) -> nn.Module:
-    return BowMlpTower(vocab_size, cfg.embed_dim, cfg.hidden_dim, cfg.output_dim, name=name)
+    return BowMlpTower(vocab_size, cfg.embed_dim, cfg.hidden_dim, cfg.output_dim,
+                       cfg.embed_init_std, name=name)
 
 
 TOWERS: dict[str, Callable[[ml_collections.ConfigDict, int, str], nn.Module]] = {
