@@ -6,15 +6,14 @@ files) ends the run with one line naming the key, file or line, and exit status 
 
 from __future__ import annotations
 
-import logging as std_logging
 import re
 import sys
 
 from absl import app, flags, logging
-import tensorflow_datasets as tfds
 from ml_collections import config_flags
 
 from dualjax import train
+from dualjax.metrics_log import setup_logging
 from dualjax.config_lib import ConfigError
 from dualjax.data.pairs_file import DataError
 
@@ -24,21 +23,10 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metr
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-class _OwnInfoOnly(std_logging.Filter):
-    """INFO lines from dualjax only; libraries (Orbax, TFDS) speak at WARNING and up."""
-
-    def filter(self, record: std_logging.LogRecord) -> bool:
-        if "Using custom data configuration" in record.getMessage():
-            return False  # TFDS says this for every builder config dualjax makes
-        return record.levelno >= std_logging.WARNING or "dualjax" in record.pathname
-
-
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    logging.set_verbosity(logging.INFO)
-    logging.get_absl_handler().addFilter(_OwnInfoOnly())
-    tfds.disable_progress_bar()
+    setup_logging()
     try:
         train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
     except (ConfigError, DataError, train.NonFiniteLossError) as e:

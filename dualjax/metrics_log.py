@@ -1,10 +1,15 @@
-"""WORKDIR/metrics.jsonl: one JSON object per line with "step" and "split"."""
+"""WORKDIR/metrics.jsonl (one JSON object per line with "step" and "split") and the
+console log."""
 
 from __future__ import annotations
 
 import json
+import logging as std_logging
 import os
 from typing import Any
+
+import tensorflow_datasets as tfds
+from absl import logging
 
 
 class MetricsLog:
@@ -32,3 +37,19 @@ class MetricsLog:
             return []
         with open(self.path) as f:
             return [json.loads(line) for line in f if line.strip()]
+
+
+class _OwnInfoOnly(std_logging.Filter):
+    """INFO lines from dualjax only; libraries (Orbax, TFDS) speak at WARNING and up."""
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        if "Using custom data configuration" in record.getMessage():
+            return False  # TFDS says this for every builder config dualjax makes
+        return record.levelno >= std_logging.WARNING or "dualjax" in record.pathname
+
+
+def setup_logging() -> None:
+    """INFO from dualjax, WARNING and up from libraries, no TFDS progress bars."""
+    logging.set_verbosity(logging.INFO)
+    logging.get_absl_handler().addFilter(_OwnInfoOnly())
+    tfds.disable_progress_bar()

@@ -22,6 +22,7 @@ from absl import app, flags, logging
 
 from dualjax import checkpoints, evaluate, index, sharding, train
 from dualjax.data import builders
+from dualjax.metrics_log import setup_logging
 from dualjax.models import dual_encoder
 from dualjax.text import WordTokenizer
 
@@ -78,6 +79,7 @@ class Searcher:
 
 def main(argv: list[str]) -> None:
     del argv
+    setup_logging()
     queries = list(_QUERY.value)
     if _QUERIES_FILE.value:
         with open(_QUERIES_FILE.value, encoding="utf-8") as f:
