@@ -45,8 +45,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.worker_count = 0         # grain worker processes (0: read in the main process)
 
     c.model = ml_collections.ConfigDict()
-    c.model.tokenizer = "word"      # word unigrams + hashed out-of-vocabulary buckets
-    c.model.vocab_size = 20000      # most frequent training words kept in the vocabulary
+    c.model.tokenizer = "word"      # "word" (unigrams) | "char_trigram" | "word+char_trigram" |
+                                    # "bigram" (unigrams + word bigrams) | "sentencepiece"
+                                    # (trained on the training texts); all + hashed OOV buckets
+    c.model.vocab_size = 20000      # most frequent training words (bigram: unigrams + bigrams;
+                                    # sentencepiece: pieces) kept in the vocabulary
+    c.model.trigram_vocab_size = 40000  # char_trigram, word+char_trigram: trigrams kept
     c.model.num_oov_buckets = 1000  # hashed buckets for every other word
     c.model.max_len = 32            # tokens per text (longer texts are truncated)
     c.model.tower = "bow_mlp"       # "bow" (mean of embeddings) | "bow_mlp" (+ 2-layer tanh MLP)
@@ -63,7 +67,29 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.init_bias = 0.0         # cosine_affine: initial beta
 
     c.loss = ml_collections.ConfigDict()
-    c.loss.name = "in_batch_softmax"  # softmax over the global batch, positives on the diagonal
+    c.loss.name = "in_batch_softmax"  # over the global batch (every query against all the
+                                    # batch's documents; positives on the diagonal):
+                                    # "in_batch_softmax" | "in_batch_sigmoid" (logistic loss
+                                    # on every entry, Gillick et al. 2018) |
+                                    # "in_batch_triplet_hardest" (hardest negative, cosine,
+                                    # Gillick) | "triplet_margin" (Moscicki 2022 eq. 4.2,
+                                    # Bonadiman et al. 2019 TL) | "sdml" (smoothed softmax on
+                                    # -||q-d||^2, Bonadiman) | "pointwise_logistic" (needs
+                                    # labelled negative pairs: no dataset has them yet)
+    c.loss.symmetric = False        # in_batch_softmax: average with the documents -> queries
+                                    # softmax (over each positive's column)
+    c.loss.margin = -1.0            # triplet margin (< 0: the source's default: 0.5 for
+                                    # in_batch_triplet_hardest; triplet_margin: 0.3 cosine,
+                                    # 0.5 euclidean and squared_euclidean)
+    c.loss.distance = "cosine"      # triplet_margin: "cosine" (1 - cos) | "euclidean" |
+                                    # "squared_euclidean"
+    c.loss.hard = False             # triplet_margin: hardest negative only (TL(Hard)) instead
+                                    # of the mean over every negative (TL(Rand))
+    c.loss.label_smoothing = 0.3    # sdml: epsilon spread over the row's N columns
+    c.loss.sdml_scale = 1.0         # sdml: logits = -sdml_scale * ||q - d||^2 (paper: 1;
+                                    # unit embeddings keep ||q - d||^2 in [0, 4])
+    c.loss.remove_accidental_hits = True  # when batches carry document ids: a column with the
+                                    # row's positive's id is not one of its negatives
 
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.name = "adamw"      # "sgd" (with momentum) | "adam" | "adamw"

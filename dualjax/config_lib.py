@@ -8,13 +8,12 @@ import os
 
 import ml_collections
 
-from dualjax import baselines, index, losses
+from dualjax import baselines, index, losses, tokenizers
 from dualjax.data import builders
 from dualjax.models import dual_encoder, towers
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 DECAYS = ("linear", "constant")
-TOKENIZERS = ("word",)
 
 
 class ConfigError(ValueError):
@@ -35,14 +34,37 @@ def _positive(config: ml_collections.ConfigDict, *keys: str, allow_zero: bool = 
             raise ConfigError(f"config.{key}={value} must be {'>= 0' if allow_zero else '> 0'}")
 
 
+def _check_loss(loss: ml_collections.ConfigDict) -> None:
+    """config.loss: a known loss with the data it needs, and no option it would ignore."""
+    _one_of("loss.name", loss.name, losses.LOSSES)
+    if loss.name == "pointwise_logistic":
+        in_batch = [n for n in losses.LOSSES if n != "pointwise_logistic"]
+        raise ConfigError("config.loss.name='pointwise_logistic' needs a dataset with labelled "
+                          "negative pairs (query, document, 0/1 label), which no config.data.name "
+                          f"provides yet; use an in-batch loss: {', '.join(in_batch)}")
+    _one_of("loss.distance", loss.distance, losses.DISTANCES)
+    if not 0 <= loss.label_smoothing < 1:
+        raise ConfigError(f"config.loss.label_smoothing={loss.label_smoothing} must be in [0, 1)")
+    if loss.sdml_scale <= 0:
+        raise ConfigError(f"config.loss.sdml_scale={loss.sdml_scale} must be > 0")
+    # Options that do nothing for this loss are mistakes: say which losses use them.
+    users = lambda option: ", ".join(n for n, s in losses.LOSSES.items() if option in s.options)
+    for option, ignored in (("symmetric", loss.symmetric), ("hard", loss.hard),
+                            ("margin", loss.margin >= 0)):
+        if ignored and option not in losses.LOSSES[loss.name].options:
+            default = " (set it to -1 for the loss's default)" if option == "margin" else ""
+            raise ConfigError(f"config.loss.{option}={loss[option]} only applies to "
+                              f"{users(option)}, not loss.name={loss.name!r}{default}")
+
+
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     """Raises ConfigError for the first value that cannot work."""
     _one_of("data.name", config.data.name, builders.DATASETS)
     _one_of("data.candidates", config.data.candidates, builders.CANDIDATES)
-    _one_of("model.tokenizer", config.model.tokenizer, TOKENIZERS)
+    _one_of("model.tokenizer", config.model.tokenizer, tokenizers.TOKENIZERS)
     _one_of("model.tower", config.model.tower, towers.TOWERS)
     _one_of("model.similarity", config.model.similarity, dual_encoder.SIMILARITIES)
-    _one_of("loss.name", config.loss.name, losses.LOSSES)
+    _check_loss(config.loss)
     _one_of("optimizer.name", config.optimizer.name, OPTIMIZERS)
     _one_of("optimizer.decay", config.optimizer.decay, DECAYS)
     _one_of("eval.index", config.eval.index, index.INDEXES)

@@ -20,10 +20,11 @@ import optax
 from absl import logging
 from tqdm.auto import tqdm
 
-from dualjax import checkpoints, config_lib, evaluate, losses, report, sharding, text
+from dualjax import checkpoints, config_lib, evaluate, losses, report, sharding, tokenizers
 from dualjax.data import builders, pipeline
 from dualjax.metrics_log import MetricsLog
 from dualjax.models import dual_encoder
+from dualjax.tokenizers import Tokenizer
 
 State = dict[str, Any]  # {"params", "opt_state", "step", "rng"}
 Hook = Callable[[int, dict], None]  # called after every step with (step, device metrics)
@@ -67,16 +68,18 @@ def make_init_state(model, tx: optax.GradientTransformation, max_len: int
 
 
 # ----------------------------------------------------------------------------- input
-def load_tokenizer(config, workdir: str, texts: Callable[[], Iterable[str]]) -> text.WordTokenizer:
+def load_tokenizer(config, workdir: str, texts: Callable[[], Iterable[str]]) -> Tokenizer:
     """WORKDIR/vocab.json if it exists (a resumed or evaluated run), else built from
-    `texts()` (the training pairs) and saved there."""
+    `texts()` (the training pairs) as `model.tokenizer` says, and saved there."""
     path = os.path.join(workdir, "vocab.json")
     if os.path.exists(path):
-        return text.WordTokenizer.load(path)
-    tok = text.build_word_tokenizer(texts(), config.model.vocab_size, config.model.num_oov_buckets)
+        return tokenizers.load_tokenizer(path)
+    m = config.model
+    tok = tokenizers.build_tokenizer(m.tokenizer, texts(), vocab_size=m.vocab_size,
+                                     num_oov_buckets=m.num_oov_buckets,
+                                     trigram_vocab_size=m.trigram_vocab_size)
     tok.save(path)
-    logging.info("Vocabulary: %d words + %d OOV buckets, saved to %s", len(tok.vocab),
-                 tok.num_oov_buckets, path)
+    logging.info("Tokenizer %s: %d embedding rows, saved to %s", m.tokenizer, tok.vocab_size, path)
     return tok
 
 
@@ -168,7 +171,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     replicated = sharding.replicated(mesh)
     state_sharding = jax.tree.map(lambda _: replicated, jax.eval_shape(init_state, config.seed))
     state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(config.seed)
-    loss_fn = losses.sharded(config.loss.name, mesh)
+    loss_fn = losses.sharded(config.loss.name, mesh, **losses.config_options(config.loss))
     train_step = make_train_step(model, tx, schedule, loss_fn, state_sharding,
                                  sharding.batch_sharding(mesh), replicated)
 
