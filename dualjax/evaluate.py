@@ -18,12 +18,12 @@ from tqdm.auto import tqdm
 from dualjax import baselines as baselines_lib
 from dualjax import index, metrics, sharding
 from dualjax.data.clusters import RetrievalTask
-from dualjax.text import WordTokenizer
+from dualjax.tokenizers import Tokenizer
 
 EncodeFn = Callable[[jax.Array, jax.Array], jax.Array]  # ids, mask [b, len] -> [b, dim]
 
 
-def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], tokenizer: WordTokenizer,
+def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], tokenizer: Tokenizer,
                  max_len: int, batch_size: int, mesh: jax.sharding.Mesh,
                  desc: str = "encode") -> np.ndarray:
     """Embeddings [len(texts), dim] from jitted batches of `batch_size` texts.
@@ -54,7 +54,7 @@ def ann_recall(ann_ids: np.ndarray, exact_ids: np.ndarray, k: int = 10) -> float
 
 
 def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]],
-                   tokenizer: WordTokenizer, max_len: int, eval_cfg: ml_collections.ConfigDict,
+                   tokenizer: Tokenizer, max_len: int, eval_cfg: ml_collections.ConfigDict,
                    mesh: jax.sharding.Mesh, baselines: Sequence[str] = (),
                    index_dir: str | None = None, ann_systems: Sequence[str] = ("dual_encoder",),
                    index_extra: str = "") -> tuple[list[dict], dict[str, np.ndarray]]:

@@ -20,11 +20,10 @@ import jax
 import ml_collections
 from absl import app, flags, logging
 
-from dualjax import checkpoints, evaluate, index, sharding, train
+from dualjax import checkpoints, evaluate, index, sharding, tokenizers, train
 from dualjax.data import builders
 from dualjax.metrics_log import setup_logging
 from dualjax.models import dual_encoder
-from dualjax.text import WordTokenizer
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A trained dualjax workdir.")
 _QUERY = flags.DEFINE_multi_string("query", [], "A query (repeatable).")
@@ -39,7 +38,7 @@ class Searcher:
     def __init__(self, workdir: str, split: str = "test", k: int = 10):
         with open(os.path.join(workdir, "config.json")) as f:
             config = ml_collections.ConfigDict(json.load(f))
-        self.tokenizer = WordTokenizer.load(os.path.join(workdir, "vocab.json"))
+        self.tokenizer = tokenizers.load_tokenizer(os.path.join(workdir, "vocab.json"))
         self.max_len, self.k = config.model.max_len, k
         self.mesh = sharding.make_mesh()
         model = dual_encoder.make_model(config.model, self.tokenizer.vocab_size)

@@ -154,3 +154,16 @@ def test_cli_rejects_unknown_key_and_wrong_type_by_name(tmp_path):
     assert f"dualjax: {tmp_path / 'nowhere.tsv'}: no such file" in missing.stderr
     assert "Traceback" not in missing.stderr + unknown.stderr
     assert not any((tmp_path / d).exists() for d in "ab")
+
+
+@pytest.mark.parametrize("tokenizer", ["word+char_trigram", "sentencepiece", "bigram"])
+def test_every_tokenizer_trains_and_is_reloaded(tmp_path, tokenizer):
+    cfg = tiny(**{"model.tokenizer": tokenizer, "model.vocab_size": 300,
+                  "model.trigram_vocab_size": 300, "model.max_len": 48,
+                  "num_train_steps": 10, "eval.index": "exact"})
+    first = train.train_and_evaluate(cfg, str(tmp_path))["dual_encoder [exact]"]
+    with open(tmp_path / "vocab.json") as f:
+        assert json.load(f)["type"] == tokenizer
+    cfg.num_train_steps = 10  # the same run again: resumes at the end, reloads the tokenizer
+    again = train.train_and_evaluate(cfg, str(tmp_path))["dual_encoder [exact]"]
+    assert again["map@100"] == first["map@100"] and first["num_queries"] > 10

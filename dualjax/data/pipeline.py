@@ -14,7 +14,7 @@ import grain
 import jax
 import numpy as np
 
-from dualjax.text import WordTokenizer
+from dualjax.tokenizers import Tokenizer
 
 
 def read_records(source, indices: Sequence[int]) -> list:
@@ -31,7 +31,7 @@ class ReadPairs(grain.transforms.Map):
     them together, many times faster than one random read per record.
     """
 
-    def __init__(self, source, tokenizer: WordTokenizer, max_len: int):
+    def __init__(self, source, tokenizer: Tokenizer, max_len: int):
         self._source, self._tokenizer, self._max_len = source, tokenizer, max_len
 
     def map(self, indices: np.ndarray) -> dict[str, np.ndarray]:
@@ -43,7 +43,7 @@ class ReadPairs(grain.transforms.Map):
         return out
 
 
-def train_iterator(source, tokenizer: WordTokenizer, max_len: int, global_batch_size: int,
+def train_iterator(source, tokenizer: Tokenizer, max_len: int, global_batch_size: int,
                    seed: int, worker_count: int = 0) -> grain.DatasetIterator:
     """An endless iterator of this process's share of each global training batch.
 
