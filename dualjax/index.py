@@ -105,6 +105,8 @@ def default_scann_config() -> ml_collections.ConfigDict:
     c.mode = "auto"               # "brute_force" | "ah" | "tree_ah"; auto: n < 20k brute force,
                                   # n < 100k AH + reorder, else tree + AH + reorder
     c.num_leaves = 0              # tree_ah: k-means partitions (0: round(sqrt(n)))
+    c.spherical = True            # tree_ah: spherical k-means (centroids on the unit sphere;
+                                  # on Quora bow embeddings recall@10 0.929 -> 0.950)
     c.num_leaves_to_search = 0    # tree_ah: partitions scored per query (0: ceil(num_leaves / 5),
                                   # ~20% of the corpus: recall-leaning, this is for evaluation)
     c.training_sample_size = 0    # rows sampled to train the tree and AH codes (0: min(n, 250k))
@@ -146,7 +148,7 @@ def scann_settings(n: int, dim: int, k: int, cfg: ml_collections.ConfigDict) -> 
                              f"{s['training_sample_size']}]")
         if not 1 <= search <= leaves:
             raise ValueError(f"scann num_leaves_to_search={search} must be in [1, {leaves}]")
-        s.update(num_leaves=leaves, num_leaves_to_search=search)
+        s.update(num_leaves=leaves, num_leaves_to_search=search, spherical=bool(cfg.spherical))
     return s
 
 
@@ -203,7 +205,7 @@ class ScannIndex:
             s["num_threads"])
         if s["mode"] == "tree_ah":
             b = b.tree(s["num_leaves"], s["num_leaves_to_search"],
-                       training_sample_size=s["training_sample_size"])
+                       training_sample_size=s["training_sample_size"], spherical=s["spherical"])
         if s["mode"] == "brute_force":
             b = b.score_brute_force()
         else:

@@ -190,10 +190,11 @@ def test_auto_settings_follow_scann_rules_of_thumb():
     assert index.scann_settings(300, 8, 100, _cfg("ah"))["reorder_k"] == 300  # at most n
     custom = index.scann_settings(1_000_000, 64, 10, _cfg(
         "auto", num_leaves=50, num_leaves_to_search=7, training_sample_size=9000, reorder_k=33,
-        dims_per_block=4, anisotropic_threshold=0.3, num_threads=3))
+        dims_per_block=4, anisotropic_threshold=0.3, num_threads=3, spherical=False))
     assert custom == {"mode": "tree_ah", "num_threads": 3, "dims_per_block": 4,
                       "anisotropic_threshold": 0.3, "reorder_k": 33,
-                      "training_sample_size": 9000, "num_leaves": 50, "num_leaves_to_search": 7}
+                      "training_sample_size": 9000, "num_leaves": 50, "num_leaves_to_search": 7,
+                      "spherical": False}
     assert index.scann_settings(10, 4, 1, cfg)["num_threads"] >= 1  # 0: all cores
 
 
