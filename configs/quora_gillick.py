@@ -22,10 +22,11 @@ _DEFAULT = runpy.run_path(str(pathlib.Path(__file__).with_name("default.py")))
 
 def get_config() -> ml_collections.ConfigDict:
     c = _DEFAULT["get_config"]()
-    c.num_train_steps = 20000       # ~190 epochs of the training pairs at batch 1000
+    c.num_train_steps = 3000        # ~27 epochs of the 112k training pairs; val map@100 is
+                                    # flat after ~1000 steps (0.775, 0.779, 0.778)
     c.global_batch_size = 1000      # Gillick et al.: batch 1000 (999 in-batch negatives)
-    c.checkpoint_every_steps = 2000
-    c.eval_every_steps = 5000       # val split (candidates: every question)
+    c.checkpoint_every_steps = 1000
+    c.eval_every_steps = 1000       # val split (candidates: every question)
     c.log_every_steps = 200
 
     c.data.name = "quora"           # ../shared/data/quora/pairs.tsv unless data.path is set
