@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from conftest import load_config
-from dualjax import config_lib, losses, sharding
+from dualjax import config_lib, frequency, losses, sharding
 from dualjax.models import dual_encoder
 
 
@@ -432,19 +432,19 @@ def test_extras_that_cannot_work_fail_with_what_would():
 def test_streaming_frequency_converges_to_known_rates():
     # id 7 appears every 2 steps, id 8 every 10 steps, id 9 twice in every 5th step (counts
     # once per step). Yi et al.'s estimate B -> the gap, q = 1/B: q7/q8 -> 5.
-    update = jax.jit(losses.update_frequency, static_argnames="alpha")
-    state = losses.init_frequency(1024)
+    update = jax.jit(frequency.update_frequency, static_argnames="alpha")
+    state = frequency.init_frequency(1024)
     for step in range(400):
         ids = [i for i, every in ((7, 2), (8, 10)) if step % every == 0]
         ids += [9, 9] if step % 5 == 0 else []
         if ids:
             state = update(state, jnp.array(ids), step, alpha=0.1)
-    q7, q8, q9 = np.exp(np.asarray(losses.log_q(state, jnp.array([7, 8, 9]))))
+    q7, q8, q9 = np.exp(np.asarray(frequency.log_q(state, jnp.array([7, 8, 9]))))
     assert q7 / q8 == pytest.approx(5, rel=0.2)
     assert q7 == pytest.approx(1 / 2, rel=0.1)
     assert q8 == pytest.approx(1 / 10, rel=0.2)
     assert q9 == pytest.approx(1 / 5, rel=0.2)
-    assert jax.tree.map(jnp.shape, state) == losses.StreamingFrequency((1024,), (1024,))
+    assert jax.tree.map(jnp.shape, state) == frequency.StreamingFrequency((1024,), (1024,))
 
 
 # ----------------------------------------------------------------------------- config checks
