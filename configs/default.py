@@ -54,12 +54,41 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.num_oov_buckets = 1000  # hashed buckets for every other word
     c.model.max_len = 32            # tokens per text (longer texts are truncated)
     c.model.tower = "bow_mlp"       # "bow" (mean of embeddings) | "bow_mlp" (+ 2-layer tanh MLP)
+                                    # | "cnn" (convolutions + max pooling, Bonadiman et al.
+                                    # 2019) | "transformer" (pre-LN encoder, Chang et al. 2020)
+    c.model.query_tower = ""        # the query side's tower instead of model.tower ("": same);
+                                    # needs shared_towers=False
+    c.model.doc_tower = ""          # the document side's tower instead of model.tower ("": same);
+                                    # needs shared_towers=False
     c.model.shared_towers = True    # one tower for queries and documents, or two
-    c.model.embed_dim = 128         # word embedding size (= output size for "bow")
+    c.model.shared_embedding = False  # two towers (shared_towers=False) reading ONE token
+                                    # table (Moscicki 2022); the layers above stay separate.
+                                    # Both sides' tables must have the same width
+    c.model.embed_dim = 128         # word embedding size (= output size for "bow"); bow,
+                                    # bow_mlp, cnn (the transformer's is transformer.width)
     c.model.embed_init_std = 1.0    # stddev of the normal init of word embeddings (with plain
-                                    # SGD, smaller means larger relative updates)
+                                    # SGD, smaller means larger relative updates); bow, bow_mlp, cnn
     c.model.hidden_dim = 256        # bow_mlp: hidden layer size
-    c.model.output_dim = 128        # bow_mlp: embedding size
+    c.model.output_dim = 128        # bow_mlp, cnn, transformer: embedding size
+    c.model.cnn_windows = "5"       # cnn: convolution window sizes, comma separated ("3,4,5");
+                                    # 'SAME' padding, pads never seen as content
+    c.model.cnn_filters = 256       # cnn: filters per window size (max-pooled, concatenated,
+                                    # then a linear layer to output_dim)
+    c.model.transformer = ml_collections.ConfigDict()
+    c.model.transformer.preset = ""  # "bert_base" (12 layers, width 768, 12 heads, mlp 3072,
+                                    # overriding the four sizes below) | "": the sizes below
+    c.model.transformer.num_layers = 2  # pre-LN encoder layers (CPU-sized default)
+    c.model.transformer.width = 128  # hidden size (= token embedding size)
+    c.model.transformer.num_heads = 4  # attention heads (width must be divisible by it)
+    c.model.transformer.mlp_dim = 512  # hidden size of each layer's GELU MLP
+    c.model.transformer.max_positions = 512  # learned positions: texts up to this many
+                                    # tokens (the prepended [CLS] vector has no position)
+    c.model.transformer.pooling = "cls"  # final linear layer on the "cls" state (a learned
+                                    # vector prepended inside the tower) | "mean" of the
+                                    # text's token states
+    c.model.transformer.dtype = "float32"  # activations: "float32" | "bfloat16" (params stay
+                                    # float32; the tower's output is float32)
+    c.model.transformer.init_std = 0.02  # stddev of the normal init of every weight (BERT)
     c.model.similarity = "cosine_affine"  # "cosine_affine": alpha*cos+beta, learned |
                                                                     # "cosine_temperature": cos/temperature, fixed
     c.model.temperature = 0.1       # cosine_temperature: tau

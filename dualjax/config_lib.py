@@ -57,12 +57,46 @@ def _check_loss(loss: ml_collections.ConfigDict) -> None:
                               f"{users(option)}, not loss.name={loss.name!r}{default}")
 
 
+def _check_towers(model: ml_collections.ConfigDict) -> None:
+    """config.model: known towers, per-side towers and a shared token table only with two
+    towers, and the cnn / transformer settings of the towers in use."""
+    for key in ("tower", "query_tower", "doc_tower"):
+        if key == "tower" or model[key]:
+            _one_of(f"model.{key}", model[key], towers.TOWERS)
+    for key in ("query_tower", "doc_tower", "shared_embedding"):
+        if model[key] and model.shared_towers:
+            raise ConfigError(f"config.model.{key}={model[key]!r} needs two towers: set "
+                              "config.model.shared_towers=False")
+    used = dual_encoder.tower_names(model)
+    try:  # the cnn / transformer helpers check their own settings
+        if "cnn" in used:
+            towers.parse_windows(model.cnn_windows)
+        if "transformer" in used:
+            max_positions = towers.transformer_settings(model)["max_positions"]
+            if model.max_len > max_positions:
+                raise ValueError(f"model.max_len={model.max_len} is longer than "
+                                 f"model.transformer.max_positions={max_positions}")
+    except ValueError as e:
+        raise ConfigError(f"config.{e}") from None
+    if "cnn" in used and model.cnn_filters <= 0:
+        raise ConfigError(f"config.model.cnn_filters={model.cnn_filters} must be > 0")
+    if towers.output_dim(model, used[0]) != towers.output_dim(model, used[1]):
+        raise ConfigError(f"config.model.query_tower={used[0]!r} and model.doc_tower={used[1]!r} "
+                          "must output vectors of one size: set model.output_dim to "
+                          "model.embed_dim (a bow tower outputs embed_dim)")
+    if model.shared_embedding and len({towers.embedding_dim(model, n) for n in used}) > 1:
+        raise ConfigError("config.model.shared_embedding=True needs token tables of one width "
+                          f"on both sides: {used[0]} has {towers.embedding_dim(model, used[0])}, "
+                          f"{used[1]} {towers.embedding_dim(model, used[1])} (model.embed_dim; "
+                          "model.transformer.width for a transformer)")
+
+
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     """Raises ConfigError for the first value that cannot work."""
     _one_of("data.name", config.data.name, builders.DATASETS)
     _one_of("data.candidates", config.data.candidates, builders.CANDIDATES)
     _one_of("model.tokenizer", config.model.tokenizer, tokenizers.TOKENIZERS)
-    _one_of("model.tower", config.model.tower, towers.TOWERS)
+    _check_towers(config.model)
     _one_of("model.similarity", config.model.similarity, dual_encoder.SIMILARITIES)
     _check_loss(config.loss)
     _one_of("optimizer.name", config.optimizer.name, OPTIMIZERS)

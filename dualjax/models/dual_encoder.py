@@ -2,8 +2,9 @@
 normalised outputs, and the similarity's scale and bias that turn cosines into logits.
 
 Pure-functional: build the module with `make_model(config.model, vocab_size)`, get the
-params pytree from `init_params`, and call `model.apply({"params": p}, ids, mask,
-method="encode_queries")` and friends.
+params pytree (plain arrays) from `init_params`, and call `model.apply({"params": p}, ids,
+mask, method="encode_queries")` and friends. `logical_axes` gives every param's logical
+axis names (a PartitionSpec per param, same tree) for sharding them over a mesh.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from dualjax.models import towers
 from dualjax.models.towers import TOWERS
 
 SIMILARITIES = ("cosine_affine", "cosine_temperature")
@@ -21,8 +23,19 @@ def l2_normalize(x: jnp.ndarray, eps: float = 1e-12) -> jnp.ndarray:
     return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), eps))
 
 
+def tower_names(cfg: ml_collections.ConfigDict) -> tuple[str, str]:
+    """(query tower, document tower): model.query_tower / model.doc_tower where set, else
+    model.tower."""
+    return cfg.get("query_tower", "") or cfg.tower, cfg.get("doc_tower", "") or cfg.tower
+
+
 class DualEncoder(nn.Module):
     """Two towers over token ids; embeddings are unit vectors [batch, dim].
+
+    shared_towers=True: one tower (params under "tower") encodes both sides. Otherwise
+    "query_tower" and "doc_tower" (each its own kind when model.query_tower / doc_tower
+    are set); with shared_embedding=True they read one token table, params["embed"], built
+    as the query tower would build its own, while the layers above stay separate.
 
     similarity = "cosine_affine": logits = alpha * cos + beta with learned alpha, beta
     (Gillick et al. 2018); "cosine_temperature": logits = cos / temperature, fixed
@@ -33,9 +46,17 @@ class DualEncoder(nn.Module):
 
     def setup(self):
         cfg = self.config
-        make = TOWERS[cfg.tower]
-        self.query_tower = make(cfg, self.vocab_size, "query_tower" if not cfg.shared_towers else "tower")
-        self.doc_tower = self.query_tower if cfg.shared_towers else make(cfg, self.vocab_size, "doc_tower")
+        q_tower, d_tower = tower_names(cfg)
+        if cfg.shared_towers:
+            self.query_tower = TOWERS[q_tower](cfg, self.vocab_size, "tower")
+            self.doc_tower = self.query_tower
+        else:
+            embed = None
+            if cfg.get("shared_embedding", False):
+                self.embed = towers.make_embedding(cfg, self.vocab_size, q_tower, name="embed")
+                embed = self.embed
+            self.query_tower = TOWERS[q_tower](cfg, self.vocab_size, "query_tower", embed)
+            self.doc_tower = TOWERS[d_tower](cfg, self.vocab_size, "doc_tower", embed)
         if cfg.similarity == "cosine_affine":
             self.alpha = self.param("alpha", nn.initializers.constant(cfg.init_scale), ())
             self.beta = self.param("beta", nn.initializers.constant(cfg.init_bias), ())
@@ -64,8 +85,22 @@ def make_model(model_config: ml_collections.ConfigDict, vocab_size: int) -> Dual
     return DualEncoder(ml_collections.FrozenConfigDict(model_config), vocab_size)
 
 
-def init_params(model: DualEncoder, rng: jax.Array, max_len: int) -> dict:
-    """The params pytree for `model`, from dummy inputs of length `max_len`."""
+def _init_boxed(model: DualEncoder, rng: jax.Array, max_len: int) -> dict:
+    """The params with their nn.LogicallyPartitioned boxes, from dummy inputs [1, max_len]."""
     ids = jnp.ones((1, max_len), jnp.int32)
     mask = jnp.ones((1, max_len), bool)
     return model.init(rng, ids, mask, ids, mask)["params"]
+
+
+def init_params(model: DualEncoder, rng: jax.Array, max_len: int) -> dict:
+    """The params pytree for `model` (plain arrays, logical-axis boxes removed), from dummy
+    inputs of length `max_len`."""
+    return nn.meta.unbox(_init_boxed(model, rng, max_len))
+
+
+def logical_axes(model: DualEncoder, max_len: int) -> dict:
+    """The params tree of `model` with, per param, a PartitionSpec of logical axis names
+    (e.g. P("vocab", "embed") for a token table, P("embed", "mlp") for a Transformer MLP
+    kernel; P() for a param without names). Nothing is computed (jax.eval_shape)."""
+    boxed = jax.eval_shape(lambda: _init_boxed(model, jax.random.key(0), max_len))
+    return nn.get_partition_spec(boxed)

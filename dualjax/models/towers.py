@@ -2,15 +2,43 @@
 
 Each tower takes `ids` int32 [batch, len] and `mask` bool [batch, len] (True on real
 tokens) and returns float32 [batch, dim]. Towers are looked up by name in `TOWERS`
-(`model.tower` in the config); each constructor takes the `model` config group.
+(`model.tower`, or `model.query_tower` / `model.doc_tower` per side); each constructor
+takes the `model` config group, the vocabulary size, the module name and optionally a
+token-embedding module to use instead of its own table (`model.shared_embedding`: one
+table for both sides, built by `make_embedding`).
+
+Padding never changes a text's vector: every tower reads only the positions where mask
+is True, and appending pads to a text leaves its vector as it was.
+
+Parameters carry logical axis names (`nn.with_logical_partitioning`): the token table
+("vocab", "embed") in every tower, and every Transformer weight (("embed", "mlp"),
+("embed", "heads", "kv"), ...), so a second mesh axis can shard them later.
+`dual_encoder.init_params` returns them unboxed (plain arrays); `dual_encoder.logical_axes`
+gives the names.
 """
 from __future__ import annotations
 
-from typing import Callable
+import math
+from typing import Any, Callable
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import ml_collections
+
+TRANSFORMER_PRESETS: dict[str, dict[str, int]] = {
+        "": {},  # the explicit model.transformer fields
+        "bert_base": {"num_layers": 12, "width": 768, "num_heads": 12, "mlp_dim": 3072},
+}
+TRANSFORMER_POOLINGS = ("cls", "mean")
+DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+_zeros = nn.initializers.zeros_init()
+_ones = nn.initializers.ones_init()
+
+
+def _axes(init: Callable, *names: str | None) -> Callable:
+    return nn.with_logical_partitioning(init, names)
 
 
 def masked_mean(x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
@@ -22,17 +50,91 @@ def masked_mean(x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
     return (x * m).sum(axis=1) / jnp.maximum(m.sum(axis=1), 1.0)
 
 
+def masked_max(x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
+    """Max of x [batch, len, dim] over the positions where mask [batch, len] is True.
+
+    Pads are -inf before the max, so they never win (even over all-negative values); a row
+    with no real token gives the zero vector (not -inf), with zero gradient.
+    """
+    x = jnp.where(mask[..., None], x, -jnp.inf).max(axis=1)
+    return jnp.where(mask.any(axis=1, keepdims=True), x, 0.0)
+
+
+def parse_windows(windows: str) -> tuple[int, ...]:
+    """model.cnn_windows ("3,4,5") as a tuple of distinct positive ints; ValueError if not."""
+    try:
+        out = tuple(int(w) for w in windows.split(",") if w.strip())
+    except ValueError:
+        out = ()
+    if not out or min(out) <= 0 or len(set(out)) != len(out):
+        raise ValueError(f"model.cnn_windows={windows!r} must be distinct positive window sizes "
+                         "separated by commas, like '5' or '3,4,5'")
+    return out
+
+
+def transformer_settings(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The Transformer's settings: model.transformer's fields, the sizes overridden by its
+    preset; ValueError naming the key for a value that cannot work."""
+    t = cfg.transformer
+    if t.preset not in TRANSFORMER_PRESETS:
+        raise ValueError(f"model.transformer.preset={t.preset!r} is not one of: "
+                         f"{', '.join(map(repr, TRANSFORMER_PRESETS))}")
+    settings = {k: t[k] for k in ("num_layers", "width", "num_heads", "mlp_dim",
+                                  "max_positions", "pooling", "dtype", "init_std")}
+    settings.update(TRANSFORMER_PRESETS[t.preset])
+    for key, allowed in (("pooling", TRANSFORMER_POOLINGS), ("dtype", DTYPES)):
+        if settings[key] not in allowed:
+            raise ValueError(f"model.transformer.{key}={settings[key]!r} is not one of: "
+                             f"{', '.join(allowed)}")
+    for key in ("num_layers", "width", "num_heads", "mlp_dim", "max_positions", "init_std"):
+        if settings[key] <= 0:
+            raise ValueError(f"model.transformer.{key}={settings[key]} must be > 0")
+    if settings["width"] % settings["num_heads"]:
+        raise ValueError(f"model.transformer.width={settings['width']} must be divisible by "
+                         f"model.transformer.num_heads={settings['num_heads']}")
+    return settings
+
+
+def embedding_dim(cfg: ml_collections.ConfigDict, tower: str) -> int:
+    """Width of the token table of tower `tower` (the Transformer's width, else embed_dim)."""
+    return transformer_settings(cfg)["width"] if tower == "transformer" else cfg.embed_dim
+
+
+def output_dim(cfg: ml_collections.ConfigDict, tower: str) -> int:
+    """Size of the vectors tower `tower` returns (embed_dim for bow, else output_dim)."""
+    return cfg.embed_dim if tower == "bow" else cfg.output_dim
+
+
+def make_embedding(cfg: ml_collections.ConfigDict, vocab_size: int, tower: str,
+                   name: str | None = "embed") -> nn.Embed:
+    """The token table [vocab_size, embedding_dim] that tower `tower` would make for itself
+    (its width and init), for `model.shared_embedding`."""
+    std = transformer_settings(cfg)["init_std"] if tower == "transformer" else cfg.embed_init_std
+    return _table(vocab_size, embedding_dim(cfg, tower), std, name)
+
+
+def _table(vocab_size: int, dim: int, std: float, name: str | None) -> nn.Embed:
+    return nn.Embed(vocab_size, dim, name=name,
+                    embedding_init=_axes(nn.initializers.normal(stddev=std), "vocab", "embed"))
+
+
+def _own_or_shared(embed: nn.Module | None, vocab_size: int, dim: int, std: float
+                   ) -> nn.Module:
+    """`embed` if given, else the tower's own table "embed" (call inside nn.compact)."""
+    return embed if embed is not None else _table(vocab_size, dim, std, "embed")
+
+
 class BowTower(nn.Module):
     """Mean of word embeddings over non-pad tokens (Gillick et al. 2018)."""
     vocab_size: int
     embed_dim: int
     init_std: float = 1.0
+    embed: nn.Module | None = None  # a shared token table instead of this tower's own
 
     @nn.compact
     def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
-        emb = nn.Embed(self.vocab_size, self.embed_dim, name="embed",
-                       embedding_init=nn.initializers.normal(stddev=self.init_std))(ids)
-        return masked_mean(emb, mask)
+        table = _own_or_shared(self.embed, self.vocab_size, self.embed_dim, self.init_std)
+        return masked_mean(table(ids).astype(jnp.float32), mask)
 
 
 class BowMlpTower(nn.Module):
@@ -42,24 +144,172 @@ class BowMlpTower(nn.Module):
     hidden_dim: int
     output_dim: int
     init_std: float = 1.0
+    embed: nn.Module | None = None
 
     @nn.compact
     def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
-        x = BowTower(self.vocab_size, self.embed_dim, self.init_std, name="bow")(ids, mask)
+        x = BowTower(self.vocab_size, self.embed_dim, self.init_std, self.embed,
+                     name="bow")(ids, mask)
         x = jnp.tanh(nn.Dense(self.hidden_dim, name="hidden")(x))
         return jnp.tanh(nn.Dense(self.output_dim, name="output")(x))
 
 
-def _bow(cfg: ml_collections.ConfigDict, vocab_size: int, name: str) -> nn.Module:
-    return BowTower(vocab_size, cfg.embed_dim, cfg.embed_init_std, name=name)
+class CnnTower(nn.Module):
+    """Bonadiman et al. 2019 §2.1.1: word embeddings -> 1-D convolutions ('SAME') of each
+    window size with `filters` filters -> tanh -> max over the text's positions ->
+    concatenated [batch, len(windows) * filters] -> linear [batch, output_dim].
+
+    Pad embeddings are zeroed before the convolutions, so a window running past the text's
+    end sees the same zeros as the 'SAME' padding of a text without pads.
+    """
+    vocab_size: int
+    embed_dim: int
+    windows: tuple[int, ...]
+    filters: int
+    output_dim: int
+    init_std: float = 1.0
+    embed: nn.Module | None = None
+
+    @nn.compact
+    def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
+        table = _own_or_shared(self.embed, self.vocab_size, self.embed_dim, self.init_std)
+        x = table(ids).astype(jnp.float32) * mask[..., None]  # [b, len, embed]
+        pooled = [masked_max(jnp.tanh(nn.Conv(self.filters, (w,), padding="SAME",
+                                              name=f"conv_{w}")(x)), mask)
+                  for w in self.windows]  # each [b, filters]
+        return nn.Dense(self.output_dim, name="output")(jnp.concatenate(pooled, axis=-1))
 
 
-def _bow_mlp(cfg: ml_collections.ConfigDict, vocab_size: int, name: str) -> nn.Module:
+class SelfAttention(nn.Module):
+    """Multi-head self-attention over x [b, n, width]; keys where mask [b, n] is False are
+    ignored. Softmax in float32 whatever the activation dtype."""
+    num_heads: int
+    init_std: float
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
+        width = x.shape[-1]
+        h, d = self.num_heads, width // self.num_heads
+        init = nn.initializers.normal(stddev=self.init_std)
+
+        def project(name: str) -> jnp.ndarray:  # [b, n, heads, kv]
+            w = self.param(f"{name}_kernel", _axes(init, "embed", "heads", "kv"), (width, h, d))
+            b = self.param(f"{name}_bias", _axes(_zeros, "heads", "kv"), (h, d))
+            return jnp.einsum("bne,ehd->bnhd", x, w.astype(self.dtype)) + b.astype(self.dtype)
+
+        q, k, v = project("query"), project("key"), project("value")
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / math.sqrt(d)
+        logits = jnp.where(mask[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+        y = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+        w = self.param("out_kernel", _axes(init, "heads", "kv", "embed"), (h, d, width))
+        b = self.param("out_bias", _axes(_zeros, "embed"), (width,))
+        return jnp.einsum("bqhd,hde->bqe", y, w.astype(self.dtype)) + b.astype(self.dtype)
+
+
+def _layer_norm(dtype: Any, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(dtype=dtype, name=name, scale_init=_axes(_ones, "embed"),
+                        bias_init=_axes(_zeros, "embed"))
+
+
+class EncoderLayer(nn.Module):
+    """Pre-LN Transformer layer: x + attn(LN(x)), then x + MLP(LN(x)) (GELU)."""
+    num_heads: int
+    mlp_dim: int
+    init_std: float
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
+        init = nn.initializers.normal(stddev=self.init_std)
+        x = x + SelfAttention(self.num_heads, self.init_std, self.dtype, name="attn")(
+                _layer_norm(self.dtype, "ln_attn")(x), mask)
+        y = _layer_norm(self.dtype, "ln_mlp")(x)
+        y = nn.Dense(self.mlp_dim, dtype=self.dtype, name="mlp_in",
+                     kernel_init=_axes(init, "embed", "mlp"), bias_init=_axes(_zeros, "mlp"))(y)
+        y = nn.Dense(x.shape[-1], dtype=self.dtype, name="mlp_out",
+                     kernel_init=_axes(init, "mlp", "embed"),
+                     bias_init=_axes(_zeros, "embed"))(nn.gelu(y))
+        return x + y
+
+
+class TransformerTower(nn.Module):
+    """Chang et al. 2020 §4.1: token + learned position embeddings, a learned [CLS] vector
+    prepended (inside the tower: the tokenizer knows nothing of it), pre-LN encoder layers
+    with attention masked by the padding mask, a final LayerNorm, and a linear layer to
+    output_dim on the [CLS] state (pooling="cls") or on the mean of the text's token states
+    (pooling="mean"). Activations in `dtype`, params float32, output float32.
+
+    Texts may have any length up to max_positions (the [CLS] vector has no position).
+    """
+    vocab_size: int
+    num_layers: int
+    width: int
+    num_heads: int
+    mlp_dim: int
+    output_dim: int
+    max_positions: int = 512
+    pooling: str = "cls"
+    init_std: float = 0.02
+    dtype: Any = jnp.float32
+    embed: nn.Module | None = None
+
+    @nn.compact
+    def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
+        batch, length = ids.shape
+        if length > self.max_positions:
+            raise ValueError(f"transformer tower: texts of {length} tokens are longer than "
+                             f"model.transformer.max_positions={self.max_positions}")
+        init = nn.initializers.normal(stddev=self.init_std)
+        table = _own_or_shared(self.embed, self.vocab_size, self.width, self.init_std)
+        pos = self.param("pos_embed", _axes(init, "position", "embed"),
+                         (self.max_positions, self.width))
+        cls = self.param("cls", _axes(init, "embed"), (self.width,))
+        x = table(ids).astype(self.dtype) + pos[None, :length].astype(self.dtype)
+        x = jnp.concatenate([jnp.broadcast_to(cls.astype(self.dtype), (batch, 1, self.width)),
+                             x], axis=1)  # [b, 1 + len, width]
+        keys = jnp.concatenate([jnp.ones((batch, 1), bool), mask], axis=1)
+        for i in range(self.num_layers):
+            x = EncoderLayer(self.num_heads, self.mlp_dim, self.init_std, self.dtype,
+                             name=f"layer_{i}")(x, keys)
+        x = _layer_norm(self.dtype, "ln_final")(x).astype(jnp.float32)
+        pooled = x[:, 0] if self.pooling == "cls" else masked_mean(x[:, 1:], mask)
+        out = nn.Dense(self.output_dim, dtype=self.dtype, name="output",
+                       kernel_init=_axes(init, "embed", "output"),
+                       bias_init=_axes(_zeros, "output"))(pooled.astype(self.dtype))
+        return out.astype(jnp.float32)
+
+
+# ----------------------------------------------------------------------------- registry
+def _bow(cfg: ml_collections.ConfigDict, vocab_size: int, name: str,
+         embed: nn.Module | None = None) -> nn.Module:
+    return BowTower(vocab_size, cfg.embed_dim, cfg.embed_init_std, embed, name=name)
+
+
+def _bow_mlp(cfg: ml_collections.ConfigDict, vocab_size: int, name: str,
+             embed: nn.Module | None = None) -> nn.Module:
     return BowMlpTower(vocab_size, cfg.embed_dim, cfg.hidden_dim, cfg.output_dim,
-                       cfg.embed_init_std, name=name)
+                       cfg.embed_init_std, embed, name=name)
 
 
-TOWERS: dict[str, Callable[[ml_collections.ConfigDict, int, str], nn.Module]] = {
+def _cnn(cfg: ml_collections.ConfigDict, vocab_size: int, name: str,
+         embed: nn.Module | None = None) -> nn.Module:
+    return CnnTower(vocab_size, cfg.embed_dim, parse_windows(cfg.cnn_windows), cfg.cnn_filters,
+                    cfg.output_dim, cfg.embed_init_std, embed, name=name)
+
+
+def _transformer(cfg: ml_collections.ConfigDict, vocab_size: int, name: str,
+                 embed: nn.Module | None = None) -> nn.Module:
+    t = transformer_settings(cfg)
+    return TransformerTower(vocab_size, t["num_layers"], t["width"], t["num_heads"],
+                            t["mlp_dim"], cfg.output_dim, t["max_positions"], t["pooling"],
+                            t["init_std"], DTYPES[t["dtype"]], embed, name=name)
+
+
+TOWERS: dict[str, Callable[..., nn.Module]] = {
         "bow": _bow,
         "bow_mlp": _bow_mlp,
+        "cnn": _cnn,
+        "transformer": _transformer,
 }

@@ -1,0 +1,258 @@
+"""Towers and the dual encoder around them: shapes, padding invariance, masked pooling,
+attention masking, shared token tables, per-side towers, bfloat16, logical axes, config
+checks, and short training runs with the cnn and transformer towers."""
+
+import functools
+import json
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from conftest import load_config
+from dualjax import config_lib, train
+from dualjax.models import dual_encoder, towers
+
+VOCAB = 50
+KINDS = ("bow", "bow_mlp", "cnn", "transformer_cls", "transformer_mean")
+
+
+def model_cfg(kind: str = "bow", **overrides):
+    """tiny's model group, sized for fast CPU tests; kind "transformer_mean" sets the
+    transformer tower with mean pooling."""
+    cfg = load_config("tiny").model
+    cfg.tower = kind.split("_")[0] if kind.startswith("transformer") else kind
+    cfg.cnn_windows, cfg.cnn_filters = "2,3", 8  # an even and an odd window
+    t = cfg.transformer
+    t.num_layers, t.width, t.num_heads, t.mlp_dim, t.max_positions = 1, 16, 2, 32, 24
+    t.pooling = "mean" if kind == "transformer_mean" else "cls"
+    for key, value in overrides.items():
+        node = cfg
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return cfg
+
+
+def texts(lengths, total_len, seed=0, pad_ids="zero"):
+    """ids [b, total_len] with random real tokens (the same for a seed whatever total_len)
+    and mask [b, total_len]; pad ids are 0 or random ("random")."""
+    rng = np.random.default_rng(seed)
+    real = rng.integers(1, VOCAB, (len(lengths), max(lengths)))
+    mask = np.arange(total_len)[None] < np.array(lengths)[:, None]
+    junk = rng.integers(1, VOCAB, mask.shape) if pad_ids == "random" else np.zeros(mask.shape)
+    ids = np.where(mask, np.pad(real, ((0, 0), (0, total_len - real.shape[1]))), junk)
+    return jnp.asarray(ids, jnp.int32), jnp.asarray(mask)
+
+
+@functools.lru_cache
+def _build(kind, overrides):
+    cfg = model_cfg(kind, **dict(overrides))
+    tower = towers.TOWERS[cfg.tower](cfg, VOCAB, "tower")
+    if kind == "transformer_mean":  # the same params as with [CLS] pooling
+        params = _build("transformer_cls", overrides)[2]
+    else:
+        ids, mask = texts([3], 8)
+        params = nn.meta.unbox(jax.jit(tower.init)(jax.random.key(0), ids, mask)["params"])
+    apply = jax.jit(lambda p, ids, mask: tower.apply({"params": p}, ids, mask))
+    return cfg, tower, params, apply
+
+
+def build(kind, **overrides):
+    """(model config, tower module, params, jitted apply(params, ids, mask)) of a tower
+    kind; cached across tests: do not mutate."""
+    return _build(kind, tuple(sorted(overrides.items())))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_padding_never_changes_a_vector_and_an_empty_text_is_finite(kind):
+    cfg, _, params, apply = build(kind)
+    lengths = [0, 1, 3, 7, 7]  # an empty text, one with no pad at length 7, and a copy of it
+    ids, mask = texts(lengths, 7)
+    ids = ids.at[4, 2].set(ids[3, 2] % (VOCAB - 1) + 1)  # ... with one real token changed
+    out = apply(params, ids, mask)
+    dim = towers.output_dim(cfg, cfg.tower)
+    assert out.shape == (5, dim) and out.dtype == jnp.float32
+    assert np.isfinite(np.asarray(out)).all()
+    assert np.abs(np.asarray(out[4] - out[3])).max() > 1e-4  # the vector depends on the text
+    # Pads appended, with arbitrary ids at the pads (the transformer's attention mask, the
+    # cnn's zeroed pad embeddings and masked max, the bow mean all ignore them).
+    ids_long, mask_long = texts(lengths, 12, pad_ids="random")
+    ids_long = ids_long.at[4, 2].set(ids[4, 2])
+    np.testing.assert_allclose(apply(params, ids_long, mask_long), out, atol=1e-5)
+    if kind in ("cnn", "transformer_cls"):  # finite gradients, empty text included (no -inf*0)
+        grads = jax.jit(jax.grad(lambda p: apply(p, ids, mask).sum()))(params)
+        assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+
+
+def test_bow_is_the_mean_of_the_real_tokens_embeddings():
+    _, tower, params, _ = build("bow")
+    ids, mask = texts([2, 5], 6, pad_ids="random")
+    table = np.asarray(params["embed"]["embedding"])
+    expected = [table[np.asarray(ids[i, :n])].mean(0) for i, n in enumerate([2, 5])]
+    np.testing.assert_allclose(tower.apply({"params": params}, ids, mask), expected, atol=1e-6)
+
+
+def test_masked_max_ignores_pads_even_over_negative_values():
+    x = -jnp.arange(1.0, 13.0).reshape(2, 3, 2)  # every value negative
+    mask = jnp.array([[True, True, False], [False, False, False]])
+    out = towers.masked_max(x, mask)
+    np.testing.assert_array_equal(out, [[-1.0, -2.0], [0.0, 0.0]])  # empty row: zeros
+    g = jax.grad(lambda x: towers.masked_max(x, mask).sum())(x)
+    np.testing.assert_array_equal(g[0], [[1, 1], [0, 0], [0, 0]])
+    np.testing.assert_array_equal(g[1], np.zeros((3, 2)))
+
+
+def cnn_reference(params, ids, windows):
+    """The cnn tower on one unpadded text, in numpy: 'SAME' convolutions (zeros around the
+    text), tanh, max over positions, concatenated, linear. Returns (output, activations)."""
+    x = np.asarray(params["embed"]["embedding"])[ids]  # [len, embed]
+    pooled, acts = [], []
+    for w in windows:
+        k, b = np.asarray(params[f"conv_{w}"]["kernel"]), np.asarray(params[f"conv_{w}"]["bias"])
+        lo = (w - 1) // 2
+        xp = np.pad(x, ((lo, w - 1 - lo), (0, 0)))
+        h = np.tanh(np.stack([np.einsum("we,wef->f", xp[t:t + w], k) for t in range(len(ids))]) + b)
+        acts.append(h)
+        pooled.append(h.max(0))
+    out = np.concatenate(pooled) @ np.asarray(params["output"]["kernel"]) + np.asarray(
+            params["output"]["bias"])
+    return out, np.concatenate(acts)
+
+
+def test_cnn_equals_a_reference_and_its_max_pooling_ignores_pads_over_negative_activations():
+    _, tower, params, _ = build("cnn")
+    params = jax.tree.map(lambda x: x, params)  # a copy of the cached dicts
+    for w in (2, 3):  # every real activation negative: a pad's 0 would win a plain max
+        params[f"conv_{w}"]["kernel"] = params[f"conv_{w}"]["kernel"] * 0.1
+        params[f"conv_{w}"]["bias"] = jnp.full_like(params[f"conv_{w}"]["bias"], -2.0)
+    lengths = [1, 4, 6]
+    ids, mask = texts(lengths, 10, pad_ids="random")
+    out = tower.apply({"params": params}, ids, mask)
+    for i, n in enumerate(lengths):
+        expected, acts = cnn_reference(params, np.asarray(ids[i, :n]), (2, 3))
+        assert acts.max() < -0.5
+        np.testing.assert_allclose(out[i], expected, atol=1e-5)
+
+
+def test_transformer_takes_texts_up_to_max_positions_and_names_the_key_beyond():
+    _, tower, params, _ = build("transformer_cls")
+    apply = lambda n: jax.eval_shape(lambda: tower.apply({"params": params}, *texts([3], n)))
+    assert apply(24).shape == (1, 16)  # = max_positions: fine
+    with pytest.raises(ValueError, match="model.transformer.max_positions=24"):
+        apply(25)
+
+
+def test_bfloat16_transformer_gives_float32_vectors_close_to_float32_ones():
+    _, tower, params, apply = build("transformer_cls")
+    cfg = model_cfg("transformer_cls", **{"transformer.dtype": "bfloat16"})
+    bf16 = towers.TOWERS["transformer"](cfg, VOCAB, "tower")
+    assert bf16.dtype == jnp.bfloat16 and bf16 == tower.clone(dtype=jnp.bfloat16)
+    ids, mask = texts([0, 1, 3, 7, 7], 7)  # the float32 apply is compiled for this shape
+    out = jax.jit(lambda p: bf16.apply({"params": p}, ids, mask))(params)  # float32 params
+    assert out.dtype == jnp.float32
+    ref = np.asarray(apply(params, ids, mask))
+    out = np.asarray(out)
+    cos = np.sum(out * ref, -1) / np.linalg.norm(out, axis=-1) / np.linalg.norm(ref, axis=-1)
+    assert (cos > 0.99).all()  # the same function, in lower precision
+
+
+@pytest.mark.parametrize("kinds", [("bow", "bow"), ("bow_mlp", "bow_mlp"), ("cnn", "transformer")])
+def test_shared_embedding_is_one_table_that_both_sides_train(kinds):
+    cfg = model_cfg(shared_towers=False, shared_embedding=True, query_tower=kinds[0],
+                    doc_tower=kinds[1], embed_dim=16)
+    model = dual_encoder.make_model(cfg, VOCAB)
+    params = jax.jit(lambda key: dual_encoder.init_params(model, key, 8))(jax.random.key(0))
+    tables = [jax.tree_util.keystr(path) for path, _ in
+              jax.tree_util.tree_leaves_with_path(params) if "embedding" in str(path)]
+    assert tables == ["['embed']['embedding']"]
+    ids, mask = texts([2, 5], 8)
+
+    def side_loss(p, method):
+        return model.apply({"params": p}, ids, mask, method=method)[:, 0].sum()
+
+    grads = jax.jit(lambda p: [jax.grad(side_loss)(p, m) for m in
+                               ("encode_queries", "encode_documents")])(params)
+    for g, other in zip(grads, ("doc_tower", "query_tower")):
+        assert np.abs(np.asarray(g["embed"]["embedding"])).max() > 1e-6, other
+        if other in g:  # bow has no params above the table
+            assert max(np.abs(np.asarray(x)).max() for x in jax.tree.leaves(g[other])) == 0
+    if kinds[0] != kinds[1]:  # different towers per side
+        assert "conv_2" in params["query_tower"] and "layer_0" in params["doc_tower"]
+
+
+def test_logical_axes_name_the_transformer_embedding_and_mlp_kernels():
+    model = dual_encoder.make_model(model_cfg("transformer_cls", **{"transformer.num_layers": 2}),
+                                    VOCAB)
+    axes = dual_encoder.logical_axes(model, 8)
+    shapes = jax.eval_shape(lambda: dual_encoder.init_params(model, jax.random.key(0), 8))
+    assert jax.tree.structure(axes) == jax.tree.structure(shapes)  # one spec per param
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(shapes))  # unboxed
+    t = axes["tower"]
+    assert t["embed"]["embedding"] == P("vocab", "embed")
+    assert t["layer_0"]["mlp_in"]["kernel"] == P("embed", "mlp")
+    assert t["layer_0"]["mlp_out"]["kernel"] == P("mlp", "embed")
+    assert t["layer_1"]["attn"]["query_kernel"] == P("embed", "heads", "kv")
+    assert t["layer_1"]["attn"]["out_kernel"] == P("heads", "kv", "embed")
+    assert axes["alpha"] == P()
+
+
+def test_bert_base_preset_sizes():
+    cfg = model_cfg("transformer_cls", **{"transformer.preset": "bert_base",
+                                          "transformer.max_positions": 512})
+    model = dual_encoder.make_model(cfg, VOCAB)
+    shapes = jax.eval_shape(lambda: dual_encoder.init_params(model, jax.random.key(0), 8))
+    t = shapes["tower"]
+    assert sorted(k for k in t if k.startswith("layer_")) == sorted(f"layer_{i}" for i in range(12))
+    assert t["layer_11"]["mlp_in"]["kernel"].shape == (768, 3072)
+    assert t["layer_0"]["attn"]["query_kernel"].shape == (768, 12, 64)
+    assert t["pos_embed"].shape == (512, 768)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"tower": "lstm"}, "model.tower='lstm' is not one of: bow, bow_mlp, cnn, transformer"),
+    ({"doc_tower": "rnn", "shared_towers": False}, "model.doc_tower='rnn' is not one of"),
+    ({"query_tower": "cnn"}, "model.query_tower='cnn' needs two towers"),
+    ({"shared_embedding": True}, "model.shared_embedding=True needs two towers"),
+    ({"shared_towers": False, "shared_embedding": True, "query_tower": "bow_mlp",
+      "doc_tower": "transformer", "embed_dim": 32}, "token tables of one width"),
+    ({"shared_towers": False, "tower": "bow_mlp", "query_tower": "bow", "embed_dim": 32},
+     "must output vectors of one size"),
+    ({"tower": "cnn", "cnn_windows": "3,x"}, "model.cnn_windows='3,x'"),
+    ({"tower": "cnn", "cnn_windows": "3,3"}, "distinct positive window sizes"),
+    ({"tower": "cnn", "cnn_filters": 0}, "model.cnn_filters=0"),
+    ({"tower": "transformer", "transformer.num_heads": 3}, "divisible"),
+    ({"tower": "transformer", "transformer.pooling": "max"}, "model.transformer.pooling='max'"),
+    ({"tower": "transformer", "transformer.dtype": "fp16"}, "model.transformer.dtype='fp16'"),
+    ({"tower": "transformer", "transformer.preset": "bert_huge"}, "bert_base"),
+    ({"tower": "transformer", "max_len": 25}, "max_len=25 is longer than"),
+])
+def test_bad_tower_settings_fail_with_the_key(overrides, message):
+    config = load_config("tiny")
+    config.model = model_cfg("bow", **overrides)
+    with pytest.raises(config_lib.ConfigError, match=message.replace("(", r"\(")):
+        config_lib.validate(config, 8)
+
+
+def test_tiny_training_run_with_cnn_queries_and_transformer_documents(tmp_path):
+    """Both new towers (bfloat16 activations in the transformer) through the train path
+    in one run: the tiny config, 6 steps."""
+    config = load_config("tiny")
+    config.model = model_cfg(shared_towers=False, query_tower="cnn", doc_tower="transformer",
+                             **{"transformer.dtype": "bfloat16"})
+    config.mesh.num_devices = 2  # still a sharded batch and in-batch loss; faster than 8
+    config.eval.baselines, config.eval.untrained, config.eval.index = "", False, "exact"
+    config.num_train_steps = 6
+    results = train.train_and_evaluate(config, str(tmp_path))
+    assert list(results) == ["dual_encoder [exact]"]
+    with open(os.path.join(tmp_path, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    losses = [r["loss"] for r in rows if r["split"] == "train"]
+    assert losses and all(np.isfinite(losses)) and losses[0] > 0
+    test_rows = [r for r in rows if r["split"] == "test"]
+    assert test_rows and 0 <= test_rows[0]["map@100"] <= 1
