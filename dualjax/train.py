@@ -101,7 +101,9 @@ def make_train_step(model, tx, schedule, loss_fn, state_sharding, batch_sharding
         def objective(params):
             q, d, scale, bias = model.apply({"params": params}, batch["q_ids"], batch["q_mask"],
                                             batch["d_ids"], batch["d_mask"], rngs={"dropout": rng})
-            loss, aux = loss_fn(q, d, scale, bias)
+            # Ids of the documents let the loss mask a document that is twice in the batch.
+            extras = {"doc_ids": batch["doc_ids"]} if "doc_ids" in batch else None
+            loss, aux = loss_fn(q, d, scale, bias, extras)
             return loss, {**aux, "scale": scale}
 
         (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(state["params"])
@@ -262,6 +264,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     baselines = config_lib.baseline_names(config)
     results = {split: run_eval(systems, split, step, baselines, final=True) for split in splits}
     last = splits[-1]
+    typo_probs = config_lib.typo_probs(config)
+    if typo_probs:  # typo robustness: the last split's queries with typos at each p
+        towers = {name: tuple(functools.partial(f, p) for f in encoders)
+                  for name, p in systems.items()}
+        typo_rows = evaluate.typo_sweep(eval_tasks[last], towers, tokenizer, config.model.max_len,
+                                        config.eval, mesh, typo_probs, config.eval.typo_seed,
+                                        baselines)
+        for row in typo_rows:
+            log.write(step, last, row)
+            evaluate.log_metrics(f"eval {last} typo_p={row['typo_p']} {evaluate.row_label(row)}",
+                                 {k: v for k, v in row.items()
+                                  if k not in ("system", "index", "typo_p")})
+        report.plot_typo_robustness(os.path.join(workdir, "typo_robustness.png"), typo_rows,
+                                    f"{last} split, step {step}: queries with typos")
     print(f"\n{last} split, step {step} ({workdir}):\n"
           + evaluate.format_table(results[last], report.KEYS)
           + f"\nReport: {os.path.join(workdir, 'report.md')}")

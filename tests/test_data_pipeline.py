@@ -269,7 +269,8 @@ def _differ(a, b):
 
 def test_batch_shapes_and_dtypes(train_src, tokenizer):
     batch = next(_iterator(train_src, tokenizer))
-    assert set(batch) == {"q_ids", "q_mask", "d_ids", "d_mask"}
+    assert set(batch) == {"q_ids", "q_mask", "d_ids", "d_mask", "doc_ids"}
+    assert batch["doc_ids"].shape == (32,) and batch["doc_ids"].dtype == np.int32
     for side in ("q", "d"):
         ids, mask = batch[f"{side}_ids"], batch[f"{side}_mask"]
         assert ids.shape == mask.shape == (32, 16)
@@ -357,3 +358,9 @@ def test_incoherent_clusters_are_dropped():
     # Cluster 1: 3 and 4 words, disjoint: 3/7 and 4/7 -> 0.5.
     assert builders.drop_incoherent(items, 0.6) == {1}
     assert builders.drop_incoherent(items, 0.0) == set()
+
+
+def test_text_ids_match_exactly_the_texts_that_normalise_alike():
+    ids = pipeline.text_ids(["How do I cook rice?", "how do i cook rice", "how do i cook pasta"])
+    assert ids[0] == ids[1] != ids[2]
+    assert (ids >= 0).all()

@@ -8,12 +8,14 @@ so a resumed run sees exactly the batches an uninterrupted one would have.
 
 from __future__ import annotations
 
+import zlib
 from typing import Sequence
 
 import grain
 import jax
 import numpy as np
 
+from dualjax.text import normalize
 from dualjax.tokenizers import Tokenizer
 
 
@@ -24,8 +26,15 @@ def read_records(source, indices: Sequence[int]) -> list:
     return [source[i] for i in indices]
 
 
+def text_ids(texts: Sequence[str]) -> np.ndarray:
+    """int32 [n]: the same id for texts that normalise alike (CRC-32 of the normalised
+    text, 31 bits), so a document twice in one batch is recognised as one."""
+    return np.asarray([zlib.crc32(normalize(t).encode()) & 0x7FFFFFFF for t in texts], np.int32)
+
+
 class ReadPairs(grain.transforms.Map):
-    """A batch of record indices -> {q_ids, q_mask, d_ids, d_mask}, [batch, max_len] each.
+    """A batch of record indices -> {q_ids, q_mask, d_ids, d_mask} [batch, max_len] and
+    doc_ids [batch] (`text_ids` of the documents, for masking accidental hits).
 
     Records are read with one bulk `__getitems__` per batch: array_record then fetches
     them together, many times faster than one random read per record.
@@ -40,6 +49,7 @@ class ReadPairs(grain.transforms.Map):
         for side, key in (("q", "query"), ("d", "document")):
             texts = [r[key].decode("utf-8") for r in records]
             out[f"{side}_ids"], out[f"{side}_mask"] = self._tokenizer.encode(texts, self._max_len)
+        out["doc_ids"] = text_ids(texts)  # the documents: the last side encoded
         return out
 
 
