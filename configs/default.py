@@ -119,6 +119,10 @@ def get_config() -> ml_collections.ConfigDict:
                                     # unit embeddings keep ||q - d||^2 in [0, 4])
     c.loss.remove_accidental_hits = True  # when batches carry document ids: a column with the
                                     # row's positive's id is not one of its negatives
+    c.loss.log_q_buckets = 0        # logQ correction (Yi et al. 2019) for in_batch_softmax and
+                                    # sdml: subtract log of each document's estimated sampling
+                                    # probability; buckets of its streaming estimate (0: off)
+    c.loss.log_q_alpha = 0.01       # logQ: moving-average rate of the estimated sampling gap
 
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.name = "adamw"      # "sgd" (with momentum) | "adam" | "adamw"
@@ -139,4 +143,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.corpus_chunk = 4096      # corpus rows scored at once (memory: query_chunk x corpus_chunk)
     c.eval.untrained = True         # also evaluate the model at initialisation (system "untrained")
     c.eval.baselines = "bm25,tfidf,identity"  # lexical baselines on the same task ("": none)
+    c.eval.typo_probs = ""          # typo robustness (Moscicki 2022, 4.4): after the final
+                                    # evaluation, rerun the test queries with typos at each of
+                                    # these probabilities, e.g. "0,0.25,0.5,0.75" (rows with
+                                    # "typo_p"; typo_robustness.png) ("": off)
+    c.eval.typo_seed = 0            # seeds the typos of that sweep
     return c

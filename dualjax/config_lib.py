@@ -45,6 +45,13 @@ def _check_loss(loss: ml_collections.ConfigDict) -> None:
     _one_of("loss.distance", loss.distance, losses.DISTANCES)
     if not 0 <= loss.label_smoothing < 1:
         raise ConfigError(f"config.loss.label_smoothing={loss.label_smoothing} must be in [0, 1)")
+    if loss.log_q_buckets and not losses.LOSSES[loss.name].uses_log_q:
+        users = ", ".join(n for n, spec in losses.LOSSES.items() if spec.uses_log_q)
+        raise ConfigError(f"config.loss.log_q_buckets={loss.log_q_buckets}: the logQ correction "
+                          f"applies to {users}, not loss.name={loss.name!r}")
+    if loss.log_q_buckets < 0 or not 0 < loss.log_q_alpha <= 1:
+        raise ConfigError("config.loss.log_q_buckets must be >= 0 and config.loss.log_q_alpha "
+                          "in (0, 1]")
     if loss.sdml_scale <= 0:
         raise ConfigError(f"config.loss.sdml_scale={loss.sdml_scale} must be > 0")
     # Options that do nothing for this loss are mistakes: say which losses use them.
@@ -104,6 +111,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     _one_of("eval.index", config.eval.index, index.INDEXES)
     for name in baseline_names(config):
         _one_of("eval.baselines", name, baselines.BASELINES)
+    typo_probs(config)
     _positive(config, "global_batch_size", "model.vocab_size", "model.max_len",
               "model.embed_dim", "model.hidden_dim", "model.output_dim", "model.temperature",
               "optimizer.learning_rate", "eval.top_k", "eval.batch_size", "eval.query_chunk",
@@ -128,6 +136,25 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
 def baseline_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
     """config.eval.baselines ("bm25,tfidf,identity" or "") as a tuple of names."""
     return tuple(n.strip() for n in config.eval.baselines.split(",") if n.strip())
+
+
+def typo_probs(config: ml_collections.ConfigDict) -> tuple[float, ...]:
+    """config.eval.typo_probs ("0,0.25,0.5,0.75" or "": no typo sweep) as a tuple of
+    floats; ConfigError unless each is a number in [0, 1]."""
+    probs = []
+    for item in (s.strip() for s in config.eval.typo_probs.split(",")):
+        if not item:
+            continue
+        try:
+            p = float(item)
+        except ValueError:
+            p = None
+        if p is None or not 0.0 <= p <= 1.0:
+            raise ConfigError(f"config.eval.typo_probs={config.eval.typo_probs!r}: {item!r} is "
+                              "not a probability in [0, 1]; give comma-separated numbers such "
+                              "as '0,0.25,0.5,0.75' ('': off)")
+        probs.append(p)
+    return tuple(probs)
 
 
 def write(config: ml_collections.ConfigDict, workdir: str) -> None:

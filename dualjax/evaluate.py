@@ -7,6 +7,7 @@ metrics.py.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Sequence
 
 import jax
@@ -16,7 +17,7 @@ from absl import logging
 from tqdm.auto import tqdm
 
 from dualjax import baselines as baselines_lib
-from dualjax import index, metrics, sharding
+from dualjax import index, metrics, sharding, typos
 from dualjax.data.clusters import RetrievalTask
 from dualjax.tokenizers import Tokenizer
 
@@ -97,6 +98,31 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
     for name in baselines:
         add(name, "exact", baselines_lib.rank(name, task, k))
     return rows, ranked
+
+
+def typo_sweep(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]],
+               tokenizer: Tokenizer, max_len: int, eval_cfg: ml_collections.ConfigDict,
+               mesh: jax.sharding.Mesh, probs: Sequence[float], seed: int,
+               baselines: Sequence[str] = ()) -> list[dict]:
+    """Typo robustness (Moscicki 2022, section 4.4): every system's metrics with typos in
+    the queries, at each typo probability of `probs`.
+
+    At each p the queries are `typos.typo_texts(task.queries, p, seed)` (each word of two
+    or more characters gets one typo with probability p; the same seed and p always give
+    the same queries); the corpus, the relevant sets and the self-exclusion
+    (`query_corpus_index`: a typo'd query still never retrieves its own clean corpus
+    entry) are unchanged. Search is exact only. Returns `evaluate_split`'s rows for every
+    p in order, each with a "typo_p" field: {"system", "index", "typo_p", metrics...}.
+    """
+    rows = []
+    for p in probs:
+        noisy = dataclasses.replace(task, queries=typos.typo_texts(task.queries, p, seed))
+        p_rows, _ = evaluate_split(noisy, towers, tokenizer, max_len, eval_cfg, mesh,
+                                   baselines=baselines, ann_systems=())
+        rows += [{"system": r["system"], "index": r["index"], "typo_p": float(p),
+                  **{k: v for k, v in r.items() if k not in ("system", "index")}}
+                 for r in p_rows]
+    return rows
 
 
 def row_label(row: dict) -> str:

@@ -1,5 +1,7 @@
 """The evaluation report: WORKDIR/report.md (systems x metrics, exact vs ScaNN) and
-WORKDIR/recall_at_k.png (recall@k for k = 1..100, one line per system)."""
+WORKDIR/recall_at_k.png (recall@k for k = 1..100, one line per system); with a typo
+sweep, WORKDIR/typo_robustness.png (recall@10 and recall@100 against the typo
+probability, one line per system)."""
 
 from __future__ import annotations
 
@@ -55,6 +57,33 @@ def plot_recall(path: str, ranked: dict[str, np.ndarray],
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title(title)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_typo_robustness(path: str, rows: Sequence[dict], title: str = "",
+                         keys: Sequence[str] = ("recall@10", "recall@100")) -> None:
+    """One panel per metric of `keys` against the queries' typo probability, one line per
+    system: `rows` are `evaluate.typo_sweep`'s (each with "typo_p")."""
+    curves: dict[str, list[dict]] = {}
+    for row in rows:
+        curves.setdefault(row_label(row), []).append(row)
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), sharey=True,
+                             squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for label, points in curves.items():
+            points = sorted(points, key=lambda r: r["typo_p"])
+            ax.plot([r["typo_p"] for r in points], [r[key] for r in points], marker="o",
+                    label=label)
+        ax.set_xlabel("typo probability p (per query word)")
+        ax.set_ylabel(key)
+        ax.set_ylim(0, 1)
+        ax.grid(True, alpha=0.3)
+        ax.set_title(key)
+    axes[0][0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

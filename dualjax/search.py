@@ -43,7 +43,8 @@ class Searcher:
         self.mesh = sharding.make_mesh()
         model = dual_encoder.make_model(config.model, self.tokenizer.vocab_size)
         tx, _ = train.make_optimizer(config.optimizer, config.num_train_steps)
-        init_state = train.make_init_state(model, tx, config.model.max_len)
+        init_state = train.make_init_state(model, tx, config.model.max_len,
+                                           config.loss.get("log_q_buckets", 0))
         ckpt = checkpoints.Checkpointer(workdir, config.keep_checkpoints)
         step = ckpt.latest_step()
         if step is None:

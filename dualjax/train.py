@@ -20,7 +20,8 @@ import optax
 from absl import logging
 from tqdm.auto import tqdm
 
-from dualjax import checkpoints, config_lib, evaluate, losses, report, sharding, tokenizers
+from dualjax import (checkpoints, config_lib, evaluate, frequency, losses, report, sharding,
+                     tokenizers)
 from dualjax.data import builders, pipeline
 from dualjax.metrics_log import MetricsLog
 from dualjax.models import dual_encoder
@@ -55,14 +56,18 @@ def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int
     return tx, schedule
 
 
-def make_init_state(model, tx: optax.GradientTransformation, max_len: int
-                    ) -> Callable[[int], State]:
-    """seed -> the initial train state {"params", "opt_state", "step", "rng"}."""
+def make_init_state(model, tx: optax.GradientTransformation, max_len: int,
+                    log_q_buckets: int = 0) -> Callable[[int], State]:
+    """seed -> the initial train state {"params", "opt_state", "step", "rng"}, plus
+    "frequency" (the streaming document-frequency estimate) when `log_q_buckets` > 0."""
 
     def init_state(seed: int) -> State:
         params = dual_encoder.init_params(model, jax.random.PRNGKey(seed), max_len)
-        return {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
-                "rng": jax.random.PRNGKey(seed + 1)}
+        state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
+                 "rng": jax.random.PRNGKey(seed + 1)}
+        if log_q_buckets:
+            state["frequency"] = frequency.init_frequency(log_q_buckets)
+        return state
 
     return init_state
 
@@ -92,24 +97,31 @@ def pair_texts(source) -> Iterable[str]:
 
 
 # ----------------------------------------------------------------------------- step
-def make_train_step(model, tx, schedule, loss_fn, state_sharding, batch_sharding, replicated):
+def make_train_step(model, tx, schedule, loss_fn, state_sharding, batch_sharding, replicated,
+                    log_q_alpha: float = 0.01):
     """The jitted update: state, global batch -> new state, flat dict of metrics."""
 
     def step(state: State, batch: dict) -> tuple[State, dict]:
         rng = jax.random.fold_in(state["rng"], state["step"])
 
+        # Ids of the documents let the loss mask a document that is twice in the batch.
+        extras = {"doc_ids": batch["doc_ids"]} if "doc_ids" in batch else {}
+        new_state = {**state, "step": state["step"] + 1}
+        if "frequency" in state:  # logQ: frequencies as seen up to and including this batch
+            new_state["frequency"] = frequency.update_frequency(
+                state["frequency"], batch["doc_ids"], state["step"] + 1, log_q_alpha)
+            extras["log_q_pos"] = frequency.log_q(new_state["frequency"], batch["doc_ids"])
+
         def objective(params):
             q, d, scale, bias = model.apply({"params": params}, batch["q_ids"], batch["q_mask"],
                                             batch["d_ids"], batch["d_mask"], rngs={"dropout": rng})
-            # Ids of the documents let the loss mask a document that is twice in the batch.
-            extras = {"doc_ids": batch["doc_ids"]} if "doc_ids" in batch else None
-            loss, aux = loss_fn(q, d, scale, bias, extras)
+            loss, aux = loss_fn(q, d, scale, bias, extras or None)
             return loss, {**aux, "scale": scale}
 
         (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(state["params"])
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
-        new_state = {**state, "params": params, "opt_state": opt_state, "step": state["step"] + 1}
+        new_state.update(params=params, opt_state=opt_state)
         metrics = {"loss": loss, **aux, "grad_norm": optax.tree.norm(grads),
                    "param_norm": optax.tree.norm(params),
                    "learning_rate": schedule(state["step"])}
@@ -169,13 +181,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     model = dual_encoder.make_model(config.model, tokenizer.vocab_size)
     tx, schedule = make_optimizer(config.optimizer, config.num_train_steps)
 
-    init_state = make_init_state(model, tx, config.model.max_len)
+    init_state = make_init_state(model, tx, config.model.max_len, config.loss.log_q_buckets)
     replicated = sharding.replicated(mesh)
     state_sharding = jax.tree.map(lambda _: replicated, jax.eval_shape(init_state, config.seed))
     state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(config.seed)
     loss_fn = losses.sharded(config.loss.name, mesh, **losses.config_options(config.loss))
     train_step = make_train_step(model, tx, schedule, loss_fn, state_sharding,
-                                 sharding.batch_sharding(mesh), replicated)
+                                 sharding.batch_sharding(mesh), replicated, config.loss.log_q_alpha)
 
     # Checkpoints: resume from the latest one if there is one.
     ckpt = checkpoints.Checkpointer(workdir, config.keep_checkpoints)

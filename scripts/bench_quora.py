@@ -26,8 +26,9 @@ def final_rows(workdir: str) -> list[dict]:
         return []
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    last = max((r["step"] for r in rows if r["split"] == "test"), default=None)
-    return [r for r in rows if r["split"] == "test" and r["step"] == last]
+    rows = [r for r in rows if r["split"] == "test" and "typo_p" not in r]
+    last = max((r["step"] for r in rows), default=None)
+    return [r for r in rows if r["step"] == last]
 
 
 def main() -> None:

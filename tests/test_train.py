@@ -185,3 +185,16 @@ def test_duplicate_documents_in_a_batch_are_masked_as_accidental_hits(tmp_path):
         train.train_and_evaluate(cfg, str(workdir))
         first_loss[remove] = train_rows(workdir)[0]["loss"]
     assert first_loss[True] < first_loss[False] - 0.05  # measured: 3.407 vs 3.539
+
+
+def test_log_q_correction_keeps_its_frequency_estimate_in_the_checkpoint(tmp_path):
+    cfg = tiny(**{"loss.log_q_buckets": 512, "eval.index": "exact"})
+    train.train_and_evaluate(cfg, str(tmp_path))
+    state = ocp.PyTreeCheckpointer().restore(str(tmp_path / "checkpoints" / "20" / "state"))
+    freq = state["frequency"]
+    last_step, gap = np.asarray(freq["last_step"]), np.asarray(freq["gap"])
+    assert last_step.max() == 20 and (gap > 0).sum() > 50  # documents seen, gaps estimated
+    assert all(np.isfinite(r["loss"]) for r in train_rows(tmp_path))
+    with pytest.raises(config_lib.ConfigError, match="logQ correction applies to"):
+        train.train_and_evaluate(tiny(**{"loss.log_q_buckets": 512, "loss.name": "in_batch_sigmoid"}),
+                                 str(tmp_path / "bad"))
