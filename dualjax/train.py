@@ -203,17 +203,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     encoders = make_encoders(model)
     eval_tasks = {}
 
+    def towers_of(systems: dict[str, Any]) -> dict[str, tuple[Callable, Callable]]:
+        """name -> params  to  name -> (encode_queries, encode_documents) with those params."""
+        return {name: tuple(functools.partial(f, p) for f in encoders)
+                for name, p in systems.items()}
+
     def run_eval(systems: dict[str, Any], split: str, step: int, baselines: Sequence[str] = (),
                  final: bool = False) -> list[dict]:
         """Evaluates towers (name -> params) and baselines on a split; logs every row."""
         if split not in eval_tasks:
             eval_tasks[split] = builders.eval_task(config.data, config.seed, tfds_dir, split)
         task = eval_tasks[split]
-        towers = {name: tuple(functools.partial(f, p) for f in encoders)
-                  for name, p in systems.items()}
         rows, ranked = evaluate.evaluate_split(
-            task, towers, tokenizer, config.model.max_len, config.eval, mesh, baselines=baselines,
-            index_dir=os.path.join(workdir, "index", split) if final else None,
+            task, towers_of(systems), tokenizer, config.model.max_len, config.eval, mesh,
+            baselines=baselines, index_dir=os.path.join(workdir, "index", split) if final else None,
             ann_systems=("dual_encoder",) if final else (), index_extra=f"step {step}")
         for row in rows:
             log.write(step, split, row)
@@ -278,11 +281,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     last = splits[-1]
     typo_probs = config_lib.typo_probs(config)
     if typo_probs:  # typo robustness: the last split's queries with typos at each p
-        towers = {name: tuple(functools.partial(f, p) for f in encoders)
-                  for name, p in systems.items()}
-        typo_rows = evaluate.typo_sweep(eval_tasks[last], towers, tokenizer, config.model.max_len,
-                                        config.eval, mesh, typo_probs, config.eval.typo_seed,
-                                        baselines)
+        typo_rows = evaluate.typo_sweep(eval_tasks[last], towers_of(systems), tokenizer,
+                                        config.model.max_len, config.eval, mesh, typo_probs,
+                                        config.eval.typo_seed, baselines)
         for row in typo_rows:
             log.write(step, last, row)
             evaluate.log_metrics(f"eval {last} typo_p={row['typo_p']} {evaluate.row_label(row)}",
