@@ -46,6 +46,20 @@ def _stable_hash(word: str) -> int:
     return zlib.crc32(word.encode("utf-8"))
 
 
+def read_tokenizer_json(path: str | os.PathLike) -> dict:
+    """The JSON object of a saved tokenizer; errors name the path."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            payload = json.load(f)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"tokenizer file not found: {os.fspath(path)}") from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read tokenizer file {os.fspath(path)}: {e}") from e
+    if not isinstance(payload, dict):
+        raise ValueError(f"corrupt tokenizer file {os.fspath(path)}: not a JSON object")
+    return payload
+
+
 @dataclasses.dataclass(frozen=True)
 class WordTokenizer:
     """Maps normalised words to integer ids.
@@ -113,13 +127,7 @@ class WordTokenizer:
     @classmethod
     def load(cls, path: str | os.PathLike) -> WordTokenizer:
         """Read a tokenizer written by `save`; errors name `path` if missing or corrupt."""
-        try:
-            with open(path, encoding="utf-8") as f:
-                payload = json.load(f)
-        except FileNotFoundError as e:
-            raise FileNotFoundError(f"tokenizer file not found: {os.fspath(path)}") from e
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"cannot read tokenizer file {os.fspath(path)}: {e}") from e
+        payload = read_tokenizer_json(path)
         try:
             if payload.get("type") != "word" or payload.get("version") != _FORMAT_VERSION:
                 raise ValueError(f"unsupported type/version {payload.get('type')!r}/"

@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from dualjax.text import WordTokenizer, build_word_tokenizer, normalize
+from dualjax.text import WordTokenizer, build_word_tokenizer, normalize, read_tokenizer_json
 
 _FORMAT_VERSION = 1
 _WORD_KEY, _TRIGRAM_KEY = "w:", "t:"  # ":" never occurs in normalised text
@@ -85,20 +85,6 @@ def word_bigrams(text: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- json io
-def _read_payload(path: str | os.PathLike) -> dict[str, Any]:
-    """The JSON object in `path`; errors name the path."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            payload = json.load(f)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"tokenizer file not found: {os.fspath(path)}") from e
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read tokenizer file {os.fspath(path)}: {e}") from e
-    if not isinstance(payload, dict):
-        raise ValueError(f"corrupt tokenizer file {os.fspath(path)}: not a JSON object")
-    return payload
-
-
 def _check_header(payload: dict[str, Any], kind: str) -> None:
     if payload.get("type") != kind or payload.get("version") != _FORMAT_VERSION:
         raise ValueError(f"expected type/version {kind!r}/{_FORMAT_VERSION}, got "
@@ -151,7 +137,7 @@ class _TokenVocabTokenizer(WordTokenizer):
     @classmethod
     def load(cls, path: str | os.PathLike) -> _TokenVocabTokenizer:
         """Read a tokenizer written by `save`; errors name `path` if missing or corrupt."""
-        payload = _read_payload(path)
+        payload = read_tokenizer_json(path)
         try:
             _check_header(payload, cls.TYPE)
             m = payload["num_oov_buckets"]
@@ -304,7 +290,7 @@ class SentencePieceTokenizer:
     def load(cls, path: str | os.PathLike) -> SentencePieceTokenizer:
         """Read a tokenizer written by `save`, the model file resolved relative to the
         JSON's folder (not the working directory); errors name the file at fault."""
-        payload = _read_payload(path)
+        payload = read_tokenizer_json(path)
         try:
             _check_header(payload, cls.TYPE)
             model_file, digest = payload["model_file"], payload["model_sha256"]
@@ -485,7 +471,7 @@ def build_tokenizer(kind: str, texts: Iterable[str], *, vocab_size: int, num_oov
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     """Load any tokenizer written by a `save`, dispatching on its JSON "type"."""
-    kind = _read_payload(path).get("type")
+    kind = read_tokenizer_json(path).get("type")
     if kind not in _LOADERS:
         raise ValueError(f"corrupt tokenizer file {os.fspath(path)}: unknown type {kind!r}; "
                          f"known: {', '.join(_LOADERS)}")
