@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import ml_collections
@@ -32,29 +32,48 @@ _K = flags.DEFINE_integer("k", 10, "Results per query.")
 _SPLIT = flags.DEFINE_string("split", "test", "Evaluation split whose corpus is searched.")
 
 
-class Searcher:
-    """The towers of a workdir's latest checkpoint and an index over a split's corpus."""
+class Trained(NamedTuple):
+    """What a trained workdir holds: its config, tokenizer, model and latest params."""
+    config: ml_collections.ConfigDict
+    tokenizer: tokenizers.Tokenizer
+    model: dual_encoder.DualEncoder
+    params: dict
+    step: int
 
-    def __init__(self, workdir: str, split: str = "test", k: int = 10):
+
+def load_trained(workdir: str, config: ml_collections.ConfigDict | None = None) -> Trained:
+    """The latest checkpoint's params of `workdir`, replicated over all devices, with the
+    config (WORKDIR/config.json unless given) and the saved tokenizer."""
+    if config is None:
         with open(os.path.join(workdir, "config.json")) as f:
             config = ml_collections.ConfigDict(json.load(f))
-        self.tokenizer = tokenizers.load_tokenizer(os.path.join(workdir, "vocab.json"))
-        self.max_len, self.k = config.model.max_len, k
-        self.mesh = sharding.make_mesh()
-        model = dual_encoder.make_model(config.model, self.tokenizer.vocab_size)
-        tx, _ = train.make_optimizer(config.optimizer, config.num_train_steps)
-        init_state = train.make_init_state(model, tx, config.model.max_len,
-                                           config.loss.get("log_q_buckets", 0))
-        ckpt = checkpoints.Checkpointer(workdir, config.keep_checkpoints)
+    tokenizer = tokenizers.load_tokenizer(os.path.join(workdir, "vocab.json"))
+    model = dual_encoder.make_model(config.model, tokenizer.vocab_size)
+    tx, _ = train.make_optimizer(config.optimizer, config.num_train_steps)
+    init_state = train.make_init_state(model, tx, config.model.max_len,
+                                       config.loss.get("log_q_buckets", 0))
+    ckpt = checkpoints.Checkpointer(workdir, config.keep_checkpoints)
+    try:
         step = ckpt.latest_step()
         if step is None:
-            raise FileNotFoundError(f"{workdir}/checkpoints: no checkpoint to search with")
-        replicated = sharding.replicated(self.mesh)
+            raise FileNotFoundError(f"{workdir}/checkpoints: no checkpoint to load")
+        replicated = sharding.replicated(sharding.make_mesh())
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
             jax.eval_shape(init_state, config.seed))
         params = ckpt.restore(step, abstract)[0]["params"]
+    finally:
         ckpt.close()
+    return Trained(config, tokenizer, model, params, step)
+
+
+class Searcher:
+    """The towers of a workdir's latest checkpoint and an index over a split's corpus."""
+
+    def __init__(self, workdir: str, split: str = "test", k: int = 10):
+        config, self.tokenizer, model, params, step = load_trained(workdir)
+        self.max_len, self.k = config.model.max_len, k
+        self.mesh = sharding.make_mesh()
         encode_queries, encode_documents = train.make_encoders(model)
         self._encode_queries = lambda ids, mask: encode_queries(params, ids, mask)
         tfds_dir = config.data.tfds_dir or os.path.join(workdir, "tfds")

@@ -1,6 +1,6 @@
 """ANN speed and quality on a trained dual encoder's own corpus embeddings: ScaNN vs faiss.
 
-Loads a workdir's latest checkpoint (as `dualjax.search.Searcher` does, but without
+Loads a workdir's latest checkpoint (`dualjax.search.load_trained`, without
 building or saving an index under the workdir: this script writes nothing there),
 encodes the corpus and the queries of an evaluation split, and measures, all with the
 same number of threads:
@@ -113,14 +113,12 @@ if __name__ == "__main__":
 
 # Imported after `limit_threads` on purpose (see there).
 import faiss  # noqa: E402
-import jax  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dualjax import checkpoints, evaluate, index, sharding, train  # noqa: E402
+from bench_train import cpu_model  # noqa: E402  (this folder is on sys.path when run)
+from dualjax import evaluate, index, search, sharding, train  # noqa: E402
 from dualjax.data import builders  # noqa: E402
-from dualjax.models import dual_encoder  # noqa: E402
-from dualjax.text import WordTokenizer  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- embeddings
@@ -165,27 +163,10 @@ class Embedded:
 
 
 def embed_split(workdir: str, split: str, max_queries: int) -> Embedded:
-    """Restores the latest checkpoint's params (the lines of `search.Searcher.__init__`,
-    minus its index, which it would build and save under the workdir) and encodes the
-    split's corpus and queries."""
-    config = load_config(workdir)
-    tokenizer = WordTokenizer.load(os.path.join(workdir, "vocab.json"))
+    """Restores the latest checkpoint's params (`search.load_trained`; no index is built
+    or saved under the workdir) and encodes the split's corpus and queries."""
+    config, tokenizer, model, params, step = search.load_trained(workdir, load_config(workdir))
     mesh = sharding.make_mesh()
-    model = dual_encoder.make_model(config.model, tokenizer.vocab_size)
-    tx, _ = train.make_optimizer(config.optimizer, config.num_train_steps)
-    init_state = train.make_init_state(model, tx, config.model.max_len,
-                                       config.loss.get("log_q_buckets", 0))
-    ckpt = checkpoints.Checkpointer(workdir, config.keep_checkpoints)
-    step = ckpt.latest_step()
-    if step is None:
-        ckpt.close()
-        raise FileNotFoundError(f"{workdir}/checkpoints: no checkpoint to benchmark with")
-    replicated = sharding.replicated(mesh)
-    abstract = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
-        jax.eval_shape(init_state, config.seed))
-    params = ckpt.restore(step, abstract)[0]["params"]
-    ckpt.close()
     encode_queries, encode_documents = train.make_encoders(model)
     tfds_dir = config.data.tfds_dir or os.path.join(workdir, "tfds")
     task = builders.eval_task(config.data, config.seed, tfds_dir, split)
@@ -429,18 +410,6 @@ def bench_ivfpq(emb: Embedded, k: int, args: argparse.Namespace, warmup: int,
 
 
 # ----------------------------------------------------------------------------- report
-def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo, else platform.processor(), else '?'."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
 def machine_info(threads: int) -> dict:
     versions = {}
     for pkg in ("scann", "faiss-cpu", "numpy", "jax"):
