@@ -30,12 +30,7 @@ def model_cfg(kind: str = "bow", **overrides):
     t = cfg.transformer
     t.num_layers, t.width, t.num_heads, t.mlp_dim, t.max_positions = 1, 16, 2, 32, 24
     t.pooling = "mean" if kind == "transformer_mean" else "cls"
-    for key, value in overrides.items():
-        node = cfg
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
+    cfg.update_from_flattened_dict(overrides)
     return cfg
 
 

@@ -20,12 +20,7 @@ def tiny(**overrides):
     cfg = load_config("tiny")
     cfg.eval.untrained = False
     cfg.eval.baselines = ""
-    for key, value in overrides.items():
-        node = cfg
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
+    cfg.update_from_flattened_dict(overrides)
     return cfg
 
 
