@@ -107,8 +107,14 @@ def default_scann_config() -> ml_collections.ConfigDict:
     c.num_leaves = 0              # tree_ah: k-means partitions (0: round(sqrt(n)))
     c.spherical = True            # tree_ah: spherical k-means (centroids on the unit sphere;
                                   # on Quora bow embeddings recall@10 0.929 -> 0.950)
-    c.num_leaves_to_search = 0    # tree_ah: partitions scored per query (0: ceil(num_leaves / 5),
-                                  # ~20% of the corpus: recall-leaning, this is for evaluation)
+    c.num_leaves_to_search = 0    # tree_ah: partitions scored per query (0: ceil(num_leaves / 10),
+                                  # ~10% of the corpus, ~20% of the points with SOAR's spilling:
+                                  # recall-leaning, this is for evaluation)
+    c.soar_lambda = 1.5           # tree_ah: SOAR spilling (Sun et al. 2023): each point is also
+                                  # stored in a second leaf chosen to be orthogonal to its residual
+                                  # (0: off). On Quora embeddings it raised recall@10 at 5% of the
+                                  # leaves from 0.87 to 0.96 (BENCHMARKS.md)
+    c.overretrieve_factor = 2.0   # tree_ah with SOAR: extra candidates to make up for duplicates
     c.training_sample_size = 0    # rows sampled to train the tree and AH codes (0: min(n, 250k))
     c.dims_per_block = 2          # AH: dimensions per 16-centre codebook block (a remainder
                                   # becomes one smaller block, so odd dims work)
@@ -142,13 +148,20 @@ def scann_settings(n: int, dim: int, k: int, cfg: ml_collections.ConfigDict) -> 
              training_sample_size=min(n, int(cfg.training_sample_size) or 250_000))
     if mode == "tree_ah":
         leaves = int(cfg.num_leaves) or max(1, round(math.sqrt(n)))
-        search = int(cfg.num_leaves_to_search) or -(-leaves // 5)
+        search = int(cfg.num_leaves_to_search) or -(-leaves // 10)
         if not 1 <= leaves <= s["training_sample_size"]:
             raise ValueError(f"scann num_leaves={leaves} must be in [1, training sample size "
                              f"{s['training_sample_size']}]")
         if not 1 <= search <= leaves:
             raise ValueError(f"scann num_leaves_to_search={search} must be in [1, {leaves}]")
-        s.update(num_leaves=leaves, num_leaves_to_search=search, spherical=bool(cfg.spherical))
+        soar = float(cfg.get("soar_lambda", 0.0))
+        if soar < 0 or (soar and cfg.overretrieve_factor < 1):
+            raise ValueError(f"scann soar_lambda={soar} must be >= 0 (0: off) and "
+                             f"overretrieve_factor={cfg.overretrieve_factor} >= 1")
+        s.update(num_leaves=leaves, num_leaves_to_search=search, spherical=bool(cfg.spherical),
+                 soar_lambda=soar)
+        if soar:
+            s["overretrieve_factor"] = float(cfg.overretrieve_factor)
     return s
 
 
@@ -204,8 +217,11 @@ class ScannIndex:
         b = scann_ops_pybind.builder(corpus, k, "dot_product").set_n_training_threads(
             s["num_threads"])
         if s["mode"] == "tree_ah":
+            soar = ({"soar_lambda": s["soar_lambda"], "overretrieve_factor": s["overretrieve_factor"]}
+                    if s.get("soar_lambda") else {})
             b = b.tree(s["num_leaves"], s["num_leaves_to_search"],
-                       training_sample_size=s["training_sample_size"], spherical=s["spherical"])
+                       training_sample_size=s["training_sample_size"], spherical=s["spherical"],
+                       **soar)
         if s["mode"] == "brute_force":
             b = b.score_brute_force()
         else:
@@ -213,21 +229,25 @@ class ScannIndex:
                            training_sample_size=s["training_sample_size"]).reorder(s["reorder_k"])
         return cls(b.build(), s, *corpus.shape)
 
-    def search(self, queries: np.ndarray, k: int, exclude: np.ndarray | None = None
+    def search(self, queries: np.ndarray, k: int, exclude: np.ndarray | None = None,
+               leaves_to_search: int | None = None, reorder_k: int | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
         """(scores [nq, k] float32, ids [nq, k] int32), best first, -inf / -1 padded.
 
         Asks ScaNN for k + 1 neighbours, drops exclude[i] from row i (or the surplus last one).
+        leaves_to_search / reorder_k override the built settings for this call (tree_ah / AH).
         """
         queries = np.ascontiguousarray(queries, np.float32)
         nq, want = len(queries), min(self.n, k + (exclude is not None))
         if nq == 0 or want == 0:
             return _pad(np.zeros((nq, 0), np.float32), np.zeros((nq, 0), np.int32), k)
         # final_num_neighbors above the reorder count silently comes back as NaN rows.
-        pre = max(want, self.settings.get("reorder_k", want))
+        pre = max(want, reorder_k or self.settings.get("reorder_k", want))
         batch = min(256, -(-nq // self.settings["num_threads"]))  # one batch per thread
+        kwargs = {"leaves_to_search": int(leaves_to_search)} if leaves_to_search else {}
         ids, scores = self.searcher.search_batched_parallel(
-            queries, final_num_neighbors=want, pre_reorder_num_neighbors=pre, batch_size=batch)
+            queries, final_num_neighbors=want, pre_reorder_num_neighbors=pre, batch_size=batch,
+            **kwargs)
         ids, scores = ids.astype(np.int64), scores.astype(np.float32)
         missing = ~np.isfinite(scores)  # fewer than `want` found: NaN score, id 0
         ids[missing], scores[missing] = -1, -np.inf

@@ -263,14 +263,17 @@ def dir_bytes(path: str) -> int:
 
 # ----------------------------------------------------------------------------- ScaNN
 def scann_variants(n: int, dim: int, k: int, threads: int
-                   ) -> list[tuple[str, ml_collections.ConfigDict]]:
-    """(name, eval.scann config): auto, faster and more accurate tree + AH, brute force.
+                   ) -> list[tuple[str, ml_collections.ConfigDict, list[tuple[int, int]]]]:
+    """(name, eval.scann config, [(leaves_to_search, reorder_k), ...]): each index is built
+    once and searched at every (leaves, reorder) setting (0: the built one).
 
-    The tree variants keep auto's partitioning (round(sqrt(n)) leaves) and change how many
-    leaves are searched (2.5%, 5%, 10%, 50%; auto: 20%) and how many candidates are
-    re-scored exactly (10k, 10k, 20k, max(2000, 20k); auto: max(1000, 10k)). Each is built
-    on its own: `ScannIndex.search` takes no per-call leaves_to_search. Variants whose
-    resolved settings coincide are kept once.
+    - "auto": `index.default_scann_config()` as evaluation uses it (tree + SOAR + AH +
+      reorder, 10% of the leaves, reorder max(1000, 10k));
+    - "SOAR": the same tree searched at 1%, 2.5%, 5% and 10% of its round(sqrt(n)) leaves,
+      re-scoring 10k candidates exactly;
+    - "no SOAR": the same without spilling, at 2.5%, 5%, 10% and 20% of the leaves;
+    - brute force.
+    Settings that coincide are kept once.
     """
     leaves = max(1, round(math.sqrt(n)))
 
@@ -280,23 +283,20 @@ def scann_variants(n: int, dim: int, k: int, threads: int
         c.update(overrides)
         return c
 
+    def at(*fractions: float) -> list[tuple[int, int]]:
+        return sorted({(max(1, round(leaves * f)), 10 * k) for f in fractions})
+
     candidates = [
-        ("fastest", cfg(mode="tree_ah", num_leaves_to_search=-(-leaves // 40),
-                        reorder_k=10 * k)),
-        ("fast", cfg(mode="tree_ah", num_leaves_to_search=-(-leaves // 20), reorder_k=10 * k)),
-        ("balanced", cfg(mode="tree_ah", num_leaves_to_search=-(-leaves // 10),
-                         reorder_k=20 * k)),
-        ("auto", cfg()),
-        ("accurate", cfg(mode="tree_ah", num_leaves_to_search=-(-leaves // 2),
-                         reorder_k=max(2000, 20 * k))),
-        ("brute_force", cfg(mode="brute_force")),
+        ("auto", cfg(), [(0, 0)]),
+        ("SOAR", cfg(mode="tree_ah"), at(0.01, 0.025, 0.05, 0.1)),
+        ("no SOAR", cfg(mode="tree_ah", soar_lambda=0.0), at(0.025, 0.05, 0.1, 0.2)),
+        ("brute_force", cfg(mode="brute_force"), [(0, 0)]),
     ]
-    out, seen = [], set()
-    for name, c in candidates:
-        key = json.dumps(index.scann_settings(n, dim, k, c), sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            out.append((name, c))
+    out = []
+    for name, c, searches in candidates:
+        if index.scann_settings(n, dim, k, c)["mode"] != "tree_ah":
+            searches = [(0, 0)]
+        out.append((name, c, searches))
     return out
 
 
@@ -304,7 +304,7 @@ def bench_scann(emb: Embedded, k: int, threads: int, repeats: int, warmup: int,
                 truth: np.ndarray) -> list[Row]:
     rows = []
     n, dim = emb.corpus.shape
-    for name, cfg in scann_variants(n, dim, k, threads):
+    for name, cfg, searches in scann_variants(n, dim, k, threads):
         start = time.perf_counter()
         idx = index.ScannIndex.build(emb.corpus, cfg, k)
         build_s = time.perf_counter() - start
@@ -314,16 +314,22 @@ def bench_scann(emb: Embedded, k: int, threads: int, repeats: int, warmup: int,
             size = dir_bytes(os.path.join(tmp, "index"))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        ids, seconds = time_search(lambda q: idx.search(q, k, emb.exclude[:len(q)])[1],
-                                   emb.queries, repeats, warmup)
         s = dict(idx.settings)
-        shown = {key: s[key] for key in ("mode", "num_leaves", "num_leaves_to_search",
-                                         "reorder_k") if key in s}
-        rows.append(Row("scann", f"ScaNN {name}", ", ".join(f"{a}={b}" for a, b in shown.items()),
-                        build_s, size, seconds, len(emb.queries) / seconds,
-                        evaluate.ann_recall(ids, truth, k), {"settings": s}))
-        print(f"  {rows[-1].method}: {rows[-1].settings}: recall {rows[-1].recall:.4f}, "
-              f"{rows[-1].qps:.0f} QPS, built in {build_s:.1f}s", flush=True)
+        for leaves, reorder in searches:
+            ids, seconds = time_search(
+                lambda q: idx.search(q, k, emb.exclude[:len(q)], leaves_to_search=leaves or None,
+                                     reorder_k=reorder or None)[1],
+                emb.queries, repeats, warmup)
+            used = {**s, **({"num_leaves_to_search": leaves} if leaves else {}),
+                    **({"reorder_k": reorder} if reorder else {})}
+            shown = {key: used[key] for key in ("mode", "num_leaves", "num_leaves_to_search",
+                                                "soar_lambda", "reorder_k") if key in used}
+            rows.append(Row("scann", f"ScaNN {name}",
+                            ", ".join(f"{a}={b}" for a, b in shown.items()), build_s, size,
+                            seconds, len(emb.queries) / seconds,
+                            evaluate.ann_recall(ids, truth, k), {"settings": used}))
+            print(f"  {rows[-1].method}: {rows[-1].settings}: recall {rows[-1].recall:.4f}, "
+                  f"{rows[-1].qps:.0f} QPS, built in {build_s:.1f}s", flush=True)
         del idx
     return rows
 
