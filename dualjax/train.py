@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import time
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
@@ -236,6 +237,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     preempted = []
     previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
     pending: list[tuple[int, dict]] = []
+    since = (start, time.perf_counter())  # throughput: steps and time since the last train row
     bar = tqdm(total=config.num_train_steps, initial=start, desc="train", unit="step",
                disable=None, dynamic_ncols=True)
     try:
@@ -253,6 +255,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                 pending = jax.device_get(pending)
                 check_finite(pending, last_saved)
                 step_, values = pending[-1]
+                now = time.perf_counter()  # includes compilation in the first interval
+                values["pairs_per_second"] = ((step_ - since[0]) * config.global_batch_size
+                                              / max(now - since[1], 1e-9))
+                since = (step_, now)
                 log.write(step_, "train", values)
                 bar.set_postfix(loss=f"{values['loss']:.4f}",
                                 p1=f"{values['in_batch_p@1']:.3f}")
@@ -266,6 +272,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
             if (config.eval_every_steps and step % config.eval_every_steps == 0 and not is_last
                     and "val" in splits):
                 run_eval({"dual_encoder": state["params"]}, "val", step)
+                since = (step, time.perf_counter())  # evaluation time is not training time
     finally:  # also on errors: the saves already started finish before we leave
         bar.close()
         signal.signal(signal.SIGTERM, previous_handler)

@@ -51,6 +51,7 @@ def test_tiny_run_writes_the_workdir_contract(tmp_path):
     for r in rows:
         if r["split"] == "train":
             assert {"loss", "in_batch_p@1", "grad_norm", "learning_rate"} <= set(r)
+            assert r["pairs_per_second"] > 0
             assert np.isfinite(r["loss"]) and 0 <= r["in_batch_p@1"] <= 1
     evals = {(r["split"], r["system"], r["index"]) for r in rows if r["split"] != "train"}
     assert evals == {(split, s, i) for split in ("val", "test") for s, i in systems}
@@ -87,8 +88,11 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
     assert len(leaves_a) == len(leaves_b) > 0
     for x, y in zip(leaves_a, leaves_b):
         np.testing.assert_array_equal(x, y)
-    later = lambda rows: [r for r in rows if r["step"] >= 10]
-    assert later(train_rows(whole)) == later(train_rows(split))  # steps 10, 15, 20 alike
+    def later(rows):  # steps 10, 15, 20; wall-clock throughput differs between runs
+        return [{k: v for k, v in r.items() if k != "pairs_per_second"}
+                for r in rows if r["step"] >= 10]
+
+    assert later(train_rows(whole)) == later(train_rows(split))
 
 
 def test_non_finite_loss_stops_without_saving(tmp_path):
