@@ -53,6 +53,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.trigram_vocab_size = 40000  # char_trigram, word+char_trigram: trigrams kept
     c.model.num_oov_buckets = 1000  # hashed buckets for every other word
     c.model.max_len = 32            # tokens per text (longer texts are truncated)
+    c.model.query_max_len = 0       # tokens per query (0: max_len); Chang et al.: 64
+    c.model.doc_max_len = 0         # tokens per document (0: max_len); Chang et al.: 288
     c.model.tower = "bow_mlp"       # "bow" (mean of embeddings) | "bow_mlp" (+ 2-layer tanh MLP)
                                     # | "cnn" (convolutions + max pooling, Bonadiman et al.
                                     # 2019) | "transformer" (pre-LN encoder, Chang et al. 2020)
@@ -74,6 +76,17 @@ def get_config() -> ml_collections.ConfigDict:
                                     # 'SAME' padding, pads never seen as content
     c.model.cnn_filters = 256       # cnn: filters per window size (max-pooled, concatenated,
                                     # then a linear layer to output_dim)
+    c.model.query_features = ""     # categorical fields of queries, "name[:size],..." (Moscicki
+                                    # 2022 4.2): each its own embedding table, concatenated
+                                    # with the text vector before the tower's dense layers
+                                    # (bow_mlp, cnn, transformer). Read from pairs JSONL
+                                    # "query_fields": {"name": value}
+    c.model.doc_features = ""       # the same for documents ("document_fields"), e.g.
+                                    # "category:32,brand:16"
+    c.model.feature_dim = 32        # embedding size of a field given without ":size"
+    c.model.feature_vocab_size = 1000  # most frequent training values of each field with their
+                                    # own id; a missing value (absent, null, "") gets id 0
+    c.model.feature_buckets = 100   # hashed (CRC-32) buckets for every other value
     c.model.transformer = ml_collections.ConfigDict()
     c.model.transformer.preset = ""  # "bert_base" (12 layers, width 768, 12 heads, mlp 3072,
                                     # overriding the four sizes below) | "": the sizes below

@@ -8,7 +8,7 @@ import os
 
 import ml_collections
 
-from dualjax import baselines, index, losses, tokenizers
+from dualjax import baselines, features, index, losses, tokenizers
 from dualjax.data import builders
 from dualjax.models import dual_encoder, towers
 
@@ -80,9 +80,11 @@ def _check_towers(model: ml_collections.ConfigDict) -> None:
             towers.parse_windows(model.cnn_windows)
         if "transformer" in used:
             max_positions = towers.transformer_settings(model)["max_positions"]
-            if model.max_len > max_positions:
-                raise ValueError(f"model.max_len={model.max_len} is longer than "
-                                 f"model.transformer.max_positions={max_positions}")
+            for key, length in zip(("query_max_len", "doc_max_len"), max_lens(model)):
+                if length > max_positions:
+                    key = key if model.get(key, 0) else "max_len"  # the key that set it
+                    raise ValueError(f"model.{key}={length} is longer than "
+                                     f"model.transformer.max_positions={max_positions}")
     except ValueError as e:
         raise ConfigError(f"config.{e}") from None
     if "cnn" in used and model.cnn_filters <= 0:
@@ -98,12 +100,50 @@ def _check_towers(model: ml_collections.ConfigDict) -> None:
                           "model.transformer.width for a transformer)")
 
 
+def max_lens(model: ml_collections.ConfigDict) -> tuple[int, int]:
+    """(query, document) max lengths in tokens: model.query_max_len / doc_max_len where
+    set (> 0), else model.max_len (Chang et al. 2020: 64 and 288)."""
+    return (model.get("query_max_len", 0) or model.max_len,
+            model.get("doc_max_len", 0) or model.max_len)
+
+
+def feature_specs(model: ml_collections.ConfigDict
+                  ) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:
+    """(query, document) categorical fields as ((name, embedding size), ...); ConfigError
+    for a spec that does not parse."""
+    try:
+        return tuple(features.parse_spec(model.get(key, ""), model.get("feature_dim", 32),
+                                         f"config.model.{key}")
+                     for key in ("query_features", "doc_features"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _check_features(model: ml_collections.ConfigDict) -> None:
+    """Categorical fields: parseable, fed to a tower with layers above the text vector,
+    one set for a shared tower."""
+    specs = feature_specs(model)
+    for key, spec, tower in zip(("query_features", "doc_features"), specs,
+                                dual_encoder.tower_names(model)):
+        if spec and tower == "bow":
+            raise ConfigError(f"config.model.{key}={model[key]!r}: the bow tower has no layer "
+                              "above the mean of its word vectors to feed categorical features "
+                              "to; use model.tower (or query_tower / doc_tower) bow_mlp, cnn or "
+                              "transformer")
+    if model.shared_towers and specs[0] != specs[1]:
+        raise ConfigError(f"config.model.query_features={model.query_features!r} and "
+                          f"model.doc_features={model.doc_features!r} differ, but one shared "
+                          "tower reads both sides: make them equal or set "
+                          "model.shared_towers=False")
+
+
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     """Raises ConfigError for the first value that cannot work."""
     _one_of("data.name", config.data.name, builders.DATASETS)
     _one_of("data.candidates", config.data.candidates, builders.CANDIDATES)
     _one_of("model.tokenizer", config.model.tokenizer, tokenizers.TOKENIZERS)
     _check_towers(config.model)
+    _check_features(config.model)
     _one_of("model.similarity", config.model.similarity, dual_encoder.SIMILARITIES)
     _check_loss(config.loss)
     _one_of("optimizer.name", config.optimizer.name, OPTIMIZERS)
@@ -119,7 +159,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     _positive(config, "num_train_steps", "checkpoint_every_steps", "eval_every_steps", "log_every_steps",
               "keep_checkpoints", "model.num_oov_buckets", "optimizer.warmup_steps",
               "optimizer.grad_clip_norm", "optimizer.weight_decay", "data.worker_count",
-              "mesh.num_devices", allow_zero=True)
+              "mesh.num_devices", "model.query_max_len", "model.doc_max_len",
+              "model.feature_vocab_size", "model.feature_buckets", allow_zero=True)
     if config.global_batch_size % num_devices:
         raise ConfigError(f"config.global_batch_size={config.global_batch_size} must be divisible "
                           f"by the {num_devices} devices of the mesh (config.mesh.num_devices)")

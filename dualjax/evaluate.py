@@ -19,15 +19,17 @@ from tqdm.auto import tqdm
 from dualjax import baselines as baselines_lib
 from dualjax import index, metrics, sharding, typos
 from dualjax.data.clusters import RetrievalTask
-from dualjax.tokenizers import Tokenizer
+from dualjax.features import Fields, Inputs, Side
 
-EncodeFn = Callable[[jax.Array, jax.Array], jax.Array]  # ids, mask [b, len] -> [b, dim]
+# {"ids", "mask" [b, len], "cats" [b, fields] (a side with categorical fields)} -> [b, dim]
+EncodeFn = Callable[[dict[str, jax.Array]], jax.Array]
 
 
-def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], tokenizer: Tokenizer,
-                 max_len: int, batch_size: int, mesh: jax.sharding.Mesh,
-                 desc: str = "encode") -> np.ndarray:
-    """Embeddings [len(texts), dim] from jitted batches of `batch_size` texts.
+def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], side: Side, batch_size: int,
+                 mesh: jax.sharding.Mesh, desc: str = "encode",
+                 fields: Sequence[Fields] | None = None) -> np.ndarray:
+    """Embeddings [len(texts), dim] from jitted batches of `batch_size` texts, encoded as
+    `side` says (its tokenizer, max length and categorical `fields`, one per text).
 
     The last batch is padded to the full size so the function compiles once; each
     batch is sharded over the mesh's `data` axis.
@@ -38,9 +40,10 @@ def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], tokenizer: Tokenizer
     for start in tqdm(range(0, len(texts), batch_size), desc=desc, leave=False,
                       unit="batch", disable=None):
         chunk = list(texts[start:start + batch_size])
-        ids, mask = tokenizer.encode(chunk + [""] * (batch_size - len(chunk)), max_len)
-        placed = sharding.put_global_batch({"ids": ids, "mask": mask}, mesh)
-        out.append(np.asarray(encode_fn(placed["ids"], placed["mask"]))[:len(chunk)])
+        pad = batch_size - len(chunk)
+        chunk_fields = None if fields is None else list(fields[start:start + batch_size]) + [None] * pad
+        placed = sharding.put_global_batch(side.encode(chunk + [""] * pad, chunk_fields), mesh)
+        out.append(np.asarray(encode_fn(placed))[:len(chunk)])
     return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
 
 
@@ -55,19 +58,26 @@ def ann_recall(ann_ids: np.ndarray, exact_ids: np.ndarray, k: int = 10) -> float
 
 
 def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]],
-                   tokenizer: Tokenizer, max_len: int, eval_cfg: ml_collections.ConfigDict,
+                   inputs: Inputs, eval_cfg: ml_collections.ConfigDict,
                    mesh: jax.sharding.Mesh, baselines: Sequence[str] = (),
                    index_dir: str | None = None, ann_systems: Sequence[str] = ("dual_encoder",),
                    index_extra: str = "") -> tuple[list[dict], dict[str, np.ndarray]]:
     """Every system's metrics on one retrieval task (a query never retrieves itself).
 
-    towers: system name -> (encode_queries, encode_documents). Each is searched exactly;
+    towers: system name -> (encode_queries, encode_documents), reading `inputs` (each
+    side's tokens, max length and categorical fields). Each is searched exactly;
     with eval.index = "scann", the systems in `ann_systems` are also searched with a
     ScaNN index (saved under `index_dir`), whose row adds `ann_recall@10` (overlap with
     the exact top 10) and `map@100_gap` (exact minus ScaNN). Lexical `baselines` run on
     the same task. Returns (rows {"system", "index", metrics...}, {label: ranked ids}).
     """
-    enc = dict(tokenizer=tokenizer, max_len=max_len, batch_size=eval_cfg.batch_size, mesh=mesh)
+    enc = dict(batch_size=eval_cfg.batch_size, mesh=mesh)
+    for name, side, fields in (("queries", inputs.query, task.query_fields),
+                               ("candidates", inputs.document, task.corpus_fields)):
+        if side.features and towers:
+            missing = side.features.missing_counts(side.features.encode(
+                fields or [None] * (len(task.queries if name == "queries" else task.corpus))))
+            logging.info("Categorical fields missing (id 0) in the %s: %s", name, missing)
     k = min(eval_cfg.top_k, len(task.corpus))
     exclude = task.query_corpus_index
     rows, ranked = [], {}
@@ -80,8 +90,10 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
         return row
 
     for system, (encode_queries, encode_documents) in towers.items():
-        corpus = encode_texts(encode_documents, task.corpus, desc=f"{system}: corpus", **enc)
-        queries = encode_texts(encode_queries, task.queries, desc=f"{system}: queries", **enc)
+        corpus = encode_texts(encode_documents, task.corpus, inputs.document,
+                              desc=f"{system}: corpus", fields=task.corpus_fields, **enc)
+        queries = encode_texts(encode_queries, task.queries, inputs.query,
+                               desc=f"{system}: queries", fields=task.query_fields, **enc)
         exact_index, _ = index.make_index("exact", corpus, eval_cfg, k)
         exact = add(system, "exact", exact_index.search(queries, k, exclude)[1])
         if eval_cfg.index == "scann" and system in ann_systems:
@@ -101,7 +113,7 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
 
 
 def typo_sweep(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]],
-               tokenizer: Tokenizer, max_len: int, eval_cfg: ml_collections.ConfigDict,
+               inputs: Inputs, eval_cfg: ml_collections.ConfigDict,
                mesh: jax.sharding.Mesh, probs: Sequence[float], seed: int,
                baselines: Sequence[str] = ()) -> list[dict]:
     """Typo robustness (Moscicki 2022, section 4.4): every system's metrics with typos in
@@ -117,7 +129,7 @@ def typo_sweep(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]]
     rows = []
     for p in probs:
         noisy = dataclasses.replace(task, queries=typos.typo_texts(task.queries, p, seed))
-        p_rows, _ = evaluate_split(noisy, towers, tokenizer, max_len, eval_cfg, mesh,
+        p_rows, _ = evaluate_split(noisy, towers, inputs, eval_cfg, mesh,
                                    baselines=baselines, ann_systems=())
         rows += [{"system": r["system"], "index": r["index"], "typo_p": float(p),
                   **{k: v for k, v in r.items() if k not in ("system", "index")}}

@@ -20,7 +20,7 @@ import jax
 import ml_collections
 from absl import app, flags, logging
 
-from dualjax import checkpoints, evaluate, index, sharding, tokenizers, train
+from dualjax import checkpoints, config_lib, evaluate, features, index, sharding, tokenizers, train
 from dualjax.data import builders
 from dualjax.metrics_log import setup_logging
 from dualjax.models import dual_encoder
@@ -33,9 +33,10 @@ _SPLIT = flags.DEFINE_string("split", "test", "Evaluation split whose corpus is 
 
 
 class Trained(NamedTuple):
-    """What a trained workdir holds: its config, tokenizer, model and latest params."""
+    """What a trained workdir holds: its config, inputs (tokenizer, max lengths,
+    categorical fields), model and latest params."""
     config: ml_collections.ConfigDict
-    tokenizer: tokenizers.Tokenizer
+    inputs: features.Inputs
     model: dual_encoder.DualEncoder
     params: dict
     step: int
@@ -43,14 +44,21 @@ class Trained(NamedTuple):
 
 def load_trained(workdir: str, config: ml_collections.ConfigDict | None = None) -> Trained:
     """The latest checkpoint's params of `workdir`, replicated over all devices, with the
-    config (WORKDIR/config.json unless given) and the saved tokenizer."""
+    config (WORKDIR/config.json unless given), the saved tokenizer and categorical field
+    vocabularies."""
     if config is None:
         with open(os.path.join(workdir, "config.json")) as f:
             config = ml_collections.ConfigDict(json.load(f))
     tokenizer = tokenizers.load_tokenizer(os.path.join(workdir, "vocab.json"))
-    model = dual_encoder.make_model(config.model, tokenizer.vocab_size)
+    sides = (features.SideFeatures(), features.SideFeatures())
+    if os.path.exists(os.path.join(workdir, "features.json")):
+        sides = features.load(os.path.join(workdir, "features.json"))
+    q_len, d_len = config_lib.max_lens(config.model)
+    inputs = features.Inputs(features.Side(tokenizer, q_len, sides[0]),
+                             features.Side(tokenizer, d_len, sides[1]))
+    model = dual_encoder.make_model(config.model, tokenizer.vocab_size, inputs.feature_sizes())
     tx, _ = train.make_optimizer(config.optimizer, config.num_train_steps)
-    init_state = train.make_init_state(model, tx, config.model.max_len,
+    init_state = train.make_init_state(model, tx, max(q_len, d_len),
                                        config.loss.get("log_q_buckets", 0))
     ckpt = checkpoints.Checkpointer(workdir, config.keep_checkpoints)
     try:
@@ -64,23 +72,24 @@ def load_trained(workdir: str, config: ml_collections.ConfigDict | None = None) 
         params = ckpt.restore(step, abstract)[0]["params"]
     finally:
         ckpt.close()
-    return Trained(config, tokenizer, model, params, step)
+    return Trained(config, inputs, model, params, step)
 
 
 class Searcher:
     """The towers of a workdir's latest checkpoint and an index over a split's corpus."""
 
     def __init__(self, workdir: str, split: str = "test", k: int = 10):
-        config, self.tokenizer, model, params, step = load_trained(workdir)
-        self.max_len, self.k = config.model.max_len, k
+        config, self.inputs, model, params, step = load_trained(workdir)
+        self.k = k
         self.mesh = sharding.make_mesh()
         encode_queries, encode_documents = train.make_encoders(model)
-        self._encode_queries = lambda ids, mask: encode_queries(params, ids, mask)
+        self._encode_queries = lambda x: encode_queries(params, x)
         tfds_dir = config.data.tfds_dir or os.path.join(workdir, "tfds")
-        self.corpus = builders.eval_task(config.data, config.seed, tfds_dir, split).corpus
+        task = builders.eval_task(config.data, config.seed, tfds_dir, split)
+        self.corpus = task.corpus
         corpus_emb = evaluate.encode_texts(
-            lambda ids, mask: encode_documents(params, ids, mask), self.corpus, self.tokenizer,
-            self.max_len, config.eval.batch_size, self.mesh, desc="encode corpus")
+            lambda x: encode_documents(params, x), self.corpus, self.inputs.document,
+            config.eval.batch_size, self.mesh, desc="encode corpus", fields=task.corpus_fields)
         self.index, self.info = index.make_index(
             config.eval.index, corpus_emb, config.eval, min(k, len(self.corpus)),
             directory=os.path.join(workdir, "index", split), extra=f"step {step}")
@@ -88,8 +97,9 @@ class Searcher:
                      "built" if self.info["built"] else "loaded")
 
     def search(self, queries: Sequence[str]) -> list[list[tuple[float, str]]]:
-        """Per query, the top k (score, candidate text), best first."""
-        emb = evaluate.encode_texts(self._encode_queries, queries, self.tokenizer, self.max_len,
+        """Per query, the top k (score, candidate text), best first. Typed queries carry
+        no categorical fields: a query side with fields reads them as missing."""
+        emb = evaluate.encode_texts(self._encode_queries, queries, self.inputs.query,
                                     len(queries), self.mesh, desc="encode queries")
         scores, ids = self.index.search(emb, min(self.k, len(self.corpus)))
         return [[(float(s), self.corpus[i]) for s, i in zip(row_s, row_i) if i >= 0]

@@ -21,8 +21,8 @@ import optax
 from absl import logging
 from tqdm.auto import tqdm
 
-from dualjax import (checkpoints, config_lib, evaluate, frequency, losses, report, sharding,
-                     tokenizers)
+from dualjax import (checkpoints, config_lib, evaluate, features, frequency, losses, report,
+                     sharding, tokenizers)
 from dualjax.data import builders, pipeline
 from dualjax.metrics_log import MetricsLog
 from dualjax.models import dual_encoder
@@ -89,6 +89,47 @@ def load_tokenizer(config, workdir: str, texts: Callable[[], Iterable[str]]) -> 
     return tok
 
 
+def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
+                fields: Callable[[], Iterable[tuple[features.Fields, features.Fields]]]
+                ) -> features.Inputs:
+    """What each side reads: the tokenizer (`load_tokenizer`), the side's max length
+    (`config_lib.max_lens`) and its categorical fields, whose vocabularies are
+    WORKDIR/features.json if it exists, else built from `fields()` ((query fields,
+    document fields) per training pair) and saved there."""
+    tokenizer = load_tokenizer(config, workdir, texts)
+    specs = config_lib.feature_specs(config.model)
+    sides = (features.SideFeatures(), features.SideFeatures())
+    if any(specs):
+        path = os.path.join(workdir, "features.json")
+        if os.path.exists(path):
+            sides = features.load(path)
+        else:
+            records = list(fields())
+            m = config.model
+            sides = tuple(features.build_side(spec, [r[i] for r in records], m.feature_vocab_size,
+                                              m.feature_buckets) for i, spec in enumerate(specs))
+            features.save(path, *sides)
+            for name, side in zip(("query", "document"), sides):
+                if side:
+                    missing = side.missing_counts(side.encode([r[name == "document"]
+                                                               for r in records]))
+                    logging.info("Categorical %s fields %s: vocabularies of %s values; missing "
+                                 "in %s of %d training pairs (id %d)", name,
+                                 [f.name for f in side.fields], [len(f.vocab) for f in side.fields],
+                                 list(missing.values()), len(records), features.MISSING_ID)
+    q_len, d_len = config_lib.max_lens(config.model)
+    return features.Inputs(features.Side(tokenizer, q_len, sides[0]),
+                           features.Side(tokenizer, d_len, sides[1]))
+
+
+def pair_fields(source) -> Iterable[tuple[features.Fields, features.Fields]]:
+    """(query fields, document fields) of every training pair of a data source."""
+    for start in range(0, len(source), 4096):
+        for r in pipeline.read_records(source, range(start, min(start + 4096, len(source)))):
+            yield (pipeline.record_fields(r, "query_fields"),
+                   pipeline.record_fields(r, "document_fields"))
+
+
 def pair_texts(source) -> Iterable[str]:
     """Both sides of every training pair of a data source."""
     for start in range(0, len(source), 4096):
@@ -115,7 +156,8 @@ def make_train_step(model, tx, schedule, loss_fn, state_sharding, batch_sharding
 
         def objective(params):
             q, d, scale, bias = model.apply({"params": params}, batch["q_ids"], batch["q_mask"],
-                                            batch["d_ids"], batch["d_mask"], rngs={"dropout": rng})
+                                            batch["d_ids"], batch["d_mask"], batch.get("q_cats"),
+                                            batch.get("d_cats"), rngs={"dropout": rng})
             loss, aux = loss_fn(q, d, scale, bias, extras or None)
             return loss, {**aux, "scale": scale}
 
@@ -164,25 +206,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     splits = builders.eval_splits(config.data, config.seed, tfds_dir)
 
     # Input. With num_train_steps = 0 (evaluation only) no training pairs are needed and
-    # the vocabulary comes from the test split's texts.
+    # the vocabularies come from the test split.
     if config.num_train_steps:
         source = builders.train_source(config.data, config.seed, tfds_dir)
-        tokenizer = load_tokenizer(config, workdir, lambda: pair_texts(source))
-        data_iter = pipeline.train_iterator(source, tokenizer, config.model.max_len,
-                                            config.global_batch_size, config.seed,
-                                            config.data.worker_count)
+        inputs = load_inputs(config, workdir, lambda: pair_texts(source),
+                             lambda: pair_fields(source))
+        data_iter = pipeline.train_iterator(source, inputs, config.global_batch_size,
+                                            config.seed, config.data.worker_count)
         logging.info("Training pairs: %d; global batch %d over %d devices", len(source),
                      config.global_batch_size, mesh.devices.size)
     else:
         test = builders.eval_task(config.data, config.seed, tfds_dir, splits[-1])
-        tokenizer = load_tokenizer(config, workdir, lambda: test.corpus + test.queries)
+        inputs = load_inputs(config, workdir, lambda: test.corpus + test.queries,
+                             lambda: eval_fields(test))
         data_iter = None
 
     # Model, optimizer and the sharded state.
-    model = dual_encoder.make_model(config.model, tokenizer.vocab_size)
+    model = dual_encoder.make_model(config.model, inputs.query.tokenizer.vocab_size,
+                                    inputs.feature_sizes())
     tx, schedule = make_optimizer(config.optimizer, config.num_train_steps)
 
-    init_state = make_init_state(model, tx, config.model.max_len, config.loss.log_q_buckets)
+    init_state = make_init_state(model, tx, max(config_lib.max_lens(config.model)),
+                                 config.loss.log_q_buckets)
     replicated = sharding.replicated(mesh)
     state_sharding = jax.tree.map(lambda _: replicated, jax.eval_shape(init_state, config.seed))
     state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(config.seed)
@@ -216,7 +261,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
             eval_tasks[split] = builders.eval_task(config.data, config.seed, tfds_dir, split)
         task = eval_tasks[split]
         rows, ranked = evaluate.evaluate_split(
-            task, towers_of(systems), tokenizer, config.model.max_len, config.eval, mesh,
+            task, towers_of(systems), inputs, config.eval, mesh,
             baselines=baselines, index_dir=os.path.join(workdir, "index", split) if final else None,
             ann_systems=("dual_encoder",) if final else (), index_extra=f"step {step}")
         for row in rows:
@@ -288,8 +333,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     last = splits[-1]
     typo_probs = config_lib.typo_probs(config)
     if typo_probs:  # typo robustness: the last split's queries with typos at each p
-        typo_rows = evaluate.typo_sweep(eval_tasks[last], towers_of(systems), tokenizer,
-                                        config.model.max_len, config.eval, mesh, typo_probs,
+        typo_rows = evaluate.typo_sweep(eval_tasks[last], towers_of(systems), inputs,
+                                        config.eval, mesh, typo_probs,
                                         config.eval.typo_seed, baselines)
         for row in typo_rows:
             log.write(step, last, row)
@@ -305,9 +350,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 
 def make_encoders(model) -> tuple[Callable, Callable]:
-    """Jitted (params, ids, mask) -> unit vectors, for the query and the document side."""
-    q = jax.jit(lambda p, ids, mask: model.apply({"params": p}, ids, mask,
-                                                 method="encode_queries"))
-    d = jax.jit(lambda p, ids, mask: model.apply({"params": p}, ids, mask,
-                                                 method="encode_documents"))
+    """Jitted (params, inputs) -> unit vectors, for the query and the document side;
+    inputs: `features.Side.encode`'s dict {"ids", "mask"[, "cats"]}."""
+    q = jax.jit(lambda p, x: model.apply({"params": p}, **x, method="encode_queries"))
+    d = jax.jit(lambda p, x: model.apply({"params": p}, **x, method="encode_documents"))
     return q, d
+
+
+def eval_fields(task) -> list[tuple[features.Fields, features.Fields]]:
+    """(query fields, document fields) pairs of an evaluation task's records, to build
+    field vocabularies from when there is no training data."""
+    queries, corpus = task.query_fields or [], task.corpus_fields or []
+    return [(f, None) for f in queries] + [(None, f) for f in corpus]

@@ -165,18 +165,19 @@ class Embedded:
 def embed_split(workdir: str, split: str, max_queries: int) -> Embedded:
     """Restores the latest checkpoint's params (`search.load_trained`; no index is built
     or saved under the workdir) and encodes the split's corpus and queries."""
-    config, tokenizer, model, params, step = search.load_trained(workdir, load_config(workdir))
+    config, inputs, model, params, step = search.load_trained(workdir, load_config(workdir))
     mesh = sharding.make_mesh()
     encode_queries, encode_documents = train.make_encoders(model)
     tfds_dir = config.data.tfds_dir or os.path.join(workdir, "tfds")
     task = builders.eval_task(config.data, config.seed, tfds_dir, split)
     queries = task.queries[:max_queries] if max_queries > 0 else task.queries
-    enc = dict(tokenizer=tokenizer, max_len=config.model.max_len,
-               batch_size=config.eval.batch_size, mesh=mesh)
-    corpus_emb = evaluate.encode_texts(lambda i, m: encode_documents(params, i, m),
-                                       task.corpus, desc="encode corpus", **enc)
-    query_emb = evaluate.encode_texts(lambda i, m: encode_queries(params, i, m),
-                                      queries, desc="encode queries", **enc)
+    enc = dict(batch_size=config.eval.batch_size, mesh=mesh)
+    corpus_emb = evaluate.encode_texts(lambda x: encode_documents(params, x), task.corpus,
+                                       inputs.document, desc="encode corpus",
+                                       fields=task.corpus_fields, **enc)
+    query_emb = evaluate.encode_texts(lambda x: encode_queries(params, x), queries, inputs.query,
+                                      desc="encode queries", fields=task.query_fields and
+                                      task.query_fields[:len(queries)], **enc)
     return Embedded(corpus=np.ascontiguousarray(corpus_emb, np.float32),
                     queries=np.ascontiguousarray(query_emb, np.float32),
                     exclude=np.asarray(task.query_corpus_index[:len(queries)], np.int64),
@@ -330,7 +331,7 @@ def bench_scann(emb: Embedded, k: int, threads: int, repeats: int, warmup: int,
                             evaluate.ann_recall(ids, truth, k), {"settings": used}))
             print(f"  {rows[-1].method}: {rows[-1].settings}: recall {rows[-1].recall:.4f}, "
                   f"{rows[-1].qps:.0f} QPS, built in {build_s:.1f}s", flush=True)
-        del idx
+        idx = None  # free the index before building the next
     return rows
 
 

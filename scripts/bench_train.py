@@ -168,7 +168,7 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
 
 def bench_input(args: argparse.Namespace) -> dict[str, Any]:
     """Times `pipeline.train_iterator` over the synthetic dataset (run in a subprocess)."""
-    from dualjax import text
+    from dualjax import features, text
     from dualjax.data import builders, pipeline
 
     config = default_config()
@@ -182,8 +182,9 @@ def bench_input(args: argparse.Namespace) -> dict[str, Any]:
             (r[k].decode("utf-8") for r in records for k in ("query", "document")),
             config.model.vocab_size, config.model.num_oov_buckets)
         tokenizer_s = time.perf_counter() - t0
-        it = pipeline.train_iterator(source, tok, args.seq_len, args.batch, config.seed,
-                                     config.data.worker_count)
+        side = features.Side(tok, args.seq_len)
+        it = pipeline.train_iterator(source, features.Inputs(side, side), args.batch,
+                                     config.seed, config.data.worker_count)
         for _ in range(args.warmup):
             next(it)
         # grain's to_iter_dataset prefetches with 16 threads (ReadOptions defaults), so

@@ -1,5 +1,6 @@
 """Tests for dualjax.data.builders (TFDS array_record tables) and dualjax.data.pipeline."""
 import glob
+import json
 import os
 import re
 
@@ -7,6 +8,8 @@ import numpy as np
 import pytest
 
 from conftest import load_config
+from dualjax import features as feature_lib
+from dualjax.features import Inputs, Side, SideFeatures
 from dualjax.data import builders, pipeline, synthetic
 from dualjax.data.pairs_file import DataError
 from dualjax.text import WordTokenizer, build_word_tokenizer, normalize
@@ -40,8 +43,8 @@ def train_src(tiny_data, synthetic_dir):
 def test_synthetic_array_record_files_exist(tiny_data, synthetic_dir, train_src):
     builders.eval_task(tiny_data, SEED, synthetic_dir, "val")
     root = os.path.join(synthetic_dir, "synthetic_paraphrase")
-    pairs = glob.glob(os.path.join(root, "pairs-*", "2.0.0", "*-train.array_record-*"))
-    evals = [glob.glob(os.path.join(root, f"{table}-*", "2.0.0", f"*-{split}.array_record-*"))
+    pairs = glob.glob(os.path.join(root, "pairs-*", "2.1.0", "*-train.array_record-*"))
+    evals = [glob.glob(os.path.join(root, f"{table}-*", "2.1.0", f"*-{split}.array_record-*"))
              for table in ("corpus", "queries") for split in ("val", "test")]
     assert len(pairs) == 1 and all(len(files) == 1 for files in evals)
     assert all(os.path.getsize(f) > 0 for f in pairs + sum(evals, []))
@@ -51,7 +54,8 @@ def test_synthetic_train_records_match_generate(tiny_data, train_src):
     data = _generate(tiny_data)
     assert len(train_src) == len(data.train_pairs) > 100
     records = [train_src[i] for i in range(len(train_src))]
-    assert set(records[0]) == {"query", "document"}
+    assert set(records[0]) == {"query", "document", "query_fields", "document_fields"}
+    assert records[0]["query_fields"] == records[0]["document_fields"] == b""  # none
     got = sorted((r["query"].decode(), r["document"].decode()) for r in records)
     assert got == sorted(data.train_pairs)
 
@@ -133,7 +137,7 @@ def test_pairs_builder_splits_by_cluster(tmp_path):
     cfg = _pairs_cfg(_write_pairs(tmp_path / "pairs.tsv"))
     tfds_dir = str(tmp_path / "tfds")
     src = builders.train_source(cfg, SEED, tfds_dir)
-    assert glob.glob(os.path.join(tfds_dir, "pairs_file", "pairs-*", "2.0.0",
+    assert glob.glob(os.path.join(tfds_dir, "pairs_file", "pairs-*", "2.1.0",
                                   "*-train.array_record-*"))
     train = [(src[i]["query"].decode(), src[i]["document"].decode()) for i in range(len(src))]
     tasks = {s: builders.eval_task(cfg, SEED, tfds_dir, s) for s in ("val", "test")}
@@ -247,8 +251,12 @@ def tokenizer(train_src):
     return build_word_tokenizer(texts, vocab_size=500, num_oov_buckets=50)
 
 
+def _inputs(tok, query_len, doc_len=None, doc_features=SideFeatures()):
+    return Inputs(Side(tok, query_len), Side(tok, doc_len or query_len, doc_features))
+
+
 def _iterator(src, tok, seed=SEED, batch=32, max_len=16):
-    return pipeline.train_iterator(src, tok, max_len, batch, seed=seed)
+    return pipeline.train_iterator(src, _inputs(tok, max_len), batch, seed=seed)
 
 
 def _take(it, n):
@@ -297,6 +305,22 @@ def test_get_state_set_state_resumes(train_src, tokenizer):
     assert _differ(following, start[:2])  # the resumed batches are not the first ones
 
 
+def test_query_and_document_max_lengths_and_categorical_fields(train_src, tokenizer):
+    """Each side is cut at its own length (Chang et al.: 64 / 288); a side with categorical
+    fields gets their ids, the 'missing' id 0 for a pair without them."""
+    batch = next(pipeline.train_iterator(train_src, _inputs(tokenizer, 3, 5), 8, seed=SEED))
+    assert batch["q_ids"].shape == (8, 3) and batch["d_ids"].shape == (8, 5)
+    src, tok = _indexed_source(8)
+    for i, r in enumerate(src):
+        r["query_fields"] = b""
+        r["document_fields"] = json.dumps({"shop": f"s{i % 2}"} if i < 6 else {}).encode()
+    shop = feature_lib.build_side([("shop", 4)], [{"shop": "s0"}, {"shop": "s1"}], 10, 3)
+    batch = next(pipeline.train_iterator(src, _inputs(tok, 3, doc_features=shop), 8, seed=SEED))
+    assert "q_cats" not in batch and batch["d_cats"].shape == (8, 1)
+    for q, cat in zip(batch["q_ids"][:, 0] - 1, batch["d_cats"][:, 0]):  # record q
+        assert cat == (q % 2 + 1 if q < 6 else 0)  # s0 -> 1, s1 -> 2, none -> missing
+
+
 def _indexed_source(n):
     """Records whose query is word q{i} and document word d{i}, and a tokenizer where
     q{i} -> id i + 1 and d{i} -> id n + i + 1."""
@@ -308,7 +332,7 @@ def _indexed_source(n):
 def test_epochs_are_reshuffled_permutations():
     n, batch = 24, 6
     src, tok = _indexed_source(n)
-    it = pipeline.train_iterator(src, tok, 3, batch, seed=SEED)
+    it = pipeline.train_iterator(src, _inputs(tok, 3), batch, seed=SEED)
     epochs = []
     for _ in range(3):
         order = []

@@ -10,6 +10,7 @@ import pytest
 from conftest import load_config
 from dualjax import evaluate, sharding
 from dualjax.data.clusters import RetrievalTask
+from dualjax.features import Inputs, Side
 from dualjax.models import dual_encoder
 from dualjax.text import WordTokenizer, build_word_tokenizer
 
@@ -33,7 +34,8 @@ def _masked_mean_encoder(vocab_size, dim=6, seed=0):
     calls = {"traces": 0}
 
     @jax.jit
-    def encode(ids, mask):
+    def encode(x):
+        ids, mask = x["ids"], x["mask"]
         calls["traces"] += 1
         m = mask.astype(jnp.float32)[..., None]
         return (table[ids] * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
@@ -46,10 +48,10 @@ def test_encode_texts_matches_one_direct_call(mesh, batch_size):
     tok = build_word_tokenizer(TEXTS, vocab_size=10, num_oov_buckets=7)
     encode, calls = _masked_mean_encoder(tok.vocab_size)
     ids, mask = tok.encode(TEXTS, 12)
-    expected = np.asarray(encode(ids, mask))
+    expected = np.asarray(encode({"ids": ids, "mask": mask}))
     calls["traces"] = 0
 
-    out = evaluate.encode_texts(encode, TEXTS, tok, 12, batch_size, mesh)
+    out = evaluate.encode_texts(encode, TEXTS, Side(tok, 12), batch_size, mesh)
     assert out.shape == (len(TEXTS), 6)
     np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(out[4], 0.0)  # the empty text
@@ -63,10 +65,10 @@ def test_encode_texts_with_real_model(mesh):
     tok = build_word_tokenizer(TEXTS, vocab_size=20, num_oov_buckets=cfg.num_oov_buckets)
     model = dual_encoder.make_model(cfg, tok.vocab_size)
     params = dual_encoder.init_params(model, jax.random.PRNGKey(0), cfg.max_len)
-    encode = jax.jit(lambda i, m: model.apply({"params": params}, i, m, method="encode_queries"))
+    encode = jax.jit(lambda x: model.apply({"params": params}, **x, method="encode_queries"))
     ids, mask = tok.encode(TEXTS, cfg.max_len)
-    expected = np.asarray(encode(ids, mask))
-    out = evaluate.encode_texts(encode, TEXTS, tok, cfg.max_len, 6, mesh)
+    expected = np.asarray(encode({"ids": ids, "mask": mask}))
+    out = evaluate.encode_texts(encode, TEXTS, Side(tok, cfg.max_len), 6, mesh)
     assert out.shape == (len(TEXTS), cfg.output_dim)
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.linalg.norm(out[np.arange(21) != 4], axis=1), 1.0, atol=1e-5)
@@ -79,6 +81,7 @@ def test_encode_texts_with_real_model(mesh):
 ANGLES = {"alpha": 0.0, "beta": 20.0, "gamma": 50.0, "delta": 90.0, "eps": 180.0,
           "zeta": 85.0}
 TOKENIZER = WordTokenizer(vocab=tuple(ANGLES), num_oov_buckets=0)  # ids 1..6, in order
+INPUTS = Inputs(Side(TOKENIZER, 4), Side(TOKENIZER, 4))
 
 
 def _lookup_encoder(angles):
@@ -88,7 +91,7 @@ def _lookup_encoder(angles):
         table[TOKENIZER.token_ids(word)[0]] = [math.cos(math.radians(deg)),
                                               math.sin(math.radians(deg))]
     table = jnp.asarray(table)
-    return jax.jit(lambda ids, mask: table[ids[:, 0]])
+    return jax.jit(lambda x: table[x["ids"][:, 0]])
 
 
 # corpus ids: 0 alpha (0 deg), 1 beta (20), 2 gamma (50), 3 delta (90), 4 eps (180)
@@ -110,7 +113,7 @@ def _eval_cfg(**overrides):
 def _exact_metrics(encode_queries, encode_documents, eval_cfg, mesh):
     """The dual encoder's exact-search metrics from evaluate_split."""
     rows, ranked = evaluate.evaluate_split(TASK, {"dual_encoder": (encode_queries, encode_documents)},
-                                           TOKENIZER, 4, eval_cfg, mesh)
+                                           INPUTS, eval_cfg, mesh)
     assert [(r["system"], r["index"]) for r in rows] == [("dual_encoder", "exact")]
     assert list(ranked) == ["dual_encoder [exact]"]
     return {k: v for k, v in rows[0].items() if k not in ("system", "index")}

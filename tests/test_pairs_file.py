@@ -42,6 +42,30 @@ def test_jsonl_happy_path_ignores_other_fields(tmp_path):
     ]
 
 
+def test_jsonl_categorical_fields(tmp_path):
+    path = _write(tmp_path / "pairs.jsonl", _jsonl(
+        {"query": "red shoes", "document": "nike air", "document_fields":
+            {"category": "shoes", "year": 2020, "sale": True, "brand": None}},
+        {"query": "pan", "document": "frying pan", "query_fields": {"country": "pl"},
+         "document_fields": None},
+    ))
+    records = pairs_file.read_pair_records(path)
+    assert records[0] == ("red shoes", "nike air", {},
+                          {"category": "shoes", "year": 2020, "sale": True, "brand": None})
+    assert records[1].query_fields == {"country": "pl"} and records[1].document_fields == {}
+    assert read_pairs(path) == [("red shoes", "nike air"), ("pan", "frying pan")]
+
+
+@pytest.mark.parametrize("fields,fragment", [
+    ({"document_fields": ["shoes"]}, "'document_fields' must be an object"),
+    ({"query_fields": {"tags": ["a", "b"]}}, "query_fields.tags must be a string"),
+])
+def test_bad_categorical_fields_name_the_line(tmp_path, fields, fragment):
+    path = _write(tmp_path / "pairs.jsonl", _jsonl({"query": "q", "document": "d"},
+                                                   {"query": "q", "document": "d", **fields}))
+    _assert_error(path, 2, fragment)
+
+
 def test_json_extension_is_jsonl(tmp_path):
     path = _write(tmp_path / "pairs.json", _jsonl({"query": "q", "document": "d"}))
     assert read_pairs(path) == [("q", "d")]

@@ -135,6 +135,34 @@ def test_pairs_file_run_and_bad_line(tmp_path):
     assert train.train_and_evaluate(cfg, str(tmp_path / "skip_run"))["dual_encoder [exact]"]
 
 
+def test_categorical_fields_and_side_lengths_train_evaluate_and_search(tmp_path):
+    """A pairs JSONL whose documents carry a category (some missing): the field's
+    vocabulary is saved, training and evaluation read it, and search reloads it; queries
+    and documents are cut at their own lengths."""
+    lines = [{"query": f"how do i fix my {obj} {i} ?", "document": f"how can i repair my {obj} {i} ?",
+              **({"document_fields": {"category": obj}} if i % 5 else {})}
+             for i in range(40) for obj in ("bike", "car", "phone")]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    workdir = str(tmp_path / "run")
+    cfg = tiny(**{"data.name": "pairs", "data.path": str(path), "data.test_fraction": 0.2,
+                  "model.tower": "bow_mlp", "model.shared_towers": False,
+                  "model.shared_embedding": True, "model.doc_features": "category:8",
+                  "model.query_max_len": 6, "model.doc_max_len": 12})
+    results = train.train_and_evaluate(cfg, workdir)
+    assert results["dual_encoder [exact]"]["num_queries"] > 10
+    from dualjax import features, search
+    _, doc_side = features.load(os.path.join(workdir, "features.json"))
+    assert sorted(doc_side.fields[0].vocab) == ["bike", "car", "phone"]
+    assert final_params(workdir, cfg.num_train_steps)["doc_feature_0"]["embedding"].shape == (
+        1 + 3 + cfg.model.feature_buckets, 8)
+    trained = search.load_trained(workdir)
+    assert (trained.inputs.query.max_len, trained.inputs.document.max_len) == (6, 12)
+    assert trained.inputs.document.features == doc_side
+    hits = search.Searcher(workdir, k=3).search(["how do i fix my bike 7 ?"])[0]
+    assert len(hits) == 3 and all("bike" in text for _, text in hits[:1])
+
+
 def _cli(*args):
     return subprocess.run(
         [sys.executable, "-m", "dualjax.main", f"--config={CONFIGS / 'tiny.py'}", *args],

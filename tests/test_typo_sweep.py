@@ -13,6 +13,7 @@ import pytest
 from conftest import load_config
 from dualjax import config_lib, evaluate, report, sharding, train, typos
 from dualjax.data.clusters import task_from_clusters
+from dualjax.features import Inputs, Side
 from dualjax.text import build_word_tokenizer
 
 # A small hand-made task: each pair of paraphrases shares two rare words and differs in a
@@ -40,6 +41,7 @@ TASK = task_from_clusters(TEXTS, [i // 2 for i in range(2 * len(PAIRS))]
                           + list(range(len(PAIRS), len(PAIRS) + len(DISTRACTORS))))
 TOKENIZER = build_word_tokenizer(TEXTS, vocab_size=1000, num_oov_buckets=64)
 MAX_LEN = 8
+INPUTS = Inputs(Side(TOKENIZER, MAX_LEN), Side(TOKENIZER, MAX_LEN))
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +55,8 @@ def _bag_of_words_encoder(dim: int = 32, seed: int = 0):
     table = jax.random.normal(jax.random.PRNGKey(seed), (TOKENIZER.vocab_size, dim))
 
     @jax.jit
-    def encode(ids, mask):
-        v = (table[ids] * mask[..., None]).sum(1)
+    def encode(x):
+        v = (table[x["ids"]] * x["mask"][..., None]).sum(1)
         return v / jnp.maximum(jnp.linalg.norm(v, axis=-1, keepdims=True), 1e-6)
 
     return encode
@@ -79,9 +81,9 @@ def test_sweep_at_p0_equals_the_plain_evaluation(mesh):
     assert len(TASK.queries) == 24 and len(TASK.corpus) == 33
     # eval.index = "scann" is ignored: the sweep searches exactly.
     cfg = _eval_cfg(index="scann")
-    plain, _ = evaluate.evaluate_split(TASK, TOWERS, TOKENIZER, MAX_LEN, _eval_cfg(), mesh,
+    plain, _ = evaluate.evaluate_split(TASK, TOWERS, INPUTS, _eval_cfg(), mesh,
                                        baselines=("identity", "bm25"))
-    rows = evaluate.typo_sweep(TASK, TOWERS, TOKENIZER, MAX_LEN, cfg, mesh, probs=(0.0,),
+    rows = evaluate.typo_sweep(TASK, TOWERS, INPUTS, cfg, mesh, probs=(0.0,),
                                seed=7, baselines=("identity", "bm25"))
     assert [(r["system"], r["index"], r["typo_p"]) for r in rows] == [
         ("bow_random", "exact", 0.0), ("identity", "exact", 0.0), ("bm25", "exact", 0.0)]
@@ -102,7 +104,7 @@ def test_sweep_changes_only_the_queries(mesh, monkeypatch):
 
     monkeypatch.setattr(evaluate, "evaluate_split", spy)
     probs = (0.0, 0.5, 1.0)
-    rows = evaluate.typo_sweep(TASK, {}, TOKENIZER, MAX_LEN, _eval_cfg(), mesh, probs, seed=3,
+    rows = evaluate.typo_sweep(TASK, {}, INPUTS, _eval_cfg(), mesh, probs, seed=3,
                                baselines=("identity",))
     assert [r["typo_p"] for r in rows] == list(probs)
     assert len(seen) == 3
@@ -117,7 +119,7 @@ def test_sweep_changes_only_the_queries(mesh, monkeypatch):
     # the "ee" of "cheap" swapped).
     assert changed[0] == 0 and 20 < changed[1] < 52 and changed[2] >= 66, changed
     # Same seed, same rows; another seed, other typos.
-    assert evaluate.typo_sweep(TASK, {}, TOKENIZER, MAX_LEN, _eval_cfg(), mesh, probs, seed=3,
+    assert evaluate.typo_sweep(TASK, {}, INPUTS, _eval_cfg(), mesh, probs, seed=3,
                                baselines=("identity",)) == rows
     assert typos.typo_texts(TASK.queries, 0.5, 4) != seen[1].queries
 
@@ -129,7 +131,7 @@ def test_metrics_drop_as_typos_grow(mesh):
     totals = {(s, key): np.zeros(len(probs)) for s in systems for key in ("map@100", "recall@10")}
     seeds = range(4)
     for seed in seeds:
-        rows = evaluate.typo_sweep(TASK, TOWERS, TOKENIZER, MAX_LEN, _eval_cfg(), mesh, probs,
+        rows = evaluate.typo_sweep(TASK, TOWERS, INPUTS, _eval_cfg(), mesh, probs,
                                    seed, baselines=("identity", "bm25"))
         assert len(rows) == len(probs) * len(systems)
         for row in rows:

@@ -1,10 +1,12 @@
 """TFDS builders: every dataset is written once as array_record and read back by index.
 
 A dataset is three tables, each a TFDS builder config:
-- `pairs`: split "train", one positive (query, document) pair per record;
-- `corpus`: splits "val"/"test", the candidates {id, text} of each evaluation split;
-- `queries`: splits "val"/"test", {id, text, relevant: corpus ids, self: the query's
-  own corpus id or -1 (a query never retrieves itself)}.
+- `pairs`: split "train", one positive (query, document) pair per record, with each
+  side's categorical fields as JSON (query_fields, document_fields; "" when none);
+- `corpus`: splits "val"/"test", the candidates {id, text, fields} of each evaluation
+  split;
+- `queries`: splits "val"/"test", {id, text, fields, relevant: corpus ids, self: the
+  query's own corpus id or -1 (a query never retrieves itself)}.
 Builders only implement `_load(settings) -> RawData`; writing and reading are shared.
 
 The config name carries a hash of everything that shapes the data (sizes, seed, file
@@ -43,18 +45,31 @@ class TableConfig(tfds.core.BuilderConfig):
 
 
 _FEATURES = {
-    "pairs": lambda: {"query": tfds.features.Text(), "document": tfds.features.Text()},
-    "corpus": lambda: {"id": np.int64, "text": tfds.features.Text()},
+    "pairs": lambda: {"query": tfds.features.Text(), "document": tfds.features.Text(),
+                      "query_fields": tfds.features.Text(),
+                      "document_fields": tfds.features.Text()},
+    "corpus": lambda: {"id": np.int64, "text": tfds.features.Text(),
+                       "fields": tfds.features.Text()},
     "queries": lambda: {"id": np.int64, "text": tfds.features.Text(),
+                        "fields": tfds.features.Text(),
                         "relevant": tfds.features.Sequence(np.int64), "self": np.int64},
 }
+
+
+def _json(fields: dict | None) -> str:
+    """Categorical fields as stored: JSON, or "" for none."""
+    return json.dumps(fields, sort_keys=True) if fields else ""
+
+
+def _fields(raw: bytes) -> dict | None:
+    return json.loads(raw.decode("utf-8")) if raw else None
 _last_load: dict = {}  # one RawData, shared by the three tables of one dataset
 
 
 class _RetrievalBuilder(tfds.core.GeneratorBasedBuilder):
     """Shared writing logic; subclasses implement `_load` from their settings."""
 
-    VERSION = tfds.core.Version("2.0.0")
+    VERSION = tfds.core.Version("2.1.0")  # 2.1.0: categorical fields
 
     def _load(self, settings: dict) -> RawData:
         raise NotImplementedError
@@ -77,13 +92,20 @@ class _RetrievalBuilder(tfds.core.GeneratorBasedBuilder):
         if table == "pairs":
             if not data.train_pairs:
                 raise DataError(f"{type(self).__name__}: no training pairs in this dataset")
+            fields = data.train_fields or [({}, {})] * len(data.train_pairs)
             return {"train": self._generate_examples(
-                {"query": q, "document": d} for q, d in data.train_pairs)}
+                {"query": q, "document": d, "query_fields": _json(qf),
+                 "document_fields": _json(df)}
+                for (q, d), (qf, df) in zip(data.train_pairs, fields))}
         if table == "corpus":
-            return {s: self._generate_examples({"id": i, "text": t} for i, t in enumerate(task.corpus))
-                    for s, task in data.tasks.items()}
+            return {s: self._generate_examples(
+                {"id": i, "text": t, "fields": _json(task.corpus_fields[i]
+                                                     if task.corpus_fields else None)}
+                for i, t in enumerate(task.corpus)) for s, task in data.tasks.items()}
         return {s: self._generate_examples(
-            {"id": i, "text": q, "relevant": sorted(rel), "self": int(own)}
+            {"id": i, "text": q, "fields": _json(task.query_fields[i] if task.query_fields
+                                                 else None),
+             "relevant": sorted(rel), "self": int(own)}
             for i, (q, rel, own) in enumerate(zip(task.queries, task.relevant,
                                                   task.query_corpus_index)))
             for s, task in data.tasks.items()}
@@ -121,14 +143,28 @@ def drop_incoherent(items: list[tuple[str, int, str]], min_coherence: float) -> 
     return {c for c, sets in members.items() if clusters.cluster_coherence(sets) < min_coherence}
 
 
-def _cluster_raw(train_pairs, items, settings) -> RawData:
-    """RawData from clustered questions, after the optional coherence filter."""
+def _cluster_raw(train_pairs, items, settings, train_fields=None, fields_of=None) -> RawData:
+    """RawData from clustered questions, after the optional coherence filter.
+
+    fields_of: {"query": {normalised text: fields}, "document": ...}: the categorical
+    fields a text had where it was that side of a pair; evaluation queries take the query
+    side's, candidates the document side's (missing where the text never was that side).
+    """
     dropped = drop_incoherent(items, settings["min_cluster_coherence"])
     if dropped:
         cluster_of = {t: c for t, c, _ in items}
-        train_pairs = [(q, d) for q, d in train_pairs if cluster_of[q] not in dropped]
+        keep = [cluster_of[q] not in dropped for q, _ in train_pairs]
+        train_pairs = [p for p, k in zip(train_pairs, keep) if k]
+        train_fields = train_fields and [f for f, k in zip(train_fields, keep) if k]
         items = [it for it in items if it[1] not in dropped]
-    return RawData(train_pairs, cluster_tasks(items, settings["candidates"]))
+    tasks = cluster_tasks(items, settings["candidates"])
+    if fields_of:
+        for split, task in tasks.items():
+            tasks[split] = dataclasses.replace(
+                task, corpus_fields=[fields_of["document"].get(normalize(t), {})
+                                     for t in task.corpus],
+                query_fields=[fields_of["query"].get(normalize(t), {}) for t in task.queries])
+    return RawData(train_pairs, tasks, train_fields)
 
 
 class SyntheticParaphrase(_RetrievalBuilder):
@@ -155,7 +191,9 @@ class PairsFile(_RetrievalBuilder):
     """
 
     def _load(self, settings):
-        pairs = pairs_file.read_pairs(settings["path"], skip_bad_lines=settings["skip_bad_lines"])
+        records = pairs_file.read_pair_records(settings["path"],
+                                               skip_bad_lines=settings["skip_bad_lines"])
+        pairs = [(r.query, r.document) for r in records]
         cluster_of = clusters.cluster_pairs([(normalize(q), normalize(d)) for q, d in pairs])
         fractions = {"train": 1.0 - settings["val_fraction"] - settings["test_fraction"],
                      "val": settings["val_fraction"], "test": settings["test_fraction"]}
@@ -168,17 +206,25 @@ class PairsFile(_RetrievalBuilder):
                     f"{settings['path']}: {len(split_of)} clusters of pairs leave split "
                     f"{name!r} empty ({counts}); give more pairs or adjust "
                     "data.val_fraction / data.test_fraction")
-        train, items, seen = [], [], set()
-        for q, d in pairs:
+        train, train_fields, items, seen = [], [], [], set()
+        fields_of = {"query": {}, "document": {}}  # first fields seen per text and side
+        for r in records:
+            q, d = r.query, r.document
             c = cluster_of[normalize(q)]
             split = names[split_of[c]]
             if split == "train":
                 train.append((q, d))
+                train_fields.append((r.query_fields, r.document_fields))
             for t in (q, d):  # the first spelling of each normalised text represents it
                 if normalize(t) not in seen:
                     seen.add(normalize(t))
                     items.append((t, c, split))
-        return _cluster_raw(train, items, settings)
+            for side, t, f in (("query", q, r.query_fields), ("document", d, r.document_fields)):
+                if f:
+                    fields_of[side].setdefault(normalize(t), f)
+        has_fields = any(fields_of.values())
+        return _cluster_raw(train, items, settings, train_fields if has_fields else None,
+                            fields_of if has_fields else None)
 
 
 class Quora(PairsFile):
@@ -284,7 +330,8 @@ def prepare(data_cfg: ml_collections.ConfigDict, seed: int, tfds_dir: str, table
 
 
 def train_source(data_cfg, seed: int, tfds_dir: str):
-    """Random-access source of training pairs: records {"query": bytes, "document": bytes}."""
+    """Random-access source of training pairs: records {"query", "document": bytes,
+    "query_fields", "document_fields": JSON bytes, b"" when none}."""
     return prepare(data_cfg, seed, tfds_dir, "pairs").as_data_source(split="train")
 
 
@@ -304,8 +351,12 @@ def eval_task(data_cfg, seed: int, tfds_dir: str, split: str) -> RetrievalTask:
     """The retrieval task of an evaluation split ("val" or "test")."""
     corpus = _read_sorted(prepare(data_cfg, seed, tfds_dir, "corpus").as_data_source(split=split))
     queries = _read_sorted(prepare(data_cfg, seed, tfds_dir, "queries").as_data_source(split=split))
+    corpus_fields = [_fields(r["fields"]) for r in corpus]
+    query_fields = [_fields(r["fields"]) for r in queries]
     return RetrievalTask(
         corpus=[r["text"].decode("utf-8") for r in corpus],
         queries=[r["text"].decode("utf-8") for r in queries],
         relevant=[frozenset(int(j) for j in r["relevant"]) for r in queries],
-        query_corpus_index=np.asarray([int(r["self"]) for r in queries], np.int64))
+        query_corpus_index=np.asarray([int(r["self"]) for r in queries], np.int64),
+        corpus_fields=corpus_fields if any(corpus_fields) else None,
+        query_fields=query_fields if any(query_fields) else None)

@@ -136,6 +136,9 @@ class RetrievalTask:
     # int [num_queries]: the query's own index in the corpus, or -1, so that
     # search can exclude it (a query never retrieves itself).
     query_corpus_index: np.ndarray
+    # Categorical fields per candidate / per query ({name: value}), when the data has any.
+    corpus_fields: list[dict] | None = None
+    query_fields: list[dict] | None = None
 
     def __post_init__(self):
         n = len(self.queries)
@@ -213,3 +216,5 @@ class RawData:
 
     train_pairs: list[tuple[str, str]]  # positive (query, document) pairs
     tasks: dict[str, RetrievalTask]
+    # Per training pair, the (query, document) categorical fields, when the data has any.
+    train_fields: list[tuple[dict, dict]] | None = None

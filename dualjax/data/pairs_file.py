@@ -5,7 +5,9 @@ Two formats, chosen by the file extension:
 * ``.tsv`` / ``.txt``: one pair per line, ``query<TAB>document`` (exactly one
     tab per line).
 * ``.jsonl`` / ``.json``: one JSON object per line with string fields
-    ``query`` and ``document``; other fields are ignored.
+    ``query`` and ``document``, and optionally objects ``query_fields`` and
+    ``document_fields`` of categorical fields (``{"category": "shoes"}``; values
+    are strings, numbers, booleans or null); other keys are ignored.
 
 Every problem is reported as a :class:`DataError` whose message names the file
 and the (1-based) line number, or, with ``skip_bad_lines=True``, the bad lines
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import NamedTuple
 
 from absl import logging
 
@@ -31,7 +34,29 @@ class DataError(ValueError):
     """Bad input data; the message names the file and line."""
 
 
-def _parse_tsv_line(line: str) -> tuple[str, str]:
+class PairRecord(NamedTuple):
+    """One line: the pair and each side's categorical fields ({} when none)."""
+    query: str
+    document: str
+    query_fields: dict
+    document_fields: dict
+
+
+def _parse_fields(obj: dict, key: str) -> dict:
+    value = obj.get(key, {})
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"field {key!r} must be an object of categorical fields, got "
+                         f"{type(value).__name__}")
+    for name, v in value.items():
+        if not (v is None or isinstance(v, (str, int, float, bool))):
+            raise ValueError(f"{key}.{name} must be a string, number, boolean or null, got "
+                             f"{type(v).__name__}")
+    return value
+
+
+def _parse_tsv_line(line: str) -> PairRecord:
     tabs = line.count("\t")
     if tabs == 0:
         raise ValueError("no tab: expected 'query<TAB>document'")
@@ -39,10 +64,10 @@ def _parse_tsv_line(line: str) -> tuple[str, str]:
         raise ValueError(
                 f"{tabs} tabs: expected exactly one tab between query and document")
     query, document = line.split("\t")
-    return query, document
+    return PairRecord(query, document, {}, {})
 
 
-def _parse_jsonl_line(line: str) -> tuple[str, str]:
+def _parse_jsonl_line(line: str) -> PairRecord:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
@@ -59,7 +84,8 @@ def _parse_jsonl_line(line: str) -> tuple[str, str]:
             raise ValueError(
                     f"field {field!r} must be a string, got {type(value).__name__}")
         sides.append(value)
-    return sides[0], sides[1]
+    return PairRecord(sides[0], sides[1], _parse_fields(obj, "query_fields"),
+                      _parse_fields(obj, "document_fields"))
 
 
 def _read_bytes(path: str | os.PathLike) -> bytes:
@@ -77,7 +103,15 @@ def _read_bytes(path: str | os.PathLike) -> bytes:
 def read_pairs(
         path: str | os.PathLike, skip_bad_lines: bool = False
 ) -> list[tuple[str, str]]:
-    """Reads positive (query, document) pairs from a TSV or JSONL file.
+    """The positive (query, document) pairs of `read_pair_records`."""
+    return [(r.query, r.document) for r in read_pair_records(path, skip_bad_lines)]
+
+
+def read_pair_records(
+        path: str | os.PathLike, skip_bad_lines: bool = False
+) -> list[PairRecord]:
+    """Reads positive (query, document) pairs, with any categorical fields, from a TSV or
+    JSONL file.
 
     Args:
         path: the file; its extension picks the format (see the module docstring).
@@ -85,7 +119,7 @@ def read_pairs(
             instead of raising.
 
     Returns:
-        The pairs in file order, each side as written in the file (a trailing
+        The records in file order, each side as written in the file (a trailing
         carriage return of a CRLF line ending is removed).
 
     Raises:
@@ -111,7 +145,7 @@ def read_pairs(
         # A trailing newline at EOF ends the last line; it is not an empty line.
         raw_lines.pop()
 
-    pairs: list[tuple[str, str]] = []
+    pairs: list[PairRecord] = []
     bad: list[tuple[int, str]] = []  # (line number, reason)
     for lineno, raw in enumerate(raw_lines, start=1):
         if raw.endswith(b"\r"):
@@ -125,8 +159,8 @@ def read_pairs(
                         f"{e.start + 1})") from None
             if not line.strip():
                 raise ValueError("empty line")
-            query, document = parse(line)
-            for side, value in (("query", query), ("document", document)):
+            record = parse(line)
+            for side, value in (("query", record.query), ("document", record.document)):
                 if not text_lib.normalize(value):
                     raise ValueError(
                             f"{side} is empty after normalisation: {value!r}")
@@ -135,7 +169,7 @@ def read_pairs(
                 raise DataError(f"{path}:{lineno}: {e}") from None
             bad.append((lineno, str(e)))
             continue
-        pairs.append((query, document))
+        pairs.append(record)
 
     if bad:
         shown = ", ".join(str(n) for n, _ in bad[:_MAX_REPORTED_LINES])

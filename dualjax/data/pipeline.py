@@ -8,6 +8,7 @@ so a resumed run sees exactly the batches an uninterrupted one would have.
 
 from __future__ import annotations
 
+import json
 import zlib
 from typing import Sequence
 
@@ -15,8 +16,8 @@ import grain
 import jax
 import numpy as np
 
+from dualjax.features import Inputs
 from dualjax.text import normalize
-from dualjax.tokenizers import Tokenizer
 
 
 def read_records(source, indices: Sequence[int]) -> list:
@@ -32,29 +33,40 @@ def text_ids(texts: Sequence[str]) -> np.ndarray:
     return np.asarray([zlib.crc32(normalize(t).encode()) & 0x7FFFFFFF for t in texts], np.int32)
 
 
+def record_fields(record: dict, key: str) -> dict | None:
+    """The categorical fields stored (as JSON) under `key` of a pairs record, or None."""
+    raw = record.get(key)
+    return json.loads(raw.decode("utf-8")) if raw else None
+
+
 class ReadPairs(grain.transforms.Map):
-    """A batch of record indices -> {q_ids, q_mask, d_ids, d_mask} [batch, max_len] and
-    doc_ids [batch] (`text_ids` of the documents, for masking accidental hits).
+    """A batch of record indices -> {q_ids, q_mask} [batch, query max_len], {d_ids,
+    d_mask} [batch, document max_len], q_cats / d_cats [batch, fields] for a side with
+    categorical fields, and doc_ids [batch] (`text_ids` of the documents, for masking
+    accidental hits).
 
     Records are read with one bulk `__getitems__` per batch: array_record then fetches
     them together, many times faster than one random read per record.
     """
 
-    def __init__(self, source, tokenizer: Tokenizer, max_len: int):
-        self._source, self._tokenizer, self._max_len = source, tokenizer, max_len
+    def __init__(self, source, inputs: Inputs):
+        self._source, self._inputs = source, inputs
 
     def map(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         records = read_records(self._source, indices.tolist())
         out = {}
-        for side, key in (("q", "query"), ("d", "document")):
+        for prefix, key, side in (("q", "query", self._inputs.query),
+                                  ("d", "document", self._inputs.document)):
             texts = [r[key].decode("utf-8") for r in records]
-            out[f"{side}_ids"], out[f"{side}_mask"] = self._tokenizer.encode(texts, self._max_len)
+            fields = ([record_fields(r, f"{key}_fields") for r in records]
+                      if side.features else None)
+            out.update({f"{prefix}_{k}": v for k, v in side.encode(texts, fields).items()})
         out["doc_ids"] = text_ids(texts)  # the documents: the last side encoded
         return out
 
 
-def train_iterator(source, tokenizer: Tokenizer, max_len: int, global_batch_size: int,
-                   seed: int, worker_count: int = 0) -> grain.DatasetIterator:
+def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
+                   worker_count: int = 0) -> grain.DatasetIterator:
     """An endless iterator of this process's share of each global training batch.
 
     Every epoch is reshuffled (seeded); the last incomplete batch of an epoch does not
@@ -66,7 +78,7 @@ def train_iterator(source, tokenizer: Tokenizer, max_len: int, global_batch_size
                          f"{n_proc} processes")
     ds = grain.MapDataset.range(len(source))[jax.process_index()::n_proc]
     ds = ds.shuffle(seed=seed).repeat().batch(global_batch_size // n_proc)
-    ds = ds.map(ReadPairs(source, tokenizer, max_len)).to_iter_dataset()
+    ds = ds.map(ReadPairs(source, inputs)).to_iter_dataset()
     if worker_count > 0:
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
     return iter(ds)

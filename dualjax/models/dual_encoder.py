@@ -1,9 +1,10 @@
 """The dual encoder: a query tower and a document tower (one shared, or two), L2-
 normalised outputs, and the similarity's scale and bias that turn cosines into logits.
 
-Pure-functional: build the module with `make_model(config.model, vocab_size)`, get the
-params pytree (plain arrays) from `init_params`, and call `model.apply({"params": p}, ids,
-mask, method="encode_queries")` and friends. `logical_axes` gives every param's logical
+Pure-functional: build the module with `make_model(config.model, vocab_size,
+feature_sizes)`, get the params pytree (plain arrays) from `init_params`, and call
+`model.apply({"params": p}, ids, mask, cats, method="encode_queries")` and friends (cats:
+the side's categorical feature ids [batch, num_fields], when it has any). `logical_axes` gives every param's logical
 axis names (a PartitionSpec per param, same tree) for sharding them over a mesh.
 """
 from __future__ import annotations
@@ -43,10 +44,18 @@ class DualEncoder(nn.Module):
     """
     config: ml_collections.ConfigDict
     vocab_size: int
+    query_features: tuple[tuple[int, int], ...] = ()  # (table rows, size) per categorical field
+    doc_features: tuple[tuple[int, int], ...] = ()
 
     def setup(self):
         cfg = self.config
         q_tower, d_tower = tower_names(cfg)
+        # Categorical fields: one table per field and side (shared towers: one set).
+        self.query_tables = [self._feature_table(n, d, f"query_feature_{i}")
+                             for i, (n, d) in enumerate(self.query_features)]
+        self.doc_tables = (self.query_tables if cfg.shared_towers else
+                           [self._feature_table(n, d, f"doc_feature_{i}")
+                            for i, (n, d) in enumerate(self.doc_features)])
         if cfg.shared_towers:
             self.query_tower = TOWERS[q_tower](cfg, self.vocab_size, "tower")
             self.doc_tower = self.query_tower
@@ -61,11 +70,28 @@ class DualEncoder(nn.Module):
             self.alpha = self.param("alpha", nn.initializers.constant(cfg.init_scale), ())
             self.beta = self.param("beta", nn.initializers.constant(cfg.init_bias), ())
 
-    def encode_queries(self, ids: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
-        return l2_normalize(self.query_tower(ids, mask))
+    def _feature_table(self, rows: int, dim: int, name: str) -> nn.Embed:
+        init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.1),
+                                            ("feature_vocab", "feature_embed"))
+        return nn.Embed(rows, dim, embedding_init=init, name=name)
 
-    def encode_documents(self, ids: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
-        return l2_normalize(self.doc_tower(ids, mask))
+    @staticmethod
+    def _features(tables, cats: jnp.ndarray | None) -> jnp.ndarray | None:
+        """The concatenated feature vectors [b, sum of sizes] of cats [b, num_fields]."""
+        if not tables:
+            return None
+        if cats is None or cats.shape[-1] != len(tables):
+            raise ValueError(f"expected categorical ids for {len(tables)} field(s), got "
+                             f"{None if cats is None else cats.shape}")
+        return jnp.concatenate([t(cats[:, i]) for i, t in enumerate(tables)], axis=-1)
+
+    def encode_queries(self, ids: jnp.ndarray, mask: jnp.ndarray,
+                       cats: jnp.ndarray | None = None) -> jnp.ndarray:
+        return l2_normalize(self.query_tower(ids, mask, self._features(self.query_tables, cats)))
+
+    def encode_documents(self, ids: jnp.ndarray, mask: jnp.ndarray,
+                         cats: jnp.ndarray | None = None) -> jnp.ndarray:
+        return l2_normalize(self.doc_tower(ids, mask, self._features(self.doc_tables, cats)))
 
     def scale_and_bias(self) -> tuple[jnp.ndarray, jnp.ndarray]:
         """(scale, bias) such that logits = scale * cosine + bias."""
@@ -73,23 +99,31 @@ class DualEncoder(nn.Module):
             return self.alpha, self.beta
         return jnp.float32(1.0 / self.config.temperature), jnp.float32(0.0)
 
-    def __call__(self, q_ids, q_mask, d_ids, d_mask):
+    def __call__(self, q_ids, q_mask, d_ids, d_mask, q_cats=None, d_cats=None):
         """Both towers and the similarity (used to create every parameter at init)."""
-        q = self.encode_queries(q_ids, q_mask)
-        d = self.encode_documents(d_ids, d_mask)
+        q = self.encode_queries(q_ids, q_mask, q_cats)
+        d = self.encode_documents(d_ids, d_mask, d_cats)
         scale, bias = self.scale_and_bias()
         return q, d, scale, bias
 
 
-def make_model(model_config: ml_collections.ConfigDict, vocab_size: int) -> DualEncoder:
-    return DualEncoder(ml_collections.FrozenConfigDict(model_config), vocab_size)
+def make_model(model_config: ml_collections.ConfigDict, vocab_size: int,
+               feature_sizes: dict[str, tuple[tuple[int, int], ...]] | None = None
+               ) -> DualEncoder:
+    """feature_sizes: {"query": ((rows, size), ...), "document": ...} of the categorical
+    fields (`features.Inputs.feature_sizes()`); None: none."""
+    sizes = feature_sizes or {}
+    return DualEncoder(ml_collections.FrozenConfigDict(model_config), vocab_size,
+                       tuple(sizes.get("query", ())), tuple(sizes.get("document", ())))
 
 
 def _init_boxed(model: DualEncoder, rng: jax.Array, max_len: int) -> dict:
     """The params with their nn.LogicallyPartitioned boxes, from dummy inputs [1, max_len]."""
     ids = jnp.ones((1, max_len), jnp.int32)
     mask = jnp.ones((1, max_len), bool)
-    return model.init(rng, ids, mask, ids, mask)["params"]
+    cats = lambda sizes: jnp.zeros((1, len(sizes)), jnp.int32) if sizes else None
+    return model.init(rng, ids, mask, ids, mask, cats(model.query_features),
+                      cats(model.doc_features))["params"]
 
 
 def init_params(model: DualEncoder, rng: jax.Array, max_len: int) -> dict:

@@ -1,7 +1,9 @@
 """Text towers: Flax linen modules mapping token ids to one vector per text.
 
 Each tower takes `ids` int32 [batch, len] and `mask` bool [batch, len] (True on real
-tokens) and returns float32 [batch, dim]. Towers are looked up by name in `TOWERS`
+tokens), and optionally `extra` float [batch, e] (categorical feature vectors, appended
+to the text vector before the tower's dense layers: bow_mlp's MLP, cnn's and the
+transformer's output layer), and returns float32 [batch, dim]. Towers are looked up by name in `TOWERS`
 (`model.tower`, or `model.query_tower` / `model.doc_tower` per side); each constructor
 takes the `model` config group, the vocabulary size, the module name and optionally a
 token-embedding module to use instead of its own table (`model.shared_embedding`: one
@@ -124,6 +126,11 @@ def _own_or_shared(embed: nn.Module | None, vocab_size: int, dim: int, std: floa
     return embed if embed is not None else _table(vocab_size, dim, std, "embed")
 
 
+def _concat(x: jnp.ndarray, extra: jnp.ndarray | None) -> jnp.ndarray:
+    """x [b, d] with the categorical feature vectors extra [b, e] appended (if any)."""
+    return x if extra is None else jnp.concatenate([x, extra.astype(x.dtype)], axis=-1)
+
+
 class BowTower(nn.Module):
     """Mean of word embeddings over non-pad tokens (Gillick et al. 2018)."""
     vocab_size: int
@@ -132,7 +139,11 @@ class BowTower(nn.Module):
     embed: nn.Module | None = None  # a shared token table instead of this tower's own
 
     @nn.compact
-    def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
+    def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray,
+                 extra: jnp.ndarray | None = None) -> jnp.ndarray:
+        if extra is not None:  # config_lib rejects this earlier, with the key to change
+            raise ValueError("the bow tower has no layer above the mean to feed categorical "
+                             "features to; use bow_mlp, cnn or transformer")
         table = _own_or_shared(self.embed, self.vocab_size, self.embed_dim, self.init_std)
         return masked_mean(table(ids).astype(jnp.float32), mask)
 
@@ -147,9 +158,11 @@ class BowMlpTower(nn.Module):
     embed: nn.Module | None = None
 
     @nn.compact
-    def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
+    def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray,
+                 extra: jnp.ndarray | None = None) -> jnp.ndarray:
         x = BowTower(self.vocab_size, self.embed_dim, self.init_std, self.embed,
                      name="bow")(ids, mask)
+        x = _concat(x, extra)
         x = jnp.tanh(nn.Dense(self.hidden_dim, name="hidden")(x))
         return jnp.tanh(nn.Dense(self.output_dim, name="output")(x))
 
@@ -171,13 +184,15 @@ class CnnTower(nn.Module):
     embed: nn.Module | None = None
 
     @nn.compact
-    def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
+    def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray,
+                 extra: jnp.ndarray | None = None) -> jnp.ndarray:
         table = _own_or_shared(self.embed, self.vocab_size, self.embed_dim, self.init_std)
         x = table(ids).astype(jnp.float32) * mask[..., None]  # [b, len, embed]
         pooled = [masked_max(jnp.tanh(nn.Conv(self.filters, (w,), padding="SAME",
                                               name=f"conv_{w}")(x)), mask)
                   for w in self.windows]  # each [b, filters]
-        return nn.Dense(self.output_dim, name="output")(jnp.concatenate(pooled, axis=-1))
+        return nn.Dense(self.output_dim, name="output")(
+            _concat(jnp.concatenate(pooled, axis=-1), extra))
 
 
 class SelfAttention(nn.Module):
@@ -256,7 +271,8 @@ class TransformerTower(nn.Module):
     embed: nn.Module | None = None
 
     @nn.compact
-    def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
+    def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray,
+                 extra: jnp.ndarray | None = None) -> jnp.ndarray:
         batch, length = ids.shape
         if length > self.max_positions:
             raise ValueError(f"transformer tower: texts of {length} tokens are longer than "
@@ -275,6 +291,7 @@ class TransformerTower(nn.Module):
                              name=f"layer_{i}")(x, keys)
         x = _layer_norm(self.dtype, "ln_final")(x).astype(jnp.float32)
         pooled = x[:, 0] if self.pooling == "cls" else masked_mean(x[:, 1:], mask)
+        pooled = _concat(pooled, extra)
         out = nn.Dense(self.output_dim, dtype=self.dtype, name="output",
                        kernel_init=_axes(init, "embed", "output"),
                        bias_init=_axes(_zeros, "output"))(pooled.astype(self.dtype))
