@@ -132,6 +132,10 @@ def get_config() -> ml_collections.ConfigDict:
                                     # unit embeddings keep ||q - d||^2 in [0, 4])
     c.loss.remove_accidental_hits = True  # when batches carry document ids: a column with the
                                     # row's positive's id is not one of its negatives
+    c.loss.num_mixed_negatives = 0  # U documents drawn uniformly from the training pairs'
+                                    # documents per step, added as negatives of every row
+                                    # (Yang et al. 2020's mixed negative sampling; a multiple
+                                    # of the device count; 0: off)
     c.loss.log_q_buckets = 0        # logQ correction (Yi et al. 2019) for in_batch_softmax and
                                     # sdml: subtract log of each document's estimated sampling
                                     # probability; buckets of its streaming estimate (0: off)

@@ -161,6 +161,14 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
               "optimizer.grad_clip_norm", "optimizer.weight_decay", "data.worker_count",
               "mesh.num_devices", "model.query_max_len", "model.doc_max_len",
               "model.feature_vocab_size", "model.feature_buckets", allow_zero=True)
+    mixed = config.loss.num_mixed_negatives
+    if mixed < 0 or mixed % num_devices:
+        raise ConfigError(f"config.loss.num_mixed_negatives={mixed} must be a multiple of the "
+                          f"{num_devices} devices of the mesh (0: off)")
+    if mixed and config.loss.log_q_buckets:
+        raise ConfigError("config.loss.log_q_buckets (logQ correction) does not combine with "
+                          "loss.num_mixed_negatives: the uniform draws have another sampling "
+                          "probability; set one of them to 0")
     if config.global_batch_size % num_devices:
         raise ConfigError(f"config.global_batch_size={config.global_batch_size} must be divisible "
                           f"by the {num_devices} devices of the mesh (config.mesh.num_devices)")

@@ -158,7 +158,13 @@ def make_train_step(model, tx, schedule, loss_fn, state_sharding, batch_sharding
             q, d, scale, bias = model.apply({"params": params}, batch["q_ids"], batch["q_mask"],
                                             batch["d_ids"], batch["d_mask"], batch.get("q_cats"),
                                             batch.get("d_cats"), rngs={"dropout": rng})
-            loss, aux = loss_fn(q, d, scale, bias, extras or None)
+            more = {}
+            if "m_ids" in batch:  # mixed negatives: uniformly drawn documents, same tower
+                more["mixed_negatives"] = model.apply(
+                    {"params": params}, batch["m_ids"], batch["m_mask"], batch.get("m_cats"),
+                    method="encode_documents")
+                more["mixed_negative_ids"] = batch["m_doc_ids"]
+            loss, aux = loss_fn(q, d, scale, bias, {**extras, **more} or None)
             return loss, {**aux, "scale": scale}
 
         (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(state["params"])
@@ -212,7 +218,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         inputs = load_inputs(config, workdir, lambda: pair_texts(source),
                              lambda: pair_fields(source))
         data_iter = pipeline.train_iterator(source, inputs, config.global_batch_size,
-                                            config.seed, config.data.worker_count)
+                                            config.seed, config.data.worker_count,
+                                            config.loss.num_mixed_negatives)
         logging.info("Training pairs: %d; global batch %d over %d devices", len(source),
                      config.global_batch_size, mesh.devices.size)
     else:

@@ -321,6 +321,30 @@ def test_query_and_document_max_lengths_and_categorical_fields(train_src, tokeni
         assert cat == (q % 2 + 1 if q < 6 else 0)  # s0 -> 1, s1 -> 2, none -> missing
 
 
+def test_mixed_negatives_are_uniform_draws_of_training_documents():
+    n = 24
+    src, tok = _indexed_source(n)
+    inputs = _inputs(tok, 3)
+    it = pipeline.train_iterator(src, inputs, 6, seed=SEED, num_mixed_negatives=8)
+    batches = _take(it, 300)
+    b = batches[0]
+    assert b["m_ids"].shape == (8, 3) and b["m_doc_ids"].shape == (8,)
+    drawn = np.concatenate([x["m_ids"][:, 0] - 1 - n for x in batches])  # d{i} -> i
+    assert drawn.min() >= 0 and drawn.max() < n
+    counts = np.bincount(drawn, minlength=n)  # 2400 draws, 100 expected per document
+    assert counts.min() > 60 and counts.max() < 140
+    np.testing.assert_array_equal(b["m_doc_ids"], pipeline.text_ids(
+        [f"d{i}" for i in b["m_ids"][:, 0] - 1 - n]))
+    again = pipeline.train_iterator(src, inputs, 6, seed=SEED, num_mixed_negatives=8)
+    _assert_same(_take(again, 3), batches[:3])  # seeded
+    it2 = pipeline.train_iterator(src, inputs, 6, seed=SEED, num_mixed_negatives=8)
+    _take(it2, 5)
+    state = it2.get_state()
+    resumed = pipeline.train_iterator(src, inputs, 6, seed=SEED, num_mixed_negatives=8)
+    resumed.set_state(state)
+    _assert_same(_take(resumed, 2), batches[5:7])
+
+
 def _indexed_source(n):
     """Records whose query is word q{i} and document word d{i}, and a tokenizer where
     q{i} -> id i + 1 and d{i} -> id n + i + 1."""

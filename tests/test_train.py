@@ -109,6 +109,7 @@ def test_non_finite_loss_stops_without_saving(tmp_path):
     ("global_batch_size", 30, "config.global_batch_size=30 must be divisible by the 8 devices"),
     ("data.name", "nope", "config.data.name='nope' is not one of: synthetic_paraphrase, pairs"),
     ("eval.top_k", 0, "config.eval.top_k=0 must be > 0"),
+    ("loss.num_mixed_negatives", 12, "num_mixed_negatives=12 must be a multiple of the 8"),
 ])
 def test_bad_config_values_fail_before_any_work(tmp_path, key, value, message):
     with pytest.raises(config_lib.ConfigError, match=message.replace("(", r"\(")):
@@ -212,6 +213,33 @@ def test_duplicate_documents_in_a_batch_are_masked_as_accidental_hits(tmp_path):
         train.train_and_evaluate(cfg, str(workdir))
         first_loss[remove] = train_rows(workdir)[0]["loss"]
     assert first_loss[True] < first_loss[False] - 0.05  # measured: 3.407 vs 3.539
+
+
+def test_mixed_negatives_join_the_columns_and_resume_exactly(tmp_path):
+    """U uniformly drawn documents per step add U columns: the first step's loss grows
+    (more negatives), and a run stopped and resumed draws the same documents."""
+    first = {}
+    for mixed in (0, 64):
+        workdir = tmp_path / f"mixed_{mixed}"
+        train.train_and_evaluate(tiny(**{"loss.num_mixed_negatives": mixed, "eval.index": "exact",
+                                         "num_train_steps": 10}), str(workdir))
+        first[mixed] = train_rows(workdir)[0]["loss"]
+    assert first[64] > first[0] + 0.1  # log(32 + 64) vs log(32) at the start
+    cfg = tiny(**{"loss.num_mixed_negatives": 64, "eval.index": "exact", "num_train_steps": 10})
+    split = str(tmp_path / "split")
+
+    def preempt_at_4(step, _):
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    assert train.train_and_evaluate(cfg, split, hooks=[preempt_at_4]) == {}
+    train.train_and_evaluate(cfg, split)
+    for x, y in zip(jax.tree.leaves(final_params(tmp_path / "mixed_64", 10)),
+                    jax.tree.leaves(final_params(split, 10))):
+        np.testing.assert_array_equal(x, y)
+    with pytest.raises(config_lib.ConfigError, match="does not combine"):
+        train.train_and_evaluate(tiny(**{"loss.num_mixed_negatives": 8,
+                                         "loss.log_q_buckets": 64}), str(tmp_path / "bad"))
 
 
 def test_log_q_correction_keeps_its_frequency_estimate_in_the_checkpoint(tmp_path):

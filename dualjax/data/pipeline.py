@@ -16,7 +16,7 @@ import grain
 import jax
 import numpy as np
 
-from dualjax.features import Inputs
+from dualjax.features import Inputs, Side
 from dualjax.text import normalize
 
 
@@ -65,20 +65,49 @@ class ReadPairs(grain.transforms.Map):
         return out
 
 
+class MixedNegatives(grain.transforms.RandomMap):
+    """Adds to a batch `count` documents drawn uniformly (with replacement) from every
+    training pair's document (Yang et al. 2020's mixed negative sampling): m_ids, m_mask
+    [count, document max_len], m_cats, and m_doc_ids [count] (`text_ids`).
+
+    grain seeds the rng from the pipeline seed and the batch's index, so the draws are
+    the same after a resume.
+    """
+
+    def __init__(self, source, side: Side, count: int):
+        self._source, self._side, self._count = source, side, count
+
+    def random_map(self, batch: dict, rng: np.random.Generator) -> dict:
+        picks = rng.integers(0, len(self._source), self._count)
+        records = read_records(self._source, picks.tolist())
+        texts = [r["document"].decode("utf-8") for r in records]
+        fields = ([record_fields(r, "document_fields") for r in records]
+                  if self._side.features else None)
+        mixed = {f"m_{k}": v for k, v in self._side.encode(texts, fields).items()}
+        return {**batch, **mixed, "m_doc_ids": text_ids(texts)}
+
+
 def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
-                   worker_count: int = 0) -> grain.DatasetIterator:
+                   worker_count: int = 0, num_mixed_negatives: int = 0
+                   ) -> grain.DatasetIterator:
     """An endless iterator of this process's share of each global training batch.
 
     Every epoch is reshuffled (seeded); the last incomplete batch of an epoch does not
-    exist because the data repeats before batching.
+    exist because the data repeats before batching. With `num_mixed_negatives` U, each
+    process adds its share U / processes of uniformly drawn documents (`MixedNegatives`).
     """
     n_proc = jax.process_count()
-    if global_batch_size % n_proc:
-        raise ValueError(f"global_batch_size={global_batch_size} is not divisible by "
-                         f"{n_proc} processes")
+    for what, value in (("global_batch_size", global_batch_size),
+                        ("num_mixed_negatives", num_mixed_negatives)):
+        if value % n_proc:
+            raise ValueError(f"{what}={value} is not divisible by {n_proc} processes")
     ds = grain.MapDataset.range(len(source))[jax.process_index()::n_proc]
     ds = ds.shuffle(seed=seed).repeat().batch(global_batch_size // n_proc)
-    ds = ds.map(ReadPairs(source, inputs)).to_iter_dataset()
+    ds = ds.map(ReadPairs(source, inputs))
+    if num_mixed_negatives:
+        ds = ds.random_map(MixedNegatives(source, inputs.document, num_mixed_negatives // n_proc),
+                           seed=seed + 1)
+    ds = ds.to_iter_dataset()
     if worker_count > 0:
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
     return iter(ds)
