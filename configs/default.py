@@ -44,6 +44,12 @@ def get_config() -> ml_collections.ConfigDict:
                                     # is below this (Bonadiman et al. eq. 4-5; 0: keep all)
     c.data.worker_count = 0         # grain worker processes (0: read in the main process)
 
+    c.tasks = ml_collections.ConfigDict()  # multi-task (Gillick et al. 2018 2): name ->
+                                    # {"data": a group like c.data, "weight": 1.0}; each step
+                                    # trains on one task drawn by weight, one shared encoder,
+                                    # a scale and bias per task, evaluation per task. When
+                                    # set, c.data is not used (configs/multitask.py)
+
     c.model = ml_collections.ConfigDict()
     c.model.tokenizer = "word"      # "word" (unigrams) | "char_trigram" | "word+char_trigram" |
                                     # "bigram" (unigrams + word bigrams) | "sentencepiece"

@@ -9,6 +9,7 @@ import os
 import ml_collections
 
 from dualjax import baselines, features, index, losses, tokenizers
+from dualjax import tasks as tasks_lib
 from dualjax.data import builders
 from dualjax.models import dual_encoder, towers
 
@@ -139,8 +140,11 @@ def _check_features(model: ml_collections.ConfigDict) -> None:
 
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     """Raises ConfigError for the first value that cannot work."""
-    _one_of("data.name", config.data.name, builders.DATASETS)
-    _one_of("data.candidates", config.data.candidates, builders.CANDIDATES)
+    task_list = tasks_lib.task_configs(config)
+    for name, data, weight in task_list:
+        _check_data(data, f"tasks.{name}.data" if name else "data")
+        if not weight > 0:
+            raise ConfigError(f"config.tasks.{name}.weight={weight} must be > 0")
     _one_of("model.tokenizer", config.model.tokenizer, tokenizers.TOKENIZERS)
     _check_towers(config.model)
     _check_features(config.model)
@@ -172,14 +176,21 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     if config.global_batch_size % num_devices:
         raise ConfigError(f"config.global_batch_size={config.global_batch_size} must be divisible "
                           f"by the {num_devices} devices of the mesh (config.mesh.num_devices)")
-    if config.data.name == "pairs" and not config.data.path:
-        raise ConfigError("config.data.path must name a TSV or JSONL pairs file when "
-                          "config.data.name='pairs'")
-    if config.data.name in ("pairs", "quora", "reqa_squad"):
-        val, test = config.data.val_fraction, config.data.test_fraction
+
+
+def _check_data(data: ml_collections.ConfigDict, key: str) -> None:
+    """One data group (config.data, or config.tasks.<name>.data): known dataset and
+    candidates, a pairs file named, split fractions that leave every split non-empty."""
+    _one_of(f"{key}.name", data.name, builders.DATASETS)
+    _one_of(f"{key}.candidates", data.candidates, builders.CANDIDATES)
+    if data.name == "pairs" and not data.path:
+        raise ConfigError(f"config.{key}.path must name a TSV or JSONL pairs file when "
+                          f"config.{key}.name='pairs'")
+    if data.name in ("pairs", "quora", "reqa_squad"):
+        val, test = data.val_fraction, data.test_fraction
         if not (val > 0 and test > 0 and val + test < 1):
-            raise ConfigError(f"config.data.val_fraction={val} and config.data.test_fraction={test}"
-                              " must be > 0 with a sum below 1 (both splits are evaluated)")
+            raise ConfigError(f"config.{key}.val_fraction={val} and config.{key}.test_fraction="
+                              f"{test} must be > 0 with a sum below 1 (both splits are evaluated)")
 
 
 def baseline_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:

@@ -89,16 +89,24 @@ def plot_typo_robustness(path: str, rows: Sequence[dict], title: str = "",
     plt.close(fig)
 
 
+def report_name(task: str = "") -> str:
+    """report.md, or report_<task>.md for one task of a multi-task run."""
+    return f"report_{task}.md" if task else "report.md"
+
+
 def write_report(workdir: str, split: str, step: int, rows: Sequence[dict],
                  ranked: dict[str, np.ndarray], relevant: Sequence[Collection[int]],
-                 corpus_size: int) -> None:
-    """Writes report.md and recall_at_k.png for one evaluated split."""
-    title = f"{split} split, step {step}: {len(relevant)} queries, {corpus_size} candidates"
-    plot_recall(os.path.join(workdir, "recall_at_k.png"), ranked, relevant, title)
+                 corpus_size: int, task: str = "") -> None:
+    """Writes report.md and recall_at_k.png for one evaluated split (with a task name:
+    report_<task>.md and recall_at_k_<task>.png)."""
+    suffix = f"_{task}" if task else ""
+    title = (f"{'task ' + task + ', ' if task else ''}{split} split, step {step}: "
+             f"{len(relevant)} queries, {corpus_size} candidates")
+    plot_recall(os.path.join(workdir, f"recall_at_k{suffix}.png"), ranked, relevant, title)
     parts = [f"# dualjax evaluation report\n\n{title}.\n", markdown_table(rows)]
     ann = ann_section(rows)
     if ann:
         parts.append("\n## Approximate (ScaNN) vs exact search\n\n" + ann)
-    parts.append("\n![recall@k](recall_at_k.png)\n")
-    with open(os.path.join(workdir, "report.md"), "w") as f:
+    parts.append(f"\n![recall@k](recall_at_k{suffix}.png)\n")
+    with open(os.path.join(workdir, report_name(task)), "w") as f:
         f.write("\n".join(parts))

@@ -21,7 +21,7 @@ import ml_collections
 from absl import app, flags, logging
 
 from dualjax import checkpoints, config_lib, evaluate, features, index, sharding, tokenizers, train
-from dualjax.data import builders
+from dualjax import tasks as tasks_lib
 from dualjax.metrics_log import setup_logging
 from dualjax.models import dual_encoder
 
@@ -30,6 +30,8 @@ _QUERY = flags.DEFINE_multi_string("query", [], "A query (repeatable).")
 _QUERIES_FILE = flags.DEFINE_string("queries_file", None, "A file with one query per line.")
 _K = flags.DEFINE_integer("k", 10, "Results per query.")
 _SPLIT = flags.DEFINE_string("split", "test", "Evaluation split whose corpus is searched.")
+_TASK = flags.DEFINE_string("task", "", "Multi-task runs: the task whose corpus is searched "
+                            "(default: the first).")
 
 
 class Trained(NamedTuple):
@@ -56,7 +58,8 @@ def load_trained(workdir: str, config: ml_collections.ConfigDict | None = None) 
     q_len, d_len = config_lib.max_lens(config.model)
     inputs = features.Inputs(features.Side(tokenizer, q_len, sides[0]),
                              features.Side(tokenizer, d_len, sides[1]))
-    model = dual_encoder.make_model(config.model, tokenizer.vocab_size, inputs.feature_sizes())
+    model = dual_encoder.make_model(config.model, tokenizer.vocab_size, inputs.feature_sizes(),
+                                    num_tasks=len(tasks_lib.task_configs(config)))
     tx, _ = train.make_optimizer(config.optimizer, config.num_train_steps)
     init_state = train.make_init_state(model, tx, max(q_len, d_len),
                                        config.loss.get("log_q_buckets", 0))
@@ -78,21 +81,26 @@ def load_trained(workdir: str, config: ml_collections.ConfigDict | None = None) 
 class Searcher:
     """The towers of a workdir's latest checkpoint and an index over a split's corpus."""
 
-    def __init__(self, workdir: str, split: str = "test", k: int = 10):
+    def __init__(self, workdir: str, split: str = "test", k: int = 10, task: str = ""):
         config, self.inputs, model, params, step = load_trained(workdir)
         self.k = k
         self.mesh = sharding.make_mesh()
         encode_queries, encode_documents = train.make_encoders(model)
         self._encode_queries = lambda x: encode_queries(params, x)
-        tfds_dir = config.data.tfds_dir or os.path.join(workdir, "tfds")
-        task = builders.eval_task(config.data, config.seed, tfds_dir, split)
-        self.corpus = task.corpus
+        tasks = {t.name: t for t in tasks_lib.make_tasks(config, workdir)}
+        name = task or next(iter(tasks))
+        if name not in tasks:
+            raise ValueError(f"--task={task!r} is not one of this run's tasks: "
+                             f"{', '.join(tasks)}")
+        data = tasks[name].eval_task(split)
+        self.corpus = data.corpus
         corpus_emb = evaluate.encode_texts(
             lambda x: encode_documents(params, x), self.corpus, self.inputs.document,
-            config.eval.batch_size, self.mesh, desc="encode corpus", fields=task.corpus_fields)
+            config.eval.batch_size, self.mesh, desc="encode corpus", fields=data.corpus_fields)
         self.index, self.info = index.make_index(
             config.eval.index, corpus_emb, config.eval, min(k, len(self.corpus)),
-            directory=os.path.join(workdir, "index", split), extra=f"step {step}")
+            directory=os.path.join(workdir, "index", *([name] if name else []), split),
+            extra=f"step {step}")
         logging.info("%s index over %d candidates (%s)", config.eval.index, len(self.corpus),
                      "built" if self.info["built"] else "loaded")
 
@@ -115,7 +123,7 @@ def main(argv: list[str]) -> None:
             queries += [line.strip() for line in f if line.strip()]
     if not queries:
         sys.exit("dualjax.search: give --query (repeatable) or --queries_file")
-    searcher = Searcher(_WORKDIR.value, _SPLIT.value, _K.value)
+    searcher = Searcher(_WORKDIR.value, _SPLIT.value, _K.value, _TASK.value)
     for query, results in zip(queries, searcher.search(queries)):
         print(f"\n> {query}")
         for rank, (score, text) in enumerate(results, 1):

@@ -8,6 +8,7 @@ preemption) → final evaluation. Everything it writes goes under `workdir`.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import signal
 import time
@@ -23,7 +24,8 @@ from tqdm.auto import tqdm
 
 from dualjax import (checkpoints, config_lib, evaluate, features, frequency, losses, report,
                      sharding, tokenizers)
-from dualjax.data import builders, pipeline
+from dualjax import tasks as tasks_lib
+from dualjax.data import pipeline
 from dualjax.metrics_log import MetricsLog
 from dualjax.models import dual_encoder
 from dualjax.tokenizers import Tokenizer
@@ -155,9 +157,12 @@ def make_train_step(model, tx, schedule, loss_fn, state_sharding, batch_sharding
             extras["log_q_pos"] = frequency.log_q(new_state["frequency"], batch["doc_ids"])
 
         def objective(params):
+            # A batch comes from one task (batch["task"]: its index on every row), whose own
+            # scale and bias turn cosines into logits.
+            task = batch["task"][0] if "task" in batch else None
             q, d, scale, bias = model.apply({"params": params}, batch["q_ids"], batch["q_mask"],
                                             batch["d_ids"], batch["d_mask"], batch.get("q_cats"),
-                                            batch.get("d_cats"), rngs={"dropout": rng})
+                                            batch.get("d_cats"), task, rngs={"dropout": rng})
             more = {}
             if "m_ids" in batch:  # mixed negatives: uniformly drawn documents, same tower
                 more["mixed_negatives"] = model.apply(
@@ -197,7 +202,7 @@ def check_finite(pending: list[tuple[int, dict]], last_saved: int | None) -> Non
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        hooks: Sequence[Hook] = ()) -> dict[str, dict]:
     """Trains (or resumes) and evaluates; returns {"system [index]": row} of the last
-    evaluation split (test).
+    evaluation split (test); with several tasks (`config.tasks`), {"task: system [index]"}.
 
     A SIGTERM during training saves a checkpoint and returns early ({}); running the
     same command again resumes from it.
@@ -208,29 +213,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     os.makedirs(workdir, exist_ok=True)
     config_lib.write(config, workdir)
     log = MetricsLog(workdir)
-    tfds_dir = config.data.tfds_dir or os.path.join(workdir, "tfds")
-    splits = builders.eval_splits(config.data, config.seed, tfds_dir)
+    tasks = tasks_lib.make_tasks(config, workdir)
+    splits = {t.name: t.splits() for t in tasks}
 
-    # Input. With num_train_steps = 0 (evaluation only) no training pairs are needed and
-    # the vocabularies come from the test split.
+    # Input: one iterator per task, one vocabulary over all of them. With num_train_steps
+    # = 0 (evaluation only) no training pairs are needed and the vocabularies come from
+    # the test splits.
     if config.num_train_steps:
-        source = builders.train_source(config.data, config.seed, tfds_dir)
-        inputs = load_inputs(config, workdir, lambda: pair_texts(source),
-                             lambda: pair_fields(source))
-        data_iter = pipeline.train_iterator(source, inputs, config.global_batch_size,
-                                            config.seed, config.data.worker_count,
-                                            config.loss.num_mixed_negatives)
-        logging.info("Training pairs: %d; global batch %d over %d devices", len(source),
-                     config.global_batch_size, mesh.devices.size)
+        sources = [t.train_source() for t in tasks]
+        inputs = load_inputs(config, workdir,
+                             lambda: itertools.chain.from_iterable(map(pair_texts, sources)),
+                             lambda: itertools.chain.from_iterable(map(pair_fields, sources)))
+        data_iters = [pipeline.train_iterator(src, inputs, config.global_batch_size,
+                                              config.seed + i, t.data.worker_count,
+                                              config.loss.num_mixed_negatives)
+                      for i, (t, src) in enumerate(zip(tasks, sources))]
+        for t, src in zip(tasks, sources):
+            logging.info("Training pairs%s: %d; global batch %d over %d devices",
+                         f" of task {t.name} (weight {t.weight})" if t.name else "", len(src),
+                         config.global_batch_size, mesh.devices.size)
     else:
-        test = builders.eval_task(config.data, config.seed, tfds_dir, splits[-1])
-        inputs = load_inputs(config, workdir, lambda: test.corpus + test.queries,
-                             lambda: eval_fields(test))
-        data_iter = None
+        tests = [t.eval_task(splits[t.name][-1]) for t in tasks]
+        inputs = load_inputs(config, workdir,
+                             lambda: [x for e in tests for x in e.corpus + e.queries],
+                             lambda: [f for e in tests for f in eval_fields(e)])
+        data_iters = []
 
     # Model, optimizer and the sharded state.
     model = dual_encoder.make_model(config.model, inputs.query.tokenizer.vocab_size,
-                                    inputs.feature_sizes())
+                                    inputs.feature_sizes(), num_tasks=len(tasks))
     tx, schedule = make_optimizer(config.optimizer, config.num_train_steps)
 
     init_state = make_init_state(model, tx, max(config_lib.max_lens(config.model)),
@@ -242,50 +253,56 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     train_step = make_train_step(model, tx, schedule, loss_fn, state_sharding,
                                  sharding.batch_sharding(mesh), replicated, config.loss.log_q_alpha)
 
+    def data_state() -> dict:
+        """The iterators' positions (one task: its own, as single-task checkpoints hold)."""
+        states = [it.get_state() for it in data_iters]
+        return states[0] if len(tasks) == 1 else {t.name: s for t, s in zip(tasks, states)}
+
     # Checkpoints: resume from the latest one if there is one.
     ckpt = checkpoints.Checkpointer(workdir, config.keep_checkpoints)
     last_saved = ckpt.latest_step()
     if last_saved is not None:
-        state, data_state = ckpt.restore(last_saved, checkpoints.abstract_like(state))
-        if data_iter is not None:
-            data_iter.set_state(data_state)
+        state, saved_data = ckpt.restore(last_saved, checkpoints.abstract_like(state))
+        for t, it in zip(tasks, data_iters):
+            it.set_state(saved_data if len(tasks) == 1 else saved_data[t.name])
         log.truncate_after(last_saved)
         logging.info("Resumed from %s at step %d", os.path.join(workdir, "checkpoints"), last_saved)
     start = int(state["step"])
 
     encoders = make_encoders(model)
-    eval_tasks = {}
 
     def towers_of(systems: dict[str, Any]) -> dict[str, tuple[Callable, Callable]]:
         """name -> params  to  name -> (encode_queries, encode_documents) with those params."""
         return {name: tuple(functools.partial(f, p) for f in encoders)
                 for name, p in systems.items()}
 
-    def run_eval(systems: dict[str, Any], split: str, step: int, baselines: Sequence[str] = (),
-                 final: bool = False) -> list[dict]:
-        """Evaluates towers (name -> params) and baselines on a split; logs every row."""
-        if split not in eval_tasks:
-            eval_tasks[split] = builders.eval_task(config.data, config.seed, tfds_dir, split)
-        task = eval_tasks[split]
+    def run_eval(task: tasks_lib.Task, systems: dict[str, Any], split: str, step: int,
+                 baselines: Sequence[str] = (), final: bool = False) -> list[dict]:
+        """Evaluates towers (name -> params) and baselines on a task's split; logs every row."""
+        data = task.eval_task(split)
+        where = os.path.join(workdir, "index", *([task.name] if task.name else []), split)
         rows, ranked = evaluate.evaluate_split(
-            task, towers_of(systems), inputs, config.eval, mesh,
-            baselines=baselines, index_dir=os.path.join(workdir, "index", split) if final else None,
-            ann_systems=("dual_encoder",) if final else (), index_extra=f"step {step}")
+            data, towers_of(systems), inputs, config.eval, mesh, baselines=baselines,
+            index_dir=where if final else None, ann_systems=("dual_encoder",) if final else (),
+            index_extra=f"step {step}")
         for row in rows:
-            log.write(step, split, row)
-            evaluate.log_metrics(f"eval {split} step {step} {evaluate.row_label(row)} "
-                                 f"({len(task.queries)} queries, {len(task.corpus)} candidates)",
+            log.write(step, split, row, **task.fields())
+            evaluate.log_metrics(f"eval {task.name + ' ' if task.name else ''}{split} step {step} "
+                                 f"{evaluate.row_label(row)} ({len(data.queries)} queries, "
+                                 f"{len(data.corpus)} candidates)",
                                  {k: v for k, v in row.items() if k not in ("system", "index")})
         if final:
-            report.write_report(workdir, split, step, rows, ranked, task.relevant, len(task.corpus))
+            report.write_report(workdir, split, step, rows, ranked, data.relevant,
+                                len(data.corpus), task.name)
         return rows
 
     def save(step: int) -> None:
         nonlocal last_saved
-        ckpt.save(step, state, data_iter.get_state())
+        ckpt.save(step, state, data_state())
         last_saved = step
 
     # Loop.
+    weights = [t.weight for t in tasks]
     preempted = []
     previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
     pending: list[tuple[int, dict]] = []
@@ -294,8 +311,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                disable=None, dynamic_ncols=True)
     try:
         for step in range(start + 1, config.num_train_steps + 1):
-            batch = sharding.put_global_batch(next(data_iter), mesh)
-            state, step_metrics = train_step(state, batch)
+            t = tasks_lib.task_at_step(step, weights, config.seed)
+            local = next(data_iters[t])
+            local["task"] = np.full(len(local["q_ids"]), t, np.int32)
+            state, step_metrics = train_step(state, sharding.put_global_batch(local, mesh))
             pending.append((step, step_metrics))
             for hook in hooks:
                 hook(step, step_metrics)
@@ -311,7 +330,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                 values["pairs_per_second"] = ((step_ - since[0]) * config.global_batch_size
                                               / max(now - since[1], 1e-9))
                 since = (step_, now)
-                log.write(step_, "train", values)
+                log.write(step_, "train", values, **tasks[t].fields())
                 bar.set_postfix(loss=f"{values['loss']:.4f}",
                                 p1=f"{values['in_batch_p@1']:.3f}")
                 pending = []
@@ -321,9 +340,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                 logging.warning("SIGTERM: saved a checkpoint at step %d in %s; run the same "
                                 "command again to resume.", step, workdir)
                 return {}
-            if (config.eval_every_steps and step % config.eval_every_steps == 0 and not is_last
-                    and "val" in splits):
-                run_eval({"dual_encoder": state["params"]}, "val", step)
+            if config.eval_every_steps and step % config.eval_every_steps == 0 and not is_last:
+                for task in tasks:
+                    if "val" in splits[task.name]:
+                        run_eval(task, {"dual_encoder": state["params"]}, "val", step)
                 since = (step, time.perf_counter())  # evaluation time is not training time
     finally:  # also on errors: the saves already started finish before we leave
         bar.close()
@@ -336,24 +356,33 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if config.eval.untrained:
         systems["untrained"] = jax.jit(init_state, static_argnums=0)(config.seed)["params"]
     baselines = config_lib.baseline_names(config)
-    results = {split: run_eval(systems, split, step, baselines, final=True) for split in splits}
-    last = splits[-1]
+    out = {}
+    for task in tasks:
+        results = {split: run_eval(task, systems, split, step, baselines, final=True)
+                   for split in splits[task.name]}
+        last = splits[task.name][-1]
+        name = f"task {task.name}, " if task.name else ""
+        print(f"\n{name}{last} split, step {step} ({workdir}):\n"
+              + evaluate.format_table(results[last], report.KEYS)
+              + f"\nReport: {os.path.join(workdir, report.report_name(task.name))}")
+        out.update({(f"{task.name}: " if task.name else "") + evaluate.row_label(r): r
+                    for r in results[last]})
     typo_probs = config_lib.typo_probs(config)
-    if typo_probs:  # typo robustness: the last split's queries with typos at each p
-        typo_rows = evaluate.typo_sweep(eval_tasks[last], towers_of(systems), inputs,
+    if typo_probs:  # typo robustness: the first task's last split, queries with typos at p
+        task = tasks[0]
+        last = splits[task.name][-1]
+        name = f"task {task.name}, " if task.name else ""
+        typo_rows = evaluate.typo_sweep(task.eval_task(last), towers_of(systems), inputs,
                                         config.eval, mesh, typo_probs,
                                         config.eval.typo_seed, baselines)
         for row in typo_rows:
-            log.write(step, last, row)
+            log.write(step, last, row, **task.fields())
             evaluate.log_metrics(f"eval {last} typo_p={row['typo_p']} {evaluate.row_label(row)}",
                                  {k: v for k, v in row.items()
                                   if k not in ("system", "index", "typo_p")})
         report.plot_typo_robustness(os.path.join(workdir, "typo_robustness.png"), typo_rows,
-                                    f"{last} split, step {step}: queries with typos")
-    print(f"\n{last} split, step {step} ({workdir}):\n"
-          + evaluate.format_table(results[last], report.KEYS)
-          + f"\nReport: {os.path.join(workdir, 'report.md')}")
-    return {evaluate.row_label(r): r for r in results[last]}
+                                    f"{name}{last} split, step {step}: queries with typos")
+    return out
 
 
 def make_encoders(model) -> tuple[Callable, Callable]:

@@ -7,12 +7,13 @@ import subprocess
 import sys
 
 import jax
+import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
 from conftest import CONFIGS, load_config
-from dualjax import config_lib, train
+from dualjax import config_lib, tasks, train
 from dualjax.data.pairs_file import DataError
 
 
@@ -240,6 +241,54 @@ def test_mixed_negatives_join_the_columns_and_resume_exactly(tmp_path):
     with pytest.raises(config_lib.ConfigError, match="does not combine"):
         train.train_and_evaluate(tiny(**{"loss.num_mixed_negatives": 8,
                                          "loss.log_q_buckets": 64}), str(tmp_path / "bad"))
+
+
+def _two_tasks(tmp_path, **overrides):
+    """Synthetic paraphrases and a pairs file, weights 3:1."""
+    lines = [f"how do i fix my {obj} {i} ?\thow can i repair my {obj} {i} ?"
+             for i in range(40) for obj in ("bike", "car", "phone")]
+    (tmp_path / "pairs.tsv").write_text("\n".join(lines) + "\n")
+    cfg = tiny(**overrides)
+    pairs = ml_collections.ConfigDict(cfg.data.to_dict())
+    pairs.update(name="pairs", path=str(tmp_path / "pairs.tsv"), test_fraction=0.2)
+    cfg.tasks = ml_collections.ConfigDict({
+        "para": {"data": ml_collections.ConfigDict(cfg.data.to_dict()), "weight": 3.0},
+        "fix": {"data": pairs, "weight": 1.0}})
+    return cfg
+
+
+def test_multi_task_shares_the_encoder_with_a_scale_per_task_and_resumes(tmp_path):
+    whole = str(tmp_path / "whole")
+    results = train.train_and_evaluate(_two_tasks(tmp_path), whole)
+    assert {"para: dual_encoder [exact]", "fix: dual_encoder [exact]"} <= set(results)
+    params = final_params(whole, 20)
+    assert params["alpha"].shape == params["beta"].shape == (2,)
+    assert "tower" in params  # one encoder for both tasks
+    rows = [json.loads(line) for line in open(os.path.join(whole, "metrics.jsonl"))]
+    evals = {(r["task"], r["split"]) for r in rows if r["split"] != "train"}
+    assert evals == {(t, s) for t in ("para", "fix") for s in ("val", "test")}
+    assert os.path.exists(os.path.join(whole, "report_fix.md"))
+    # Batches are drawn 3:1 (a function of seed and step only).
+    drawn = [tasks.task_at_step(s, [3.0, 1.0], 0) for s in range(1, 2001)]
+    assert 0.70 < drawn.count(0) / len(drawn) < 0.80
+    # Stopped at step 7 and resumed: both iterators and the schedule continue exactly.
+    split = str(tmp_path / "split")
+
+    def preempt_at_7(step, _):
+        if step == 7:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    assert train.train_and_evaluate(_two_tasks(tmp_path), split, hooks=[preempt_at_7]) == {}
+    train.train_and_evaluate(_two_tasks(tmp_path), split)
+    for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(final_params(split, 20))):
+        np.testing.assert_array_equal(x, y)
+    from dualjax import search
+    hits = search.Searcher(whole, k=2, task="fix").search(["how do i fix my car 3 ?"])[0]
+    assert len(hits) == 2
+    with pytest.raises(config_lib.ConfigError, match="tasks.fix.weight"):
+        cfg = _two_tasks(tmp_path)
+        cfg.tasks.fix.weight = 0.0
+        train.train_and_evaluate(cfg, str(tmp_path / "bad"))
 
 
 def test_log_q_correction_keeps_its_frequency_estimate_in_the_checkpoint(tmp_path):

@@ -46,6 +46,7 @@ class DualEncoder(nn.Module):
     vocab_size: int
     query_features: tuple[tuple[int, int], ...] = ()  # (table rows, size) per categorical field
     doc_features: tuple[tuple[int, int], ...] = ()
+    num_tasks: int = 1  # several training tasks: one alpha and beta each (Gillick et al. §2)
 
     def setup(self):
         cfg = self.config
@@ -67,8 +68,9 @@ class DualEncoder(nn.Module):
             self.query_tower = TOWERS[q_tower](cfg, self.vocab_size, "query_tower", embed)
             self.doc_tower = TOWERS[d_tower](cfg, self.vocab_size, "doc_tower", embed)
         if cfg.similarity == "cosine_affine":
-            self.alpha = self.param("alpha", nn.initializers.constant(cfg.init_scale), ())
-            self.beta = self.param("beta", nn.initializers.constant(cfg.init_bias), ())
+            shape = () if self.num_tasks == 1 else (self.num_tasks,)
+            self.alpha = self.param("alpha", nn.initializers.constant(cfg.init_scale), shape)
+            self.beta = self.param("beta", nn.initializers.constant(cfg.init_bias), shape)
 
     def _feature_table(self, rows: int, dim: int, name: str) -> nn.Embed:
         init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.1),
@@ -93,28 +95,34 @@ class DualEncoder(nn.Module):
                          cats: jnp.ndarray | None = None) -> jnp.ndarray:
         return l2_normalize(self.doc_tower(ids, mask, self._features(self.doc_tables, cats)))
 
-    def scale_and_bias(self) -> tuple[jnp.ndarray, jnp.ndarray]:
-        """(scale, bias) such that logits = scale * cosine + bias."""
+    def scale_and_bias(self, task: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
+        """(scale, bias) such that logits = scale * cosine + bias (of task `task`, an int
+        scalar, when the model has several; None: task 0)."""
         if self.config.similarity == "cosine_affine":
-            return self.alpha, self.beta
+            if self.num_tasks == 1:
+                return self.alpha, self.beta
+            t = 0 if task is None else task
+            return self.alpha[t], self.beta[t]
         return jnp.float32(1.0 / self.config.temperature), jnp.float32(0.0)
 
-    def __call__(self, q_ids, q_mask, d_ids, d_mask, q_cats=None, d_cats=None):
+    def __call__(self, q_ids, q_mask, d_ids, d_mask, q_cats=None, d_cats=None, task=None):
         """Both towers and the similarity (used to create every parameter at init)."""
         q = self.encode_queries(q_ids, q_mask, q_cats)
         d = self.encode_documents(d_ids, d_mask, d_cats)
-        scale, bias = self.scale_and_bias()
+        scale, bias = self.scale_and_bias(task)
         return q, d, scale, bias
 
 
 def make_model(model_config: ml_collections.ConfigDict, vocab_size: int,
-               feature_sizes: dict[str, tuple[tuple[int, int], ...]] | None = None
-               ) -> DualEncoder:
+               feature_sizes: dict[str, tuple[tuple[int, int], ...]] | None = None,
+               num_tasks: int = 1) -> DualEncoder:
     """feature_sizes: {"query": ((rows, size), ...), "document": ...} of the categorical
-    fields (`features.Inputs.feature_sizes()`); None: none."""
+    fields (`features.Inputs.feature_sizes()`); None: none. num_tasks: training tasks,
+    each with its own learned scale and bias."""
     sizes = feature_sizes or {}
     return DualEncoder(ml_collections.FrozenConfigDict(model_config), vocab_size,
-                       tuple(sizes.get("query", ())), tuple(sizes.get("document", ())))
+                       tuple(sizes.get("query", ())), tuple(sizes.get("document", ())),
+                       num_tasks)
 
 
 def _init_boxed(model: DualEncoder, rng: jax.Array, max_len: int) -> dict:
