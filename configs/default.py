@@ -42,6 +42,9 @@ def get_config() -> ml_collections.ConfigDict:
                                     # every question of the dataset, train included ("all")
     c.data.min_cluster_coherence = 0.0  # drop clusters whose mean member/union word Jaccard
                                     # is below this (Bonadiman et al. eq. 4-5; 0: keep all)
+    c.data.hard_negatives = 0       # k BM25-mined negatives per training pair (documents of
+                                    # other clusters), extra columns of the in-batch loss
+                                    # for every row (0: off)
     c.data.worker_count = 0         # grain worker processes (0: read in the main process)
 
     c.tasks = ml_collections.ConfigDict()  # multi-task (Gillick et al. 2018 2): name ->

@@ -169,6 +169,14 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     if mixed < 0 or mixed % num_devices:
         raise ConfigError(f"config.loss.num_mixed_negatives={mixed} must be a multiple of the "
                           f"{num_devices} devices of the mesh (0: off)")
+    if any(d.get("hard_negatives", 0) for _, d, _ in task_list):
+        if config.loss.log_q_buckets:
+            raise ConfigError("config.data.hard_negatives does not combine with "
+                              "loss.log_q_buckets (the logQ correction of in-batch sampling); "
+                              "set one of them to 0")
+        if feature_specs(config.model)[1]:
+            raise ConfigError("config.data.hard_negatives: mined negatives are texts without "
+                              "categorical fields; unset model.doc_features or set data.hard_negatives=0")
     if mixed and config.loss.log_q_buckets:
         raise ConfigError("config.loss.log_q_buckets (logQ correction) does not combine with "
                           "loss.num_mixed_negatives: the uniform draws have another sampling "
@@ -186,6 +194,8 @@ def _check_data(data: ml_collections.ConfigDict, key: str) -> None:
     if data.name == "pairs" and not data.path:
         raise ConfigError(f"config.{key}.path must name a TSV or JSONL pairs file when "
                           f"config.{key}.name='pairs'")
+    if data.get("hard_negatives", 0) < 0:
+        raise ConfigError(f"config.{key}.hard_negatives={data.hard_negatives} must be >= 0")
     if data.name in ("pairs", "quora", "reqa_squad"):
         val, test = data.val_fraction, data.test_fraction
         if not (val > 0 and test > 0 and val + test < 1):

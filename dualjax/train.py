@@ -169,6 +169,13 @@ def make_train_step(model, tx, schedule, loss_fn, state_sharding, batch_sharding
                     {"params": params}, batch["m_ids"], batch["m_mask"], batch.get("m_cats"),
                     method="encode_documents")
                 more["mixed_negative_ids"] = batch["m_doc_ids"]
+            if "n_ids" in batch:  # each pair's mined hard negatives [B, k, ...], same tower
+                b, k, length = batch["n_ids"].shape
+                h = model.apply({"params": params}, batch["n_ids"].reshape(b * k, length),
+                                batch["n_mask"].reshape(b * k, length),
+                                method="encode_documents")
+                more["hard_negatives"] = h.reshape(b, k, -1)
+                more["hard_negative_ids"] = batch["n_doc_ids"]
             loss, aux = loss_fn(q, d, scale, bias, {**extras, **more} or None)
             return loss, {**aux, "scale": scale}
 
@@ -226,7 +233,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                              lambda: itertools.chain.from_iterable(map(pair_fields, sources)))
         data_iters = [pipeline.train_iterator(src, inputs, config.global_batch_size,
                                               config.seed + i, t.data.worker_count,
-                                              config.loss.num_mixed_negatives)
+                                              config.loss.num_mixed_negatives,
+                                              t.data.get("hard_negatives", 0))
                       for i, (t, src) in enumerate(zip(tasks, sources))]
         for t, src in zip(tasks, sources):
             logging.info("Training pairs%s: %d; global batch %d over %d devices",

@@ -43,8 +43,8 @@ def train_src(tiny_data, synthetic_dir):
 def test_synthetic_array_record_files_exist(tiny_data, synthetic_dir, train_src):
     builders.eval_task(tiny_data, SEED, synthetic_dir, "val")
     root = os.path.join(synthetic_dir, "synthetic_paraphrase")
-    pairs = glob.glob(os.path.join(root, "pairs-*", "2.1.0", "*-train.array_record-*"))
-    evals = [glob.glob(os.path.join(root, f"{table}-*", "2.1.0", f"*-{split}.array_record-*"))
+    pairs = glob.glob(os.path.join(root, "pairs-*", "2.2.0", "*-train.array_record-*"))
+    evals = [glob.glob(os.path.join(root, f"{table}-*", "2.2.0", f"*-{split}.array_record-*"))
              for table in ("corpus", "queries") for split in ("val", "test")]
     assert len(pairs) == 1 and all(len(files) == 1 for files in evals)
     assert all(os.path.getsize(f) > 0 for f in pairs + sum(evals, []))
@@ -54,7 +54,9 @@ def test_synthetic_train_records_match_generate(tiny_data, train_src):
     data = _generate(tiny_data)
     assert len(train_src) == len(data.train_pairs) > 100
     records = [train_src[i] for i in range(len(train_src))]
-    assert set(records[0]) == {"query", "document", "query_fields", "document_fields"}
+    assert set(records[0]) == {"query", "document", "query_fields", "document_fields",
+                               "hard_negatives"}
+    assert len(records[0]["hard_negatives"]) == 0  # not mined
     assert records[0]["query_fields"] == records[0]["document_fields"] == b""  # none
     got = sorted((r["query"].decode(), r["document"].decode()) for r in records)
     assert got == sorted(data.train_pairs)
@@ -137,7 +139,7 @@ def test_pairs_builder_splits_by_cluster(tmp_path):
     cfg = _pairs_cfg(_write_pairs(tmp_path / "pairs.tsv"))
     tfds_dir = str(tmp_path / "tfds")
     src = builders.train_source(cfg, SEED, tfds_dir)
-    assert glob.glob(os.path.join(tfds_dir, "pairs_file", "pairs-*", "2.1.0",
+    assert glob.glob(os.path.join(tfds_dir, "pairs_file", "pairs-*", "2.2.0",
                                   "*-train.array_record-*"))
     train = [(src[i]["query"].decode(), src[i]["document"].decode()) for i in range(len(src))]
     tasks = {s: builders.eval_task(cfg, SEED, tfds_dir, s) for s in ("val", "test")}
@@ -343,6 +345,22 @@ def test_mixed_negatives_are_uniform_draws_of_training_documents():
     resumed = pipeline.train_iterator(src, inputs, 6, seed=SEED, num_mixed_negatives=8)
     resumed.set_state(state)
     _assert_same(_take(resumed, 2), batches[5:7])
+
+
+def test_hard_negatives_stay_with_their_pair():
+    n = 12
+    src, tok = _indexed_source(n)
+    for i, r in enumerate(src):
+        r["hard_negatives"] = [f"d{(i + 1) % n}".encode(), f"d{(i + 2) % n}".encode()]
+    batch = next(pipeline.train_iterator(src, _inputs(tok, 3), 6, seed=SEED,
+                                         num_hard_negatives=2))
+    assert batch["n_ids"].shape == (6, 2, 3) and batch["n_doc_ids"].shape == (6, 2)
+    q = batch["q_ids"][:, 0] - 1
+    for j in range(2):
+        np.testing.assert_array_equal(batch["n_ids"][:, j, 0] - 1 - n, (q + j + 1) % n)
+    np.testing.assert_array_equal(batch["n_mask"], batch["n_ids"] != 0)
+    with pytest.raises(ValueError, match="prepare it with data.hard_negatives"):
+        next(pipeline.train_iterator(src, _inputs(tok, 3), 6, seed=SEED, num_hard_negatives=3))
 
 
 def _indexed_source(n):

@@ -243,6 +243,27 @@ def test_mixed_negatives_join_the_columns_and_resume_exactly(tmp_path):
                                          "loss.log_q_buckets": 64}), str(tmp_path / "bad"))
 
 
+def test_mined_hard_negatives_join_every_row(tmp_path):
+    """data.hard_negatives=2: the pairs table holds 2 BM25-mined documents of other
+    clusters per pair, and training adds them as columns (the first loss grows)."""
+    first = {}
+    for k in (0, 2):
+        workdir = tmp_path / f"hard_{k}"
+        train.train_and_evaluate(tiny(**{"data.hard_negatives": k, "eval.index": "exact",
+                                         "num_train_steps": 5}), str(workdir))
+        first[k] = train_rows(workdir)[0]["loss"]
+    assert first[2] > first[0] + 0.3  # 32 + 64 columns against 32, hard ones among them
+    from dualjax.data import builders
+    cfg = tiny(**{"data.hard_negatives": 2})
+    source = builders.train_source(cfg.data, cfg.seed, str(tmp_path / "hard_2" / "tfds"))
+    record = source[0]
+    assert len(record["hard_negatives"]) == 2
+    assert record["document"] not in list(record["hard_negatives"])
+    with pytest.raises(config_lib.ConfigError, match="hard_negatives does not combine"):
+        train.train_and_evaluate(tiny(**{"data.hard_negatives": 1, "loss.log_q_buckets": 64}),
+                                 str(tmp_path / "bad"))
+
+
 def _two_tasks(tmp_path, **overrides):
     """Synthetic paraphrases and a pairs file, weights 3:1."""
     lines = [f"how do i fix my {obj} {i} ?\thow can i repair my {obj} {i} ?"

@@ -2,7 +2,8 @@
 
 A dataset is three tables, each a TFDS builder config:
 - `pairs`: split "train", one positive (query, document) pair per record, with each
-  side's categorical fields as JSON (query_fields, document_fields; "" when none);
+  side's categorical fields as JSON (query_fields, document_fields; "" when none) and
+  its BM25-mined hard negative documents (`data.hard_negatives`; [] when off);
 - `corpus`: splits "val"/"test", the candidates {id, text, fields} of each evaluation
   split;
 - `queries`: splits "val"/"test", {id, text, fields, relevant: corpus ids, self: the
@@ -27,7 +28,7 @@ import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
-from dualjax.data import beir, clusters, pairs_file, reqa, synthetic
+from dualjax.data import beir, clusters, mining, pairs_file, reqa, synthetic
 from dualjax.data.clusters import RawData, RetrievalTask
 from dualjax.data.pairs_file import DataError
 from dualjax.text import normalize, words
@@ -47,7 +48,8 @@ class TableConfig(tfds.core.BuilderConfig):
 _FEATURES = {
     "pairs": lambda: {"query": tfds.features.Text(), "document": tfds.features.Text(),
                       "query_fields": tfds.features.Text(),
-                      "document_fields": tfds.features.Text()},
+                      "document_fields": tfds.features.Text(),
+                      "hard_negatives": tfds.features.Sequence(tfds.features.Text())},
     "corpus": lambda: {"id": np.int64, "text": tfds.features.Text(),
                        "fields": tfds.features.Text()},
     "queries": lambda: {"id": np.int64, "text": tfds.features.Text(),
@@ -69,7 +71,7 @@ _last_load: dict = {}  # one RawData, shared by the three tables of one dataset
 class _RetrievalBuilder(tfds.core.GeneratorBasedBuilder):
     """Shared writing logic; subclasses implement `_load` from their settings."""
 
-    VERSION = tfds.core.Version("2.1.0")  # 2.1.0: categorical fields
+    VERSION = tfds.core.Version("2.2.0")  # 2.1.0: categorical fields; 2.2.0: hard negatives
 
     def _load(self, settings: dict) -> RawData:
         raise NotImplementedError
@@ -78,7 +80,16 @@ class _RetrievalBuilder(tfds.core.GeneratorBasedBuilder):
         key = (type(self).__name__, self.builder_config.settings)
         if key not in _last_load:
             _last_load.clear()
-            _last_load[key] = self._load(json.loads(self.builder_config.settings))
+            settings = json.loads(self.builder_config.settings)
+            data = self._load(settings)
+            k = settings.get("hard_negatives", 0)
+            if k and data.train_pairs:
+                data.train_negatives = mining.mine_hard_negatives(
+                    data.train_pairs, k, settings["seed"])
+                if any(len(n) < k for n in data.train_negatives):
+                    raise DataError(f"data.hard_negatives={k}: the training pairs form fewer "
+                                    "than two clusters, so there is nothing to mine from")
+            _last_load[key] = data
         return _last_load[key]
 
     def _info(self) -> tfds.core.DatasetInfo:
@@ -93,10 +104,11 @@ class _RetrievalBuilder(tfds.core.GeneratorBasedBuilder):
             if not data.train_pairs:
                 raise DataError(f"{type(self).__name__}: no training pairs in this dataset")
             fields = data.train_fields or [({}, {})] * len(data.train_pairs)
+            negatives = data.train_negatives or [[]] * len(data.train_pairs)
             return {"train": self._generate_examples(
                 {"query": q, "document": d, "query_fields": _json(qf),
-                 "document_fields": _json(df)}
-                for (q, d), (qf, df) in zip(data.train_pairs, fields))}
+                 "document_fields": _json(df), "hard_negatives": n}
+                for (q, d), (qf, df), n in zip(data.train_pairs, fields, negatives))}
         if table == "corpus":
             return {s: self._generate_examples(
                 {"id": i, "text": t, "fields": _json(task.corpus_fields[i]
@@ -253,7 +265,14 @@ def _common(cfg: ml_collections.ConfigDict, seed: int) -> dict:
     if cfg.candidates not in CANDIDATES:
         raise DataError(f"data.candidates={cfg.candidates!r} is not one of: {', '.join(CANDIDATES)}")
     return {"seed": seed, "candidates": cfg.candidates,
-            "min_cluster_coherence": cfg.min_cluster_coherence}
+            "min_cluster_coherence": cfg.min_cluster_coherence,
+            **_negatives(cfg)}
+
+
+def _negatives(cfg: ml_collections.ConfigDict) -> dict:
+    """The mining setting, only when on (so the data of runs without it keeps its hash)."""
+    k = cfg.get("hard_negatives", 0)
+    return {"hard_negatives": k} if k else {}
 
 
 def _synthetic_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
@@ -295,7 +314,7 @@ def _beir_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
                 with open(os.path.join(root, name), "rb") as f:
                     digest.update(name.encode() + hashlib.file_digest(f, "sha256").digest())
     return {"seed": seed, "path": folder, "sha256": digest.hexdigest(),
-            "skip_bad_lines": cfg.skip_bad_lines}
+            "skip_bad_lines": cfg.skip_bad_lines, **_negatives(cfg)}
 
 
 def _reqa_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:

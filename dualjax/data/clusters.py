@@ -218,3 +218,5 @@ class RawData:
     tasks: dict[str, RetrievalTask]
     # Per training pair, the (query, document) categorical fields, when the data has any.
     train_fields: list[tuple[dict, dict]] | None = None
+    # Per training pair, its hard negative documents (data.hard_negatives), when mined.
+    train_negatives: list[list[str]] | None = None

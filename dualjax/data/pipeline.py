@@ -42,15 +42,16 @@ def record_fields(record: dict, key: str) -> dict | None:
 class ReadPairs(grain.transforms.Map):
     """A batch of record indices -> {q_ids, q_mask} [batch, query max_len], {d_ids,
     d_mask} [batch, document max_len], q_cats / d_cats [batch, fields] for a side with
-    categorical fields, and doc_ids [batch] (`text_ids` of the documents, for masking
-    accidental hits).
+    categorical fields, doc_ids [batch] (`text_ids` of the documents, for masking
+    accidental hits), and with `num_hard_negatives` k each record's mined negatives:
+    n_ids, n_mask [batch, k, document max_len] and n_doc_ids [batch, k].
 
     Records are read with one bulk `__getitems__` per batch: array_record then fetches
     them together, many times faster than one random read per record.
     """
 
-    def __init__(self, source, inputs: Inputs):
-        self._source, self._inputs = source, inputs
+    def __init__(self, source, inputs: Inputs, num_hard_negatives: int = 0):
+        self._source, self._inputs, self._k = source, inputs, num_hard_negatives
 
     def map(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         records = read_records(self._source, indices.tolist())
@@ -62,6 +63,18 @@ class ReadPairs(grain.transforms.Map):
                       if side.features else None)
             out.update({f"{prefix}_{k}": v for k, v in side.encode(texts, fields).items()})
         out["doc_ids"] = text_ids(texts)  # the documents: the last side encoded
+        if self._k:
+            negatives = [[t.decode("utf-8") for t in r.get("hard_negatives", ())[:self._k]]
+                         for r in records]
+            if any(len(n) < self._k for n in negatives):
+                raise ValueError(f"{self._k} hard negatives per pair asked for, but the data "
+                                 "has fewer: prepare it with data.hard_negatives set")
+            flat = [t for n in negatives for t in n]
+            enc = self._inputs.document.encode(flat)
+            b = len(records)
+            out["n_ids"] = enc["ids"].reshape(b, self._k, -1)
+            out["n_mask"] = enc["mask"].reshape(b, self._k, -1)
+            out["n_doc_ids"] = text_ids(flat).reshape(b, self._k)
         return out
 
 
@@ -88,13 +101,14 @@ class MixedNegatives(grain.transforms.RandomMap):
 
 
 def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
-                   worker_count: int = 0, num_mixed_negatives: int = 0
-                   ) -> grain.DatasetIterator:
+                   worker_count: int = 0, num_mixed_negatives: int = 0,
+                   num_hard_negatives: int = 0) -> grain.DatasetIterator:
     """An endless iterator of this process's share of each global training batch.
 
     Every epoch is reshuffled (seeded); the last incomplete batch of an epoch does not
     exist because the data repeats before batching. With `num_mixed_negatives` U, each
-    process adds its share U / processes of uniformly drawn documents (`MixedNegatives`).
+    process adds its share U / processes of uniformly drawn documents (`MixedNegatives`);
+    with `num_hard_negatives` k, each pair's k mined negatives (`ReadPairs`).
     """
     n_proc = jax.process_count()
     for what, value in (("global_batch_size", global_batch_size),
@@ -103,7 +117,7 @@ def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
             raise ValueError(f"{what}={value} is not divisible by {n_proc} processes")
     ds = grain.MapDataset.range(len(source))[jax.process_index()::n_proc]
     ds = ds.shuffle(seed=seed).repeat().batch(global_batch_size // n_proc)
-    ds = ds.map(ReadPairs(source, inputs))
+    ds = ds.map(ReadPairs(source, inputs, num_hard_negatives))
     if num_mixed_negatives:
         ds = ds.random_map(MixedNegatives(source, inputs.document, num_mixed_negatives // n_proc),
                            seed=seed + 1)
