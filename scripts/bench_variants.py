@@ -14,8 +14,10 @@ metrics.jsonl after the first, which includes compilation) and the wall time.
 
 Suites:
 - losses: configs/quora_gillick.py (bow 300-d, SGD momentum lr 0.01, batch 1000) with each
-  `loss.name` and its main options (issue 4). `pointwise_logistic` needs labelled negative
-  pairs, which our Quora data (positives only) does not have, so it is not in the suite.
+  `loss.name` and its main options, plus in-batch softmax with one BM25-mined hard
+  negative per pair and with 1,000 mixed (uniformly drawn) negatives. `pointwise_logistic`
+  needs labelled negative pairs, which our Quora data (positives only) does not have, so
+  it is not in the suite.
 - batch: the same with in-batch softmax at global batch 16, 128, 1024 and 8192 on 8 fake
   CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8), same number of steps.
 - towers: bow, bow_mlp, cnn and a small transformer on words, and bow and cnn on words +
@@ -63,6 +65,10 @@ def losses_suite() -> list[tuple[str, dict]]:
         ("triplet_margin, squared euclidean (SSD, margin 0.5)",
          {"loss.name": "triplet_margin", "loss.distance": "squared_euclidean"}),
         ("sdml (label smoothing 0.3)", {"loss.name": "sdml"}),
+        ("in_batch_softmax + 1 BM25-mined hard negative per pair",
+         {"loss.name": "in_batch_softmax", "data.hard_negatives": 1}),
+        ("in_batch_softmax + 1,000 mixed negatives", {"loss.name": "in_batch_softmax",
+                                                      "loss.num_mixed_negatives": 1000}),
     ]
 
 
