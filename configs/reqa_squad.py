@@ -34,12 +34,17 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.model.vocab_size = 30000
     c.model.num_oov_buckets = 5000
-    c.model.max_len = 64            # Chang et al.: 64 query tokens
+    c.model.max_len = 64            # Chang et al.: 64 query tokens ...
+    c.model.query_max_len = 64
+    c.model.doc_max_len = 288       # ... and 288 document tokens (a sentence with its
+                                    # paragraph, data.candidate_context=True, needs them)
     c.model.tower = "bow_mlp"
     c.model.embed_dim = 256
     c.model.hidden_dim = 512
     c.model.output_dim = 256
-    c.model.shared_towers = False   # questions and sentences read differently
+    c.model.shared_towers = True    # one tower: with ~8k training questions, two towers
+                                    # never learn to match the words of unseen articles
+                                    # (val map@100 0.008 after 1,000 steps; BENCHMARKS.md)
 
     c.optimizer.name = "adamw"      # Chang et al.: Adam, warmup then linear decay
     c.optimizer.learning_rate = 1e-3

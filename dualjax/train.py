@@ -108,17 +108,19 @@ def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
         else:
             records = list(fields())
             m = config.model
-            sides = tuple(features.build_side(spec, [r[i] for r in records], m.feature_vocab_size,
-                                              m.feature_buckets) for i, spec in enumerate(specs))
-            features.save(path, *sides)
-            for name, side in zip(("query", "document"), sides):
+            built = []
+            for i, (name, spec) in enumerate(zip(("query", "document"), specs)):
+                values = [r[i] for r in records]  # this side's fields of every pair
+                side = features.build_side(spec, values, m.feature_vocab_size, m.feature_buckets)
                 if side:
-                    missing = side.missing_counts(side.encode([r[name == "document"]
-                                                               for r in records]))
+                    missing = side.missing_counts(side.encode(values))
                     logging.info("Categorical %s fields %s: vocabularies of %s values; missing "
-                                 "in %s of %d training pairs (id %d)", name,
+                                 "(id %d) in %s of %d training pairs", name,
                                  [f.name for f in side.fields], [len(f.vocab) for f in side.fields],
-                                 list(missing.values()), len(records), features.MISSING_ID)
+                                 features.MISSING_ID, list(missing.values()), len(records))
+                built.append(side)
+            sides = tuple(built)
+            features.save(path, *sides)
     q_len, d_len = config_lib.max_lens(config.model)
     return features.Inputs(features.Side(tokenizer, q_len, sides[0]),
                            features.Side(tokenizer, d_len, sides[1]))
