@@ -72,12 +72,13 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
     the same task. Returns (rows {"system", "index", metrics...}, {label: ranked ids}).
     """
     enc = dict(batch_size=eval_cfg.batch_size, mesh=mesh)
-    for name, side, fields in (("queries", inputs.query, task.query_fields),
-                               ("candidates", inputs.document, task.corpus_fields)):
+    for name, side, texts, fields in (("queries", inputs.query, task.queries, task.query_fields),
+                                      ("candidates", inputs.document, task.corpus,
+                                       task.corpus_fields)):
         if side.features and towers:
-            missing = side.features.missing_counts(side.features.encode(
-                fields or [None] * (len(task.queries if name == "queries" else task.corpus))))
-            logging.info("Categorical fields missing (id 0) in the %s: %s", name, missing)
+            ids = side.features.encode(fields or [None] * len(texts))
+            logging.info("Categorical fields missing (id 0) in %d %s: %s", len(texts), name,
+                         side.features.missing_counts(ids))
     k = min(eval_cfg.top_k, len(task.corpus))
     exclude = task.query_corpus_index
     rows, ranked = [], {}
