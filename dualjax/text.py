@@ -13,12 +13,13 @@ import re
 import unicodedata
 import zlib
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 PAD_ID = 0
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
-_FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # of every saved tokenizer JSON
 
 
 def normalize(text: str) -> str:
@@ -58,6 +59,24 @@ def read_tokenizer_json(path: str | os.PathLike) -> dict:
     if not isinstance(payload, dict):
         raise ValueError(f"corrupt tokenizer file {os.fspath(path)}: not a JSON object")
     return payload
+
+
+def check_header(payload: dict[str, Any], kind: str) -> None:
+    """ValueError unless a saved tokenizer's JSON is of `kind` and this format version."""
+    if payload.get("type") != kind or payload.get("version") != FORMAT_VERSION:
+        raise ValueError(f"expected type/version {kind!r}/{FORMAT_VERSION}, got "
+                         f"{payload.get('type')!r}/{payload.get('version')!r}")
+
+
+def str_list(value: Any, key: str) -> tuple[str, ...]:
+    if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        raise ValueError(f"{key!r} is not a list of strings")
+    return tuple(value)
+
+
+def write_json(path: str | os.PathLike, payload: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(payload, f, ensure_ascii=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,24 +138,19 @@ class WordTokenizer:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the tokenizer as JSON: {"type", "vocab", "num_oov_buckets", "version"}."""
-        payload = {"type": "word", "vocab": list(self.vocab),
-                   "num_oov_buckets": self.num_oov_buckets, "version": _FORMAT_VERSION}
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(payload, f, ensure_ascii=True)
+        write_json(path, {"type": "word", "vocab": list(self.vocab),
+                          "num_oov_buckets": self.num_oov_buckets, "version": FORMAT_VERSION})
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> WordTokenizer:
         """Read a tokenizer written by `save`; errors name `path` if missing or corrupt."""
         payload = read_tokenizer_json(path)
         try:
-            if payload.get("type") != "word" or payload.get("version") != _FORMAT_VERSION:
-                raise ValueError(f"unsupported type/version {payload.get('type')!r}/"
-                                 f"{payload.get('version')!r}")
-            vocab, m = payload["vocab"], payload["num_oov_buckets"]
-            if not (isinstance(vocab, list) and all(isinstance(w, str) for w in vocab)
-                    and isinstance(m, int)):
-                raise ValueError("bad vocab or num_oov_buckets")
-            return cls(vocab=tuple(vocab), num_oov_buckets=m)
+            check_header(payload, "word")
+            m = payload["num_oov_buckets"]
+            if not isinstance(m, int):
+                raise ValueError("bad num_oov_buckets")
+            return cls(vocab=str_list(payload["vocab"], "vocab"), num_oov_buckets=m)
         except (AttributeError, KeyError, ValueError) as e:
             raise ValueError(f"corrupt tokenizer file {os.fspath(path)}: {e}") from e
 

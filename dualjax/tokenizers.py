@@ -1,6 +1,6 @@
 """Tokenizers beyond words: character trigrams, words + trigrams, word bigrams and
-SentencePiece, all with `text.WordTokenizer`'s interface, plus a registry to build any
-kind from training texts and to load any kind from its saved JSON.
+SentencePiece (`subword.py`), all with `text.WordTokenizer`'s interface, plus a registry
+to build any kind from training texts and to load any kind from its saved JSON.
 
 Interface shared by every kind (see `Tokenizer`): `vocab_size` (embedding rows),
 `token_ids(text)` (unpadded ids, each in [1, vocab_size)), `encode(texts, max_len)`
@@ -18,24 +18,18 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
-import hashlib
-import io
-import json
 import os
-import random
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from dualjax.text import WordTokenizer, build_word_tokenizer, normalize, read_tokenizer_json
+from dualjax.subword import SentencePieceTokenizer, build_sentencepiece
+from dualjax.text import (FORMAT_VERSION as _FORMAT_VERSION, WordTokenizer, build_word_tokenizer,
+                          check_header as _check_header, normalize, read_tokenizer_json,
+                          str_list as _str_list, write_json as _write_json)
 
-_FORMAT_VERSION = 1
 _WORD_KEY, _TRIGRAM_KEY = "w:", "t:"  # ":" never occurs in normalised text
-_SP_REQUIRED_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789"  # every normalised char
-_SP_MAX_SENTENCE_CHARS = 4192  # sentencepiece's max_sentence_length (bytes = chars here)
-_SP_SEED = 0
 
 
 class Tokenizer(Protocol):
@@ -82,24 +76,6 @@ def word_bigrams(text: str) -> list[str]:
     and a word never does, so the two cannot be confused in one vocabulary.
     """
     return _bigram_tokens(normalize(text).split())
-
-
-# ----------------------------------------------------------------------------- json io
-def _check_header(payload: dict[str, Any], kind: str) -> None:
-    if payload.get("type") != kind or payload.get("version") != _FORMAT_VERSION:
-        raise ValueError(f"expected type/version {kind!r}/{_FORMAT_VERSION}, got "
-                         f"{payload.get('type')!r}/{payload.get('version')!r}")
-
-
-def _str_list(value: Any, key: str) -> tuple[str, ...]:
-    if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-        raise ValueError(f"{key!r} is not a list of strings")
-    return tuple(value)
-
-
-def _write_json(path: str | os.PathLike, payload: dict[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(payload, f, ensure_ascii=True)
 
 
 # ----------------------------------------------------------------------------- vocab kinds
@@ -235,138 +211,6 @@ class WordTrigramTokenizer(_TokenVocabTokenizer):
         return cls.from_vocabs(_str_list(payload["word_vocab"], "word_vocab"),
                                _str_list(payload["trigram_vocab"], "trigram_vocab"),
                                num_oov_buckets)
-
-
-# ----------------------------------------------------------------------------- sentencepiece
-@dataclasses.dataclass(frozen=True)
-class SentencePieceTokenizer:
-    """A trained SentencePiece model over normalised text, ids shifted by one.
-
-    Id layout: 0 padding; SentencePiece id i -> i + 1. Models from
-    `build_sentencepiece` have no pad/bos/eos pieces and <unk> at sp id 0 (our id 1);
-    every a-z0-9 character is a piece, so no normalised text ever produces <unk>.
-    `vocab_size` = pieces + 1. There are no hashed buckets.
-    """
-
-    TYPE: ClassVar[str] = "sentencepiece"
-    model_proto: bytes = dataclasses.field(repr=False)
-
-    @functools.cached_property
-    def _processor(self):
-        import sentencepiece  # pylint: disable=import-outside-toplevel
-        return sentencepiece.SentencePieceProcessor(model_proto=self.model_proto)
-
-    def __getstate__(self) -> dict[str, Any]:  # pickle the bytes, not the C++ processor
-        return {"model_proto": self.model_proto}
-
-    @property
-    def vocab_size(self) -> int:
-        """Total number of ids / embedding rows: 1 + number of pieces."""
-        return 1 + self._processor.get_piece_size()
-
-    def pieces(self, text: str) -> list[str]:
-        """The pieces of `normalize(text)` (for inspection)."""
-        return self._processor.encode(normalize(text), out_type=str)
-
-    def token_ids(self, text: str) -> list[int]:
-        """Unpadded ids (each in [1, vocab_size)) of the pieces of `normalize(text)`."""
-        return [i + 1 for i in self._processor.encode(normalize(text))]
-
-    encode = WordTokenizer.encode  # same contract; only calls self.token_ids
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the model next to `path` as <stem>.sentencepiece.model and a JSON
-        {"type", "model_file" (that name, relative to the JSON's folder),
-        "model_sha256", "version"} at `path`."""
-        path = os.fspath(path)
-        model_file = os.path.splitext(os.path.basename(path))[0] + ".sentencepiece.model"
-        with open(os.path.join(os.path.dirname(path), model_file), "wb") as f:
-            f.write(self.model_proto)
-        _write_json(path, {"type": self.TYPE, "model_file": model_file,
-                           "model_sha256": hashlib.sha256(self.model_proto).hexdigest(),
-                           "version": _FORMAT_VERSION})
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> SentencePieceTokenizer:
-        """Read a tokenizer written by `save`, the model file resolved relative to the
-        JSON's folder (not the working directory); errors name the file at fault."""
-        payload = read_tokenizer_json(path)
-        try:
-            _check_header(payload, cls.TYPE)
-            model_file, digest = payload["model_file"], payload["model_sha256"]
-            if not (isinstance(model_file, str) and isinstance(digest, str)):
-                raise ValueError("bad model_file or model_sha256")
-        except (KeyError, ValueError) as e:
-            raise ValueError(f"corrupt tokenizer file {os.fspath(path)}: {e}") from e
-        model_path = os.path.join(os.path.dirname(os.path.abspath(path)), model_file)
-        try:
-            with open(model_path, "rb") as f:
-                proto = f.read()
-        except FileNotFoundError as e:
-            raise FileNotFoundError(f"sentencepiece model not found: {model_path}") from e
-        if hashlib.sha256(proto).hexdigest() != digest:
-            raise ValueError(f"sentencepiece model {model_path} does not match the sha256 "
-                             f"recorded in {os.fspath(path)}")
-        tok = cls(model_proto=proto)
-        try:
-            _ = tok.vocab_size  # parse now, so a corrupt model fails here, not in a worker
-        except RuntimeError as e:
-            raise ValueError(f"corrupt sentencepiece model {model_path}: {e}") from e
-        return tok
-
-
-def _sample(items: Iterable[str], k: int, seed: int) -> list[str]:
-    """All of `items` if there are at most k (k <= 0: no limit), else a seeded reservoir
-    sample of k in first-seen order (deterministic for the same input)."""
-    rng, kept = random.Random(seed), []
-    for i, item in enumerate(items):
-        if k <= 0 or i < k:
-            kept.append((i, item))
-        elif (j := rng.randrange(i + 1)) < k:
-            kept[j] = (i, item)
-    return [item for _, item in sorted(kept)]
-
-
-def build_sentencepiece(texts: Iterable[str], vocab_size: int, model_type: str = "unigram",
-                        input_sentence_size: int = 1_000_000,
-                        num_threads: int = 1) -> SentencePieceTokenizer:
-    """Train a SentencePiece model on the normalised, non-empty `texts`.
-
-    Deterministic for the same texts and options: the sample of `input_sentence_size`
-    texts (0: all) is drawn here with a fixed seed, because sentencepiece's own sampling
-    differs from process to process even after `set_random_generator_seed`. The trained
-    model also depends on `num_threads` (fixed, not the machine's core count). Texts are
-    cut to sentencepiece's 4192-byte sentence limit at a space instead of being dropped.
-    `vocab_size` is a target: `hard_vocab_limit=False` lets a small corpus give fewer
-    pieces instead of failing; it must still cover <unk> and the 37 required characters
-    (a-z, 0-9 and the word-boundary mark), i.e. be >= 38.
-    """
-    import sentencepiece  # pylint: disable=import-outside-toplevel
-    if model_type not in ("unigram", "bpe"):
-        raise ValueError(f"sentencepiece model_type must be 'unigram' or 'bpe', got {model_type!r}")
-
-    def clipped() -> Iterable[str]:
-        for t in texts:
-            s = normalize(t)
-            if len(s) > _SP_MAX_SENTENCE_CHARS:
-                s = s[:_SP_MAX_SENTENCE_CHARS + 1].rsplit(" ", 1)[0][:_SP_MAX_SENTENCE_CHARS]
-            if s:
-                yield s
-
-    sentences = _sample(clipped(), input_sentence_size, _SP_SEED)
-    if not sentences:
-        raise ValueError("cannot train sentencepiece: no text is non-empty after normalisation")
-    model = io.BytesIO()
-    try:
-        sentencepiece.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
-            model_type=model_type, num_threads=num_threads, hard_vocab_limit=False,
-            character_coverage=1.0, required_chars=_SP_REQUIRED_CHARS,
-            normalization_rule_name="identity", input_sentence_size=0,
-            pad_id=-1, unk_id=0, bos_id=-1, eos_id=-1, minloglevel=2)
-    except RuntimeError as e:
-        raise ValueError(f"sentencepiece training failed (vocab_size={vocab_size}): {e}") from e
-    return SentencePieceTokenizer(model_proto=model.getvalue())
 
 
 # ----------------------------------------------------------------------------- registries
