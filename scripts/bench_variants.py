@@ -3,7 +3,7 @@
     python scripts/bench_variants.py --suite=losses --out=runs/bench_losses [--steps=400]
     python scripts/bench_variants.py --suite=batch --out=runs/bench_batch [--steps=150]
     python scripts/bench_variants.py --suite=towers --out=runs/bench_towers [--steps=600]
-        [--only=LABEL,...] [--tfds_dir=DIR] [--json=out.json]
+        [--only="LABEL;LABEL"] [--tfds_dir=DIR] [--json=out.json]
 
 Each variant is one `python -m dualjax.main` run (own workdir under --out, a shared
 --tfds_dir so the data is prepared once) on the Quora cluster split with every question
@@ -178,14 +178,18 @@ def main() -> None:
     p.add_argument("--config", default=GILLICK, help="The base config of every variant.")
     p.add_argument("--steps", type=int, default=0, help="Training steps (0: the suite's).")
     p.add_argument("--tfds_dir", default="", help="Shared TFDS folder (default OUT/tfds).")
-    p.add_argument("--only", default="", help="Comma-separated labels to run (default all).")
+    p.add_argument("--only", default="",
+                   help="Labels to run, separated by ';' (labels contain commas; default all).")
     p.add_argument("--json", default="", help="Also write the results here.")
     args = p.parse_args()
     variants, default_steps, devices = SUITES[args.suite]
     args.steps = args.steps or default_steps
     args.tfds_dir = os.path.abspath(args.tfds_dir or os.path.join(args.out, "tfds"))
     os.makedirs(args.out, exist_ok=True)
-    wanted = {s.strip() for s in args.only.split(",") if s.strip()}
+    wanted = {s.strip() for s in args.only.split(";") if s.strip()}
+    unknown = wanted - {label for label, _ in variants()}
+    if unknown:
+        p.error(f"--only: no variant labelled {', '.join(map(repr, sorted(unknown)))}")
     results = []
     for label, overrides in variants():
         if wanted and label not in wanted:
