@@ -35,6 +35,26 @@ def train_rows(workdir):
         return [r for r in map(json.loads, f) if r["split"] == "train"]
 
 
+def first_train_losses(tmp_path, key, values, **overrides):
+    """{value: the first logged training loss} of a tiny run per value of config `key`;
+    each run's workdir is tmp_path / f"{key}_{value}"."""
+    out = {}
+    for value in values:
+        workdir = tmp_path / f"{key}_{value}"
+        train.train_and_evaluate(tiny(**{key: value, "eval.index": "exact", **overrides}),
+                                 str(workdir))
+        out[value] = train_rows(workdir)[0]["loss"]
+    return out
+
+
+def preempt_at(stop: int):
+    """A hook that sends this process SIGTERM after step `stop` (a TPU VM preemption)."""
+    def hook(step, _):
+        if step == stop:
+            os.kill(os.getpid(), signal.SIGTERM)
+    return hook
+
+
 def test_tiny_run_writes_the_workdir_contract(tmp_path):
     cfg = tiny()
     cfg.eval.untrained, cfg.eval.baselines = True, "bm25,tfidf,identity"
@@ -75,11 +95,7 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
     whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
     train.train_and_evaluate(tiny(), whole)
 
-    def preempt_at_7(step, _):
-        if step == 7:
-            os.kill(os.getpid(), signal.SIGTERM)  # what a TPU VM preemption sends
-
-    assert train.train_and_evaluate(tiny(), split, hooks=[preempt_at_7]) == {}
+    assert train.train_and_evaluate(tiny(), split, hooks=[preempt_at(7)]) == {}
     assert sorted(os.listdir(os.path.join(split, "checkpoints"))) == ["7"]
     assert not any(r["step"] > 7 for r in train_rows(split))
     train.train_and_evaluate(tiny(), split)  # the same command again resumes at step 7
@@ -219,23 +235,13 @@ def test_duplicate_documents_in_a_batch_are_masked_as_accidental_hits(tmp_path):
 def test_mixed_negatives_join_the_columns_and_resume_exactly(tmp_path):
     """U uniformly drawn documents per step add U columns: the first step's loss grows
     (more negatives), and a run stopped and resumed draws the same documents."""
-    first = {}
-    for mixed in (0, 64):
-        workdir = tmp_path / f"mixed_{mixed}"
-        train.train_and_evaluate(tiny(**{"loss.num_mixed_negatives": mixed, "eval.index": "exact",
-                                         "num_train_steps": 10}), str(workdir))
-        first[mixed] = train_rows(workdir)[0]["loss"]
+    first = first_train_losses(tmp_path, "loss.num_mixed_negatives", (0, 64), num_train_steps=10)
     assert first[64] > first[0] + 0.1  # log(32 + 64) vs log(32) at the start
     cfg = tiny(**{"loss.num_mixed_negatives": 64, "eval.index": "exact", "num_train_steps": 10})
     split = str(tmp_path / "split")
-
-    def preempt_at_4(step, _):
-        if step == 4:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    assert train.train_and_evaluate(cfg, split, hooks=[preempt_at_4]) == {}
+    assert train.train_and_evaluate(cfg, split, hooks=[preempt_at(4)]) == {}
     train.train_and_evaluate(cfg, split)
-    for x, y in zip(jax.tree.leaves(final_params(tmp_path / "mixed_64", 10)),
+    for x, y in zip(jax.tree.leaves(final_params(tmp_path / "loss.num_mixed_negatives_64", 10)),
                     jax.tree.leaves(final_params(split, 10))):
         np.testing.assert_array_equal(x, y)
     with pytest.raises(config_lib.ConfigError, match="does not combine"):
@@ -246,16 +252,12 @@ def test_mixed_negatives_join_the_columns_and_resume_exactly(tmp_path):
 def test_mined_hard_negatives_join_every_row(tmp_path):
     """data.hard_negatives=2: the pairs table holds 2 BM25-mined documents of other
     clusters per pair, and training adds them as columns (the first loss grows)."""
-    first = {}
-    for k in (0, 2):
-        workdir = tmp_path / f"hard_{k}"
-        train.train_and_evaluate(tiny(**{"data.hard_negatives": k, "eval.index": "exact",
-                                         "num_train_steps": 5}), str(workdir))
-        first[k] = train_rows(workdir)[0]["loss"]
+    first = first_train_losses(tmp_path, "data.hard_negatives", (0, 2), num_train_steps=5)
     assert first[2] > first[0] + 0.3  # 32 + 64 columns against 32, hard ones among them
     from dualjax.data import builders
     cfg = tiny(**{"data.hard_negatives": 2})
-    source = builders.train_source(cfg.data, cfg.seed, str(tmp_path / "hard_2" / "tfds"))
+    source = builders.train_source(cfg.data, cfg.seed,
+                                   str(tmp_path / "data.hard_negatives_2" / "tfds"))
     record = source[0]
     assert len(record["hard_negatives"]) == 2
     assert record["document"] not in list(record["hard_negatives"])
@@ -295,11 +297,7 @@ def test_multi_task_shares_the_encoder_with_a_scale_per_task_and_resumes(tmp_pat
     # Stopped at step 7 and resumed: both iterators and the schedule continue exactly.
     split = str(tmp_path / "split")
 
-    def preempt_at_7(step, _):
-        if step == 7:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    assert train.train_and_evaluate(_two_tasks(tmp_path), split, hooks=[preempt_at_7]) == {}
+    assert train.train_and_evaluate(_two_tasks(tmp_path), split, hooks=[preempt_at(7)]) == {}
     train.train_and_evaluate(_two_tasks(tmp_path), split)
     for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(final_params(split, 20))):
         np.testing.assert_array_equal(x, y)
