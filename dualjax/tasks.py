@@ -52,8 +52,8 @@ class Task:
 
 def task_configs(config: ml_collections.ConfigDict
                  ) -> list[tuple[str, ml_collections.ConfigDict, float]]:
-    """(name, data group, weight) per task: `config.tasks` in order, else ("", config.data,
-    1.0)."""
+    """(name, data group, weight) per task: `config.tasks` in name order (ConfigDict keeps
+    its keys sorted), else ("", config.data, 1.0)."""
     tasks = config.get("tasks") or {}
     if not tasks:
         return [("", config.data, 1.0)]
