@@ -47,6 +47,17 @@ def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], side: Side, batch_si
     return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
 
 
+def log_missing_fields(task: RetrievalTask, inputs: Inputs) -> None:
+    """Logs, per side with categorical fields, how many of a task's records lack each."""
+    for name, side, texts, fields in (("queries", inputs.query, task.queries, task.query_fields),
+                                      ("candidates", inputs.document, task.corpus,
+                                       task.corpus_fields)):
+        if side.features:
+            ids = side.features.encode(fields or [None] * len(texts))
+            logging.info("Categorical fields missing (id 0) in %d %s: %s", len(texts), name,
+                         side.features.missing_counts(ids))
+
+
 def ann_recall(ann_ids: np.ndarray, exact_ids: np.ndarray, k: int = 10) -> float:
     """Mean over queries of |ANN top-k & exact top-k| / |exact top-k| (ids of -1 ignored)."""
     found = []
@@ -72,13 +83,6 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
     the same task. Returns (rows {"system", "index", metrics...}, {label: ranked ids}).
     """
     enc = dict(batch_size=eval_cfg.batch_size, mesh=mesh)
-    for name, side, texts, fields in (("queries", inputs.query, task.queries, task.query_fields),
-                                      ("candidates", inputs.document, task.corpus,
-                                       task.corpus_fields)):
-        if side.features and towers:
-            ids = side.features.encode(fields or [None] * len(texts))
-            logging.info("Categorical fields missing (id 0) in %d %s: %s", len(texts), name,
-                         side.features.missing_counts(ids))
     k = min(eval_cfg.top_k, len(task.corpus))
     exclude = task.query_corpus_index
     rows, ranked = [], {}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import json
 import re
 import zlib
@@ -79,8 +80,12 @@ class Field:
         """Rows of its embedding table: missing + vocabulary + buckets."""
         return 1 + len(self.vocab) + self.num_buckets
 
+    @functools.cached_property
+    def _index(self) -> dict[str, int]:
+        return {v: i for i, v in enumerate(self.vocab, 1)}
+
     def ids(self, values: Sequence[object]) -> np.ndarray:
-        index = {v: i for i, v in enumerate(self.vocab, 1)}
+        index = self._index
         out = np.empty(len(values), np.int32)
         for j, value in enumerate(values):
             key = value_key(value)

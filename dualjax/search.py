@@ -20,7 +20,7 @@ import jax
 import ml_collections
 from absl import app, flags, logging
 
-from dualjax import checkpoints, config_lib, evaluate, features, index, sharding, tokenizers, train
+from dualjax import checkpoints, config_lib, evaluate, features, index, sharding, train
 from dualjax import tasks as tasks_lib
 from dualjax.metrics_log import setup_logging
 from dualjax.models import dual_encoder
@@ -51,17 +51,18 @@ def load_trained(workdir: str, config: ml_collections.ConfigDict | None = None) 
     if config is None:
         with open(os.path.join(workdir, "config.json")) as f:
             config = ml_collections.ConfigDict(json.load(f))
-    tokenizer = tokenizers.load_tokenizer(os.path.join(workdir, "vocab.json"))
-    sides = (features.SideFeatures(), features.SideFeatures())
-    if os.path.exists(os.path.join(workdir, "features.json")):
-        sides = features.load(os.path.join(workdir, "features.json"))
-    q_len, d_len = config_lib.max_lens(config.model)
-    inputs = features.Inputs(features.Side(tokenizer, q_len, sides[0]),
-                             features.Side(tokenizer, d_len, sides[1]))
-    model = dual_encoder.make_model(config.model, tokenizer.vocab_size, inputs.feature_sizes(),
+
+    def not_saved(name: str):
+        raise FileNotFoundError(f"{workdir}/{name}: not found; is this a trained workdir?")
+
+    # The saved vocabularies: nothing is built here (the texts and fields are not read).
+    inputs = train.load_inputs(config, workdir, lambda: not_saved("vocab.json"),
+                               lambda: not_saved("features.json"))
+    model = dual_encoder.make_model(config.model, inputs.query.tokenizer.vocab_size,
+                                    inputs.feature_sizes(),
                                     num_tasks=len(tasks_lib.task_configs(config)))
     tx, _ = train.make_optimizer(config.optimizer, config.num_train_steps)
-    init_state = train.make_init_state(model, tx, max(q_len, d_len),
+    init_state = train.make_init_state(model, tx, max(config_lib.max_lens(config.model)),
                                        config.loss.get("log_q_buckets", 0))
     ckpt = checkpoints.Checkpointer(workdir, config.keep_checkpoints)
     try:

@@ -126,20 +126,24 @@ def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
                            features.Side(tokenizer, d_len, sides[1]))
 
 
+def all_records(source, chunk: int = 4096) -> Iterable[dict]:
+    """Every record of a data source, read in bulk chunks."""
+    for start in range(0, len(source), chunk):
+        yield from pipeline.read_records(source, range(start, min(start + chunk, len(source))))
+
+
 def pair_fields(source) -> Iterable[tuple[features.Fields, features.Fields]]:
     """(query fields, document fields) of every training pair of a data source."""
-    for start in range(0, len(source), 4096):
-        for r in pipeline.read_records(source, range(start, min(start + 4096, len(source)))):
-            yield (pipeline.record_fields(r, "query_fields"),
-                   pipeline.record_fields(r, "document_fields"))
+    for r in all_records(source):
+        yield (pipeline.record_fields(r, "query_fields"),
+               pipeline.record_fields(r, "document_fields"))
 
 
 def pair_texts(source) -> Iterable[str]:
     """Both sides of every training pair of a data source."""
-    for start in range(0, len(source), 4096):
-        for r in pipeline.read_records(source, range(start, min(start + 4096, len(source)))):
-            yield r["query"].decode("utf-8")
-            yield r["document"].decode("utf-8")
+    for r in all_records(source):
+        yield r["query"].decode("utf-8")
+        yield r["document"].decode("utf-8")
 
 
 # ----------------------------------------------------------------------------- step
@@ -290,6 +294,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                  baselines: Sequence[str] = (), final: bool = False) -> list[dict]:
         """Evaluates towers (name -> params) and baselines on a task's split; logs every row."""
         data = task.eval_task(split)
+        if final:
+            evaluate.log_missing_fields(data, inputs)
         where = os.path.join(workdir, "index", *([task.name] if task.name else []), split)
         rows, ranked = evaluate.evaluate_split(
             data, towers_of(systems), inputs, config.eval, mesh, baselines=baselines,

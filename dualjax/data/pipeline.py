@@ -39,6 +39,15 @@ def record_fields(record: dict, key: str) -> dict | None:
     return json.loads(raw.decode("utf-8")) if raw else None
 
 
+def encode_records(records: Sequence[dict], key: str, side: Side, prefix: str
+                   ) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Side `key` ("query" / "document") of pairs records, encoded as `side` reads it:
+    ({prefix_ids, prefix_mask[, prefix_cats]}, the texts)."""
+    texts = [r[key].decode("utf-8") for r in records]
+    fields = [record_fields(r, f"{key}_fields") for r in records] if side.features else None
+    return {f"{prefix}_{k}": v for k, v in side.encode(texts, fields).items()}, texts
+
+
 class ReadPairs(grain.transforms.Map):
     """A batch of record indices -> {q_ids, q_mask} [batch, query max_len], {d_ids,
     d_mask} [batch, document max_len], q_cats / d_cats [batch, fields] for a side with
@@ -55,14 +64,9 @@ class ReadPairs(grain.transforms.Map):
 
     def map(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         records = read_records(self._source, indices.tolist())
-        out = {}
-        for prefix, key, side in (("q", "query", self._inputs.query),
-                                  ("d", "document", self._inputs.document)):
-            texts = [r[key].decode("utf-8") for r in records]
-            fields = ([record_fields(r, f"{key}_fields") for r in records]
-                      if side.features else None)
-            out.update({f"{prefix}_{k}": v for k, v in side.encode(texts, fields).items()})
-        out["doc_ids"] = text_ids(texts)  # the documents: the last side encoded
+        out, _ = encode_records(records, "query", self._inputs.query, "q")
+        documents, texts = encode_records(records, "document", self._inputs.document, "d")
+        out.update(documents, doc_ids=text_ids(texts))
         if self._k:
             negatives = [[t.decode("utf-8") for t in r.get("hard_negatives", ())[:self._k]]
                          for r in records]
@@ -93,10 +97,7 @@ class MixedNegatives(grain.transforms.RandomMap):
     def random_map(self, batch: dict, rng: np.random.Generator) -> dict:
         picks = rng.integers(0, len(self._source), self._count)
         records = read_records(self._source, picks.tolist())
-        texts = [r["document"].decode("utf-8") for r in records]
-        fields = ([record_fields(r, "document_fields") for r in records]
-                  if self._side.features else None)
-        mixed = {f"m_{k}": v for k, v in self._side.encode(texts, fields).items()}
+        mixed, texts = encode_records(records, "document", self._side, "m")
         return {**batch, **mixed, "m_doc_ids": text_ids(texts)}
 
 
