@@ -61,7 +61,7 @@ def _ranks(n: int) -> np.ndarray:
 
 
 def retrieval_metrics(ranked: np.ndarray, relevant: Sequence[Collection[int]],
-                      ks_recall: Sequence[int] = (1, 10, 100),
+                      ks_recall: Sequence[int] = (1, 5, 10, 50, 100),
                       ks_success: Sequence[int] = (1, 10),
                       map_k: int = 100, mrr_k: int = 10, ndcg_k: int = 10
                       ) -> dict[str, float]:

@@ -133,7 +133,9 @@ def test_evaluate_split_hand_computed(mesh, cfg_overrides):
     #    relevant {beta}: hit at rank 1. (Retrieving itself would push it to rank 2.)
     expected = {
         "recall@1": (0 + 1 / 2 + 1) / 3,
+        "recall@5": (1 + 1 + 1) / 3,
         "recall@10": (1 + 1 + 1) / 3,
+        "recall@50": 1.0,
         "recall@100": 1.0,
         "success@1": (0 + 1 + 1) / 3,
         "success@10": 1.0,

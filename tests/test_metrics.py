@@ -6,7 +6,7 @@ import pytest
 
 from dualjax.metrics import recall_curve, retrieval_metrics
 
-KEYS = {"map@100", "recall@1", "recall@10", "recall@100", "mrr@10",
+KEYS = {"map@100", "recall@1", "recall@5", "recall@10", "recall@50", "recall@100", "mrr@10",
         "success@1", "success@10", "ndcg@10", "num_queries"}
 
 
@@ -18,7 +18,9 @@ def test_single_query_hand_computed():
     # P@2 = 1/2, P@4 = 2/4 -> AP = (0.5 + 0.5) / 3 = 1/3 (divide by R, not found count).
     assert m["map@100"] == pytest.approx(1 / 3)
     assert m["recall@1"] == pytest.approx(0.0)          # top1 = [5]
+    assert m["recall@5"] == pytest.approx(2 / 3)        # 3 at rank 2, 1 at rank 4
     assert m["recall@10"] == pytest.approx(2 / 3)       # found 3 and 1 out of 3
+    assert m["recall@50"] == pytest.approx(2 / 3)
     assert m["recall@100"] == pytest.approx(2 / 3)
     assert m["mrr@10"] == pytest.approx(1 / 2)          # first hit at rank 2
     assert m["success@1"] == pytest.approx(0.0)
