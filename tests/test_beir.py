@@ -26,9 +26,9 @@ HEADER = "query-id\tcorpus-id\tscore\n"
 FILES = {
     "corpus.jsonl": "".join(json.dumps(d) + "\n" for d in CORPUS),
     "queries.jsonl": "".join(json.dumps(q) + "\n" for q in QUERIES),
-    # Lines 2..7: q3's own document is not relevant to it.
+    # Lines 2..7: q3's own document is judged relevant (kept in the qrels, as BEIR does).
     "qrels/test.tsv": HEADER + "q2\td2\t1\nq1\td1\t2\nq1\td4\t0\nq3\tq3\t1\nq3\td1\t1\nq1\td5\t1\n",
-    # q3 has only itself and q4 only a 0 score: both are skipped.
+    # q3 has only itself; q4 only a 0 score, so it is skipped.
     "qrels/dev.tsv": HEADER + "q3\tq3\t1\nq4\td4\t0\nq1\td2\t1\n",
     "qrels/train.tsv": HEADER + "q5\td5\t1\nq5\td1\t0\nq2\td2\t1\n",
 }
@@ -61,13 +61,22 @@ def test_happy_path(tmp_path):
     test, val = raw.tasks["test"], raw.tasks["val"]
     assert test.corpus == EXPECTED_CORPUS and val.corpus == EXPECTED_CORPUS
     assert test.queries == ["what is flax", "what is jax", "How do I learn jax?"]
-    assert test.relevant == [frozenset({1}), frozenset({0, 4}), frozenset({0})]
+    assert test.relevant == [frozenset({1}), frozenset({0, 4}), frozenset({2, 0})]
+    # BEIR's evaluation never returns a document with the query's own id.
     np.testing.assert_array_equal(test.query_corpus_index, [-1, -1, 2])
-    assert val.queries == ["what is jax"]
-    assert val.relevant == [frozenset({1})]
-    np.testing.assert_array_equal(val.query_corpus_index, [-1])
+    assert val.queries == ["How do I learn jax?", "what is jax"]
+    assert val.relevant == [frozenset({2}), frozenset({1})]
+    np.testing.assert_array_equal(val.query_corpus_index, [2, -1])
     assert raw.train_pairs == [("train query", "Orbax. Checkpoints."),
                                ("what is flax", "Flax builds on jax.")]
+
+
+def test_identical_ids_can_be_unrelated(tmp_path):
+    # NPL numbers queries and documents 1, 2, ...: "query 1" and "document 1" are unrelated.
+    raw = load_beir({"path": _folder(tmp_path), "ignore_identical_ids": False})
+    test = raw.tasks["test"]
+    assert test.relevant == [frozenset({1}), frozenset({0, 4}), frozenset({2, 0})]
+    np.testing.assert_array_equal(test.query_corpus_index, [-1, -1, -1])
 
 
 def test_document_text():
@@ -102,7 +111,7 @@ def test_skipped_queries_are_logged(tmp_path, monkeypatch):
     _load(folder)
     assert f"{folder}/qrels/test.tsv: 3 of 5 queries have relevant documents; skipped 2" \
         in messages, messages
-    assert f"{folder}/qrels/dev.tsv: 1 of 5 queries have relevant documents; skipped 4" \
+    assert f"{folder}/qrels/dev.tsv: 2 of 5 queries have relevant documents; skipped 3" \
         in messages, messages
 
 
@@ -174,7 +183,6 @@ def test_bad_lines_name_file_and_line(tmp_path, file, content, lineno, fragment)
 @pytest.mark.parametrize("qrels, fragment", [
     (HEADER + "q1\td1\t0\nq2\td2\t-1\n", "no relevant judgement (no row with score > 0)"),
     (HEADER, "no relevant judgement (no row with score > 0)"),
-    (HEADER + "q3\tq3\t1\n", "no query has a relevant document other than itself"),
 ])
 def test_qrels_without_relevant_rows(tmp_path, qrels, fragment):
     folder = _folder(tmp_path, {"qrels/test.tsv": qrels})
@@ -189,7 +197,7 @@ def test_skip_bad_lines_skips_and_logs(tmp_path, monkeypatch):
     folder = _folder(tmp_path, {"corpus.jsonl": corpus, "qrels/test.tsv": test_qrels})
     raw = _load(folder, skip=True)
     assert raw.tasks["test"].corpus == EXPECTED_CORPUS
-    assert raw.tasks["test"].relevant == [frozenset({1}), frozenset({0, 4}), frozenset({0})]
+    assert raw.tasks["test"].relevant == [frozenset({1}), frozenset({0, 4}), frozenset({0, 2})]
     assert any(w.startswith(f"{folder}/corpus.jsonl: skipped 2 bad line(s) (lines 6, 7); "
                             "first problem: line 6: malformed JSON") for w in warnings), warnings
     assert any(w.startswith(f"{folder}/qrels/test.tsv: skipped 2 bad line(s) (lines 9, 11); "

@@ -171,24 +171,29 @@ def load_beir(settings: dict) -> RawData:
     """Training pairs and "val"/"test" retrieval tasks from a BEIR folder.
 
     Args:
-        settings: ``{"path": the folder, "skip_bad_lines": bool}``. With
-            ``skip_bad_lines``, malformed lines (bad UTF-8 or JSON, missing or
-            non-string fields, bad qrels rows) and qrels rows naming an unknown
-            id are skipped and counted in a warning; duplicate ids stay errors.
+        settings: ``{"path": the folder, "skip_bad_lines": bool,
+            "ignore_identical_ids": bool}``. With ``skip_bad_lines``, malformed
+            lines (bad UTF-8 or JSON, missing or non-string fields, bad qrels
+            rows) and qrels rows naming an unknown id are skipped and counted in
+            a warning; duplicate ids stay errors. With ``ignore_identical_ids``
+            (the default, as BEIR's evaluation), a document with the query's own
+            id (BEIR's quora: the same question) is never retrieved for it; turn
+            it off where the two numberings are unrelated (NPL).
 
     Returns:
         RawData whose tasks share the full corpus (all documents, file order).
         A split's queries are those with a relevant document in its qrels, in
-        order of first appearance there. A document with the query's own id (as
-        in BEIR's quora) is its ``query_corpus_index`` and never relevant, as
-        BEIR's evaluation ignores identical ids. Training pairs are the
-        (query text, document text) of each relevant ``train.tsv`` row.
+        order of first appearance there; the qrels are kept as they are. A
+        document with the query's own id is its ``query_corpus_index`` when
+        identical ids are ignored. Training pairs are the (query text, document
+        text) of each relevant ``train.tsv`` row.
 
     Raises:
         DataError: a missing folder or file, no ``qrels/test.tsv``, bad input.
     """
     folder = os.path.expanduser(settings["path"])
     skip = bool(settings.get("skip_bad_lines", False))
+    ignore_identical = bool(settings.get("ignore_identical_ids", True))
     if not os.path.isdir(folder):
         raise DataError(f"{folder}: no such folder (expected a BEIR dataset)")
     qrels_dir = os.path.join(folder, "qrels")
@@ -215,13 +220,13 @@ def load_beir(settings: dict) -> RawData:
     for name in (n for n in names if n in SPLITS):
         path = os.path.join(qrels_dir, name)
         qrels = _read_qrels(path, known_queries, known_docs, skip)
-        relevant = {q: [corpus_index[d] for d, s in judged.items() if s > 0 and d != q]
+        relevant = {q: [corpus_index[d] for d, s in judged.items() if s > 0]
                     for q, judged in qrels.items()}
         relevant = {q: r for q, r in relevant.items() if r}
         logging.info("%s: %d of %d queries have relevant documents; skipped %d",
                      path, len(relevant), len(query_ids), len(query_ids) - len(relevant))
         if not relevant:
-            raise DataError(f"{path}: no query has a relevant document other than itself")
+            raise DataError(f"{path}: no query has a relevant document")
         if SPLITS[name] == "train":
             train_pairs = [(query_text[q], corpus[i]) for q, r in relevant.items() for i in r]
             continue
@@ -229,7 +234,8 @@ def load_beir(settings: dict) -> RawData:
             corpus=corpus,
             queries=[query_text[q] for q in relevant],
             relevant=[frozenset(r) for r in relevant.values()],
-            query_corpus_index=np.asarray([corpus_index.get(q, -1) for q in relevant],
-                                          dtype=np.int64))
+            query_corpus_index=np.asarray(
+                [corpus_index.get(q, -1) if ignore_identical else -1 for q in relevant],
+                dtype=np.int64))
     return RawData(train_pairs=train_pairs, tasks={s: tasks[s] for s in ("val", "test")
                                                    if s in tasks})

@@ -314,14 +314,17 @@ def _beir_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
                 with open(os.path.join(root, name), "rb") as f:
                     digest.update(name.encode() + hashlib.file_digest(f, "sha256").digest())
     return {"seed": seed, "path": folder, "sha256": digest.hexdigest(),
-            "skip_bad_lines": cfg.skip_bad_lines, **_negatives(cfg)}
+            "skip_bad_lines": cfg.skip_bad_lines, **_negatives(cfg),
+            **({} if cfg.get("ignore_identical_ids", True) else {"ignore_identical_ids": False})}
 
 
 def _reqa_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
     return {**_common(cfg, seed),
             **file_settings(cfg.path or SQUAD_PATH, "a SQuAD v1.1 JSON file"),
             "val_fraction": cfg.val_fraction, "test_fraction": cfg.test_fraction,
-            "context": cfg.candidate_context}
+            "context": cfg.candidate_context,
+            **({"split_by": "question", "train_fraction": cfg.train_fraction}
+               if cfg.get("split_by", "article") == "question" else {})}
 
 
 # data.name -> (builder class, settings from the data config and the run's seed)
