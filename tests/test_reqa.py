@@ -7,46 +7,9 @@ import pytest
 
 from dualjax.data import clusters, reqa
 from dualjax.data.pairs_file import DataError
-from dualjax.data.reqa import load_reqa_squad, read_squad, split_sentences
+from dualjax.data.reqa import load_reqa_squad, read_squad
 
 REAL_SQUAD = "/work/shared/data/squad/dev-v1.1.json"
-
-
-def _sentences(paragraph: str) -> list[str]:
-    spans = split_sentences(paragraph)
-    # Spans are ordered, disjoint and cover every non-blank character.
-    covered = "".join(paragraph[s:e] for s, e in spans)
-    assert "".join(covered.split()) == "".join(paragraph.split())
-    assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:]))
-    return [paragraph[s:e] for s, e in spans]
-
-
-@pytest.mark.parametrize("paragraph, expected", [
-    ("  First one.\nSecond one!  Third?  ", ["First one.", "Second one!", "Third?"]),
-    ("Mr. Smith met Dr. Jones on St. Mark's Square. They talked.",
-     ["Mr. Smith met Dr. Jones on St. Mark's Square.", "They talked."]),
-    ("J. K. Rowling wrote it. It sold.", ["J. K. Rowling wrote it.", "It sold."]),
-    ("The U.S. Army won. Some, e.g. Paris, fell. Others, i.e. Rome, held.",
-     ["The U.S. Army won.", "Some, e.g. Paris, fell.", "Others, i.e. Rome, held."]),
-    ("It grew 3.5 percent. 1990 was calm.", ["It grew 3.5 percent.", "1990 was calm."]),
-    ('He said "Stop." Then he left. (It was late.) "Why?" she asked.',
-     ['He said "Stop."', "Then he left.", "(It was late.)", '"Why?" she asked.']),
-    ("Version 2. it goes on. iPhone sales rose.", ["Version 2. it goes on. iPhone sales rose."]),
-    ("It was No. 5 on the chart. No. It was not.",
-     ["It was No. 5 on the chart.", "No.", "It was not."]),
-    ("Pears, etc. Are sold. Ali vs. Frazier was a fight. In U.S. v. Smith it was.",
-     ["Pears, etc. Are sold.", "Ali vs. Frazier was a fight.", "In U.S. v. Smith it was."]),
-    ("Wait... What?! Yes.", ["Wait...", "What?!", "Yes."]),
-    ("no terminal punctuation", ["no terminal punctuation"]),
-    ("", []),
-    (" \n ", []),
-])
-def test_split_sentences(paragraph, expected):
-    assert _sentences(paragraph) == expected
-
-
-def test_split_sentences_returns_character_spans():
-    assert split_sentences(" Ab. Cd.") == [(1, 4), (5, 8)]
 
 
 # Hand-split: each article's paragraphs with their sentences, and each question
@@ -187,6 +150,33 @@ def test_context_option_appends_the_paragraph(tmp_path):
         assert d == with_context[rel[0]]
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_split_by_question(tmp_path, seed):
+    # Chang et al. / Ahmad et al.: questions split at random, every candidate everywhere.
+    raw = _load(_write(tmp_path, _squad()), split_by="question", train_fraction=0.5,
+                val_fraction=0.0, candidates="split", seed=seed)
+    fractions = {"train": 0.5, "val": 0.0, "test": 0.5}
+    split = [list(fractions)[i] for i in clusters.split_clusters(len(QUESTIONS), fractions, seed)]
+    assert raw.train_pairs == [(q, CANDIDATES[rel[0]][1])
+                               for (_, q, rel), s in zip(QUESTIONS, split) if s == "train"]
+    assert set(raw.tasks) == {"test"}
+    test = raw.tasks["test"]
+    assert test.queries == [q for (_, q, _), s in zip(QUESTIONS, split) if s == "test"]
+    texts = [t for _, t in CANDIDATES]
+    assert test.corpus == texts[:7] + texts[8:]  # all candidates (duplicates merged)
+    assert len(raw.train_pairs) + len(test.queries) == len(QUESTIONS)
+
+
+def test_split_by_question_shares_paragraphs_between_train_and_test(tmp_path):
+    raw = _load(_write(tmp_path, _squad()), split_by="question", train_fraction=0.6,
+                val_fraction=0.0)
+    paragraph = dict(zip((t for _, t in CANDIDATES), PARAGRAPH_OF))
+    train = {paragraph[d] for _, d in raw.train_pairs}
+    test = raw.tasks["test"]
+    tested = {paragraph[test.corpus[i]] for rel in test.relevant for i in rel}
+    assert train & tested  # the same paragraph answers training and test questions
+
+
 def test_zero_val_fraction_gives_no_val_task(tmp_path):
     raw = _load(_write(tmp_path, _squad()), val_fraction=0.0, test_fraction=0.5)
     assert set(raw.tasks) == {"test"}
@@ -251,7 +241,7 @@ def test_structure_errors_name_the_place(tmp_path, edit, fragment):
 @pytest.mark.parametrize("settings, fragment", [
     ({"candidates": "some"}, "candidates='some' is not one of: split, all"),
     ({"test_fraction": 0.0}, "leave split 'test' empty"),
-    ({"val_fraction": 0.9}, "bad val_fraction/test_fraction"),
+    ({"val_fraction": 0.9}, "bad train/val/test fractions"),
 ])
 def test_bad_settings(tmp_path, settings, fragment):
     assert fragment in _error(_write(tmp_path, _squad()), **settings)

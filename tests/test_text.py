@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from dualjax import text
 from dualjax.text import WordTokenizer, build_word_tokenizer, normalize, words
 
 
@@ -140,3 +141,39 @@ def test_load_corrupt_file_names_path(tmp_path, content):
     path.write_text(content)
     with pytest.raises(ValueError, match="corrupt_tok.json"):
         WordTokenizer.load(path)
+
+
+def _sentences(paragraph: str) -> list[str]:
+    spans = text.sentence_spans(paragraph)
+    # Spans are ordered, disjoint and cover every non-blank character.
+    covered = "".join(paragraph[s:e] for s, e in spans)
+    assert "".join(covered.split()) == "".join(paragraph.split())
+    assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:]))
+    return [paragraph[s:e] for s, e in spans]
+
+
+@pytest.mark.parametrize("paragraph, expected", [
+    ("  First one.\nSecond one!  Third?  ", ["First one.", "Second one!", "Third?"]),
+    ("Mr. Smith met Dr. Jones on St. Mark's Square. They talked.",
+     ["Mr. Smith met Dr. Jones on St. Mark's Square.", "They talked."]),
+    ("J. K. Rowling wrote it. It sold.", ["J. K. Rowling wrote it.", "It sold."]),
+    ("The U.S. Army won. Some, e.g. Paris, fell. Others, i.e. Rome, held.",
+     ["The U.S. Army won.", "Some, e.g. Paris, fell.", "Others, i.e. Rome, held."]),
+    ("It grew 3.5 percent. 1990 was calm.", ["It grew 3.5 percent.", "1990 was calm."]),
+    ("It was No. 5 on the chart. No. It was not.",
+     ["It was No. 5 on the chart.", "No.", "It was not."]),
+    ("Wait... What?! Yes.", ["Wait...", "What?!", "Yes."]),
+    # Wikipedia markers and page references never stand alone.
+    ("It grew.[citation needed] Then it fell. [3] [4]", ["It grew.", "[citation needed] Then "
+                                                         "it fell. [3] [4]"]),
+    ("Oxygen forms O\n2 gas. It is reactive.", ["Oxygen forms O\n2 gas.", "It is reactive."]),
+    ("no terminal punctuation", ["no terminal punctuation"]),
+    ("", []),
+    (" \n ", []),
+])
+def test_sentence_spans(paragraph, expected):
+    assert _sentences(paragraph) == expected
+
+
+def test_sentence_spans_are_character_spans():
+    assert text.sentence_spans(" Ab. Cd.") == [(1, 4), (5, 8)]

@@ -5,14 +5,18 @@ comprehension set into retrieval: every sentence of every paragraph is a
 candidate answer and a question must retrieve the sentence that holds its
 answer. Choices made here:
 
-* Sentences come from :func:`split_sentences`, a small rule-based splitter.
+* Sentences come from :func:`dualjax.text.sentence_spans` (sentencex).
 * A question's relevant candidates are the sentences holding each of its
   distinct ``answer_start``\\ s (SQuAD dev has up to 3 answers per question); its
   training pair uses the sentence of its first answer only, so that a question
   is never twice in a batch. Questions without answers (SQuAD 2.0's impossible
   ones) are skipped and counted in the log.
 * Articles, not paragraphs, are split into train/val/test, so no paragraph
-  serves both training and evaluation.
+  serves both training and evaluation (``split_by="article"``); or, as Ahmad et al.
+  and Chang et al. run ReQA, the questions are (``split_by="question"``):
+  ``train_fraction`` of them train, ``val_fraction`` validate, the rest test, and
+  every split's candidates are all the sentences, so a test answer may sit in a
+  paragraph that training questions also used.
 * Identical candidate texts within one task's corpus are merged into one entry
   (ReQA keeps them): two copies would tie on every score, so which copy counts
   as relevant would be arbitrary. A merged entry is relevant to the questions of
@@ -24,7 +28,6 @@ from __future__ import annotations
 import bisect
 import json
 import os
-import re
 from typing import NamedTuple
 
 import numpy as np
@@ -33,68 +36,13 @@ from absl import logging
 from dualjax.data import clusters
 from dualjax.data.clusters import RawData, RetrievalTask
 from dualjax.data.pairs_file import DataError, _read_bytes
+from dualjax.text import sentence_spans
 
 CANDIDATES = ("split", "all")
+SPLIT_BY = ("article", "question")
 DEFAULTS = {"seed": 0, "val_fraction": 0.1, "test_fraction": 0.1,
-            "candidates": "all", "context": False}
-
-# A sentence end: terminal punctuation, closing quotes/brackets, whitespace.
-_END = re.compile(r"""([.!?]+)(["'”’)\]]*)(\s+)""")
-_OPENERS = "\"'“‘(["
-# Words after which a single "." does not end a sentence.
-ABBREVIATIONS = frozenset(
-    "Mr. Mrs. Ms. Dr. Prof. St. Mt. Ft. Jr. Sr. Gen. Col. Lt. Sgt. Capt. Gov. Sen. "
-    "Rep. Rev. Hon. Pres. v. vs. etc. approx. cf. al.".split())
-# ... nor before a number ("No. 5", "c. 1500", "Sept. 11").
-BEFORE_NUMBER = frozenset(
-    "No. Nos. Vol. c. ca. p. pp. Jan. Feb. Mar. Apr. Aug. Sep. Sept. Oct. Nov. Dec.".split())
-_INITIAL_OR_ACRONYM = re.compile(r"[A-Z]\.|(?:[A-Za-z]\.){2,}")  # "J.", "U.S.", "e.g."
-
-
-def _word_before(text: str, end: int) -> str:
-    """The whitespace-delimited word ending at `end`, without opening quotes."""
-    start = end
-    while start > 0 and not text[start - 1].isspace():
-        start -= 1
-    return text[start:end].lstrip(_OPENERS)
-
-
-def _is_boundary(paragraph: str, match: re.Match) -> bool:
-    after = match.end()
-    if after == len(paragraph):
-        return False  # trailing whitespace
-    nxt = paragraph[after]
-    if not (nxt.isupper() or nxt.isdigit() or nxt in _OPENERS):
-        return False
-    if match.group(1) != "." or match.group(2):
-        return True
-    word = _word_before(paragraph, match.end(1))
-    return not (word in ABBREVIATIONS or _INITIAL_OR_ACRONYM.fullmatch(word)
-                or (word in BEFORE_NUMBER and nxt.isdigit()))
-
-
-def split_sentences(paragraph: str) -> list[tuple[int, int]]:
-    """The sentences of `paragraph` as [start, end) character spans.
-
-    A sentence ends at ``.``, ``!`` or ``?`` (a run of them, plus closing
-    quotes or brackets) followed by whitespace and an uppercase letter, a digit,
-    an opening quote or bracket; a single ``.`` does not end one after a common
-    abbreviation ("Mr.", "St.", "etc."), a capital initial ("J."), a dotted
-    acronym ("U.S.", "e.g."), or "No."/"c."/a month before a number. Numbers
-    such as "3.5" are never split (no whitespace follows the point). Spans
-    exclude the surrounding whitespace; a blank paragraph has no sentences.
-    """
-    spans = []
-    start = len(paragraph) - len(paragraph.lstrip())
-    for match in _END.finditer(paragraph):
-        if match.start() >= start and _is_boundary(paragraph, match):
-            spans.append((start, match.start(3)))
-            start = match.end()
-    end = len(paragraph.rstrip())
-    if end > start:
-        spans.append((start, end))
-    return spans
-
+            "candidates": "all", "context": False, "split_by": "article",
+            "train_fraction": 0.8}
 
 def _sentence_of(ends: list[int], position: int) -> int:
     """The sentence (given the sentences' ends) holding character `position`; in
@@ -148,7 +96,7 @@ def read_squad(path: str, context: bool = False) -> Squad:
         for p, paragraph in enumerate(_get(article, "paragraphs", list, where_a, path)):
             where_p = f"{where_a} paragraphs[{p}]"
             text = _get(paragraph, "context", str, where_p, path)
-            spans = split_sentences(text)
+            spans = sentence_spans(text)
             ends = [e for _, e in spans]
             first = len(candidates)
             for s, e in spans:
@@ -197,15 +145,17 @@ def load_reqa_squad(settings: dict) -> RawData:
     Args:
         settings: ``{"path": the SQuAD JSON file, "seed": int, "val_fraction":
             float, "test_fraction": float, "candidates": "split" | "all",
-            "context": bool}``; all but the path default to `DEFAULTS`.
-            Articles are split by ``clusters.split_clusters``; a zero
-            val_fraction gives no "val" task. Each split's questions are its
+            "context": bool, "split_by": "article" | "question",
+            "train_fraction": float}``; all but the path default to `DEFAULTS`.
+            Articles (or questions) are split by ``clusters.split_clusters``; a
+            zero val_fraction gives no "val" task. Each split's questions are its
             queries; its corpus is the candidates of its own articles ("split")
-            or of all articles ("all", ReQA's setting), in file order.
+            or of all articles ("all", ReQA's setting, and always when split by
+            question), in file order.
 
     Returns:
         RawData: training pairs (question, sentence of its first answer) of the
-        train articles; tasks whose queries are never candidates (index -1).
+        training questions; tasks whose queries are never candidates (index -1).
 
     Raises:
         DataError: a missing or malformed file, a bad setting, an empty split.
@@ -216,27 +166,42 @@ def load_reqa_squad(settings: dict) -> RawData:
         raise DataError(f"candidates={settings['candidates']!r} is not one of: "
                         f"{', '.join(CANDIDATES)}")
     num_articles, candidates, questions = read_squad(path, context=bool(settings["context"]))
-    val, test = float(settings["val_fraction"]), float(settings["test_fraction"])
-    fractions = {"train": 1.0 - val - test, "val": val, "test": test}
+    val = float(settings["val_fraction"])
+    if settings["split_by"] == "question":  # every candidate in every split
+        train = float(settings["train_fraction"])
+        fractions = {"train": train, "val": val, "test": max(1.0 - train - val, 0.0)}
+        units, settings = len(questions), {**settings, "candidates": "all"}
+    else:
+        test = float(settings["test_fraction"])
+        fractions = {"train": 1.0 - val - test, "val": val, "test": test}
+        units = num_articles
     try:
-        split_of = clusters.split_clusters(num_articles, fractions, int(settings["seed"]))
+        split_of = clusters.split_clusters(units, fractions, int(settings["seed"]))
     except ValueError as e:
-        raise DataError(f"{path}: bad val_fraction/test_fraction: {e}") from None
+        raise DataError(f"{path}: bad train/val/test fractions: {e}") from None
     names = list(fractions)
     counts = {n: int((split_of == i).sum()) for i, n in enumerate(names)}
+    unit = "questions" if settings["split_by"] == "question" else "articles"
     for name in names:
         if (fractions[name] > 0 or name == "test") and not counts[name]:
-            raise DataError(f"{path}: {num_articles} articles leave split {name!r} empty "
-                            f"({counts}); adjust val_fraction / test_fraction")
-    split = [names[i] for i in split_of]
+            raise DataError(f"{path}: {units} {unit} leave split {name!r} empty "
+                            f"({counts}); adjust the data fractions")
+    if settings["split_by"] == "question":
+        split_q = [names[i] for i in split_of]
+    else:
+        split_q = [names[split_of[a]] for a, _, _ in questions]
+    split_a = [names[i] for i in split_of] if unit == "articles" else None
 
-    train_pairs = [(q, candidates[rel[0]][1]) for a, q, rel in questions if split[a] == "train"]
+    train_pairs = [(q, candidates[rel[0]][1])
+                   for (_, q, rel), sp in zip(questions, split_q) if sp == "train"]
     tasks = {}
     for name in ("val", "test"):
         if counts[name]:
             pool = [c for c, (a, _) in enumerate(candidates)
-                    if settings["candidates"] == "all" or split[a] == name]
-            tasks[name] = _task(candidates, pool, [x for x in questions if split[x[0]] == name])
-    logging.info("%s: %d articles (%s), %d candidates, %d questions, %d training pairs",
-                 path, num_articles, counts, len(candidates), len(questions), len(train_pairs))
+                    if settings["candidates"] == "all" or split_a[a] == name]
+            tasks[name] = _task(candidates, pool,
+                                [x for x, sp in zip(questions, split_q) if sp == name])
+    logging.info("%s: %d articles, %d candidates, %d questions, split by %s (%s), "
+                 "%d training pairs", path, num_articles, len(candidates), len(questions),
+                 unit, counts, len(train_pairs))
     return RawData(train_pairs=train_pairs, tasks=tasks)
