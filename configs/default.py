@@ -12,6 +12,9 @@ from dualjax import index
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0                      # seeds params init, data shuffling and the step rng
+    c.init_from = ""                # another run's WORKDIR: start from its latest checkpoint's
+                                    # towers and its vocabulary (fresh optimizer, step, data);
+                                    # the towers must match (pre-train, then fine-tune)
     c.num_train_steps = 1200        # optimizer steps (0: evaluate the initialisation only)
     c.global_batch_size = 256       # pairs per step over all devices; each query sees all
                                     # other documents of the global batch as negatives
@@ -45,7 +48,22 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.hard_negatives = 0       # k BM25-mined negatives per training pair (documents of
                                     # other clusters), extra columns of the in-batch loss
                                     # for every row (0: off)
+    c.data.ignore_identical_ids = True  # beir: a document with the query's id is not a
+                                    # candidate for it (BEIR's evaluation; right for BEIR's
+                                    # quora); False where the numberings are unrelated (NPL)
     c.data.worker_count = 0         # grain worker processes (0: read in the main process)
+    c.data.split_by = "article"     # reqa_squad: split "article"s into train/val/test
+                                    # (val_fraction, test_fraction), or "question"s (Chang et
+                                    # al., Ahmad et al.: train_fraction to train, val_fraction
+                                    # to val, the rest to test; every candidate in every split)
+    c.data.train_fraction = 0.8     # reqa_squad with split_by="question": questions to train on
+    # data.name = "pretrain": pairs generated from an unlabelled collection at data.path (a
+    # SQuAD .json, a BEIR folder, or a documents .jsonl; see dualjax/data/documents.py)
+    c.data.tasks = "ict,bfs,wlp"    # pretrain: any of "ict", "bfs", "wlp", mixed uniformly
+    c.data.ict_mask_rate = 0.9      # pretrain ICT: P(the query sentence is removed from its
+                                    # passage) (ORQA: 0.9)
+    c.data.min_query_words = 5      # pretrain: shorter sentences are never queries
+    c.data.passage_words = 288      # pretrain, .jsonl with plain "text": words per passage
 
     c.tasks = ml_collections.ConfigDict()  # multi-task (Gillick et al. 2018 2): name ->
                                     # {"data": a group like c.data, "weight": 1.0}; each step
@@ -112,8 +130,11 @@ def get_config() -> ml_collections.ConfigDict:
                                     # float32; the tower's output is float32)
     c.model.transformer.init_std = 0.02  # stddev of the normal init of every weight (BERT)
     c.model.similarity = "cosine_affine"  # "cosine_affine": alpha*cos+beta, learned |
-                                                                    # "cosine_temperature": cos/temperature, fixed
-    c.model.temperature = 0.1       # cosine_temperature: tau
+                                    # "cosine_temperature": cos/temperature, fixed |
+                                    # "cosine_learned_temperature": cos/tau, log tau learned
+                                    # (CLIP), clipped to tau in [0.01, 1]
+    c.model.temperature = 0.1       # cosine_temperature: tau; cosine_learned_temperature:
+                                    # its initial value
     c.model.init_scale = 10.0       # cosine_affine: initial alpha
     c.model.init_bias = 0.0         # cosine_affine: initial beta
 

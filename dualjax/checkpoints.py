@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 
@@ -47,3 +48,20 @@ class Checkpointer:
 def abstract_like(tree: Any) -> Any:
     """ShapeDtypeStructs (with shardings) describing the arrays of `tree`."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def latest_params(workdir: str) -> tuple[int, Any]:
+    """(step, params) of the latest checkpoint of another run's `workdir`, as numpy arrays
+    (whatever mesh saved them; no optimizer state is kept). FileNotFoundError if the
+    workdir has no checkpoint."""
+    root = os.path.join(os.path.abspath(workdir), "checkpoints")
+    steps = ocp.utils.checkpoint_steps(root) if os.path.isdir(root) else []
+    if not steps:
+        raise FileNotFoundError(f"{workdir}: no checkpoint in {root}")
+    step = max(steps)
+    path = os.path.join(root, str(step), "state")
+    checkpointer = ocp.PyTreeCheckpointer()
+    metadata = checkpointer.metadata(path).item_metadata.tree
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
+    state = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
+    return step, state["params"]

@@ -4,13 +4,14 @@ work starts, and the message names the key and what would work."""
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import ml_collections
 
 from dualjax import baselines, features, index, losses, tokenizers
 from dualjax import tasks as tasks_lib
-from dualjax.data import builders
+from dualjax.data import builders, pretraining, reqa
 from dualjax.models import dual_encoder, towers
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -149,6 +150,19 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     _check_towers(config.model)
     _check_features(config.model)
     _one_of("model.similarity", config.model.similarity, dual_encoder.SIMILARITIES)
+    low, high = (math.exp(x) for x in dual_encoder.LOG_TEMPERATURE_RANGE)
+    if (config.model.similarity == "cosine_learned_temperature"
+            and not low <= config.model.temperature <= high):
+        raise ConfigError(f"config.model.temperature={config.model.temperature} must be in "
+                          f"[{low:g}, {high:g}] for the learned temperature")
+    pretrain = [name for name, data, _ in task_list if data.name == tasks_lib.PRETRAIN]
+    if pretrain and len(pretrain) == len(task_list) and not config.num_train_steps:
+        raise ConfigError("config.num_train_steps=0 evaluates only, but data.name='pretrain' "
+                          "has nothing to evaluate on; evaluate with another data.name and "
+                          "config.init_from=<the pre-training workdir>")
+    if pretrain and config.loss.num_mixed_negatives:
+        raise ConfigError("config.loss.num_mixed_negatives: mixed negatives are drawn from a "
+                          "table of training pairs, which data.name='pretrain' does not have")
     _check_loss(config.loss)
     _one_of("optimizer.name", config.optimizer.name, OPTIMIZERS)
     _one_of("optimizer.decay", config.optimizer.decay, DECAYS)
@@ -189,14 +203,34 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
 def _check_data(data: ml_collections.ConfigDict, key: str) -> None:
     """One data group (config.data, or config.tasks.<name>.data): known dataset and
     candidates, a pairs file named, split fractions that leave every split non-empty."""
-    _one_of(f"{key}.name", data.name, builders.DATASETS)
+    _one_of(f"{key}.name", data.name, (*builders.DATASETS, tasks_lib.PRETRAIN))
     _one_of(f"{key}.candidates", data.candidates, builders.CANDIDATES)
+    _one_of(f"{key}.split_by", data.split_by, reqa.SPLIT_BY)
+    if data.name == tasks_lib.PRETRAIN:
+        if not data.path:
+            raise ConfigError(f"config.{key}.path must name the collection to pre-train on (a "
+                              "SQuAD .json file, a BEIR folder or a documents .jsonl file)")
+        try:
+            pretraining.parse_tasks(data.tasks)
+        except ValueError as e:
+            raise ConfigError(f"config.{key.removesuffix('data')}{e}") from None
+        if not 0 <= data.ict_mask_rate <= 1:
+            raise ConfigError(f"config.{key}.ict_mask_rate={data.ict_mask_rate} must be in [0, 1]")
+        if data.get("hard_negatives", 0):
+            raise ConfigError(f"config.{key}.hard_negatives: pre-training pairs are generated, "
+                              "there is nothing to mine negatives for; set it to 0")
+        return
     if data.name == "pairs" and not data.path:
         raise ConfigError(f"config.{key}.path must name a TSV or JSONL pairs file when "
                           f"config.{key}.name='pairs'")
     if data.get("hard_negatives", 0) < 0:
         raise ConfigError(f"config.{key}.hard_negatives={data.hard_negatives} must be >= 0")
-    if data.name in ("pairs", "quora", "reqa_squad"):
+    if data.name == "reqa_squad" and data.split_by == "question":
+        train, val = data.train_fraction, data.val_fraction
+        if not (train >= 0 and val >= 0 and train + val < 1):
+            raise ConfigError(f"config.{key}.train_fraction={train} and config.{key}.val_fraction="
+                              f"{val} must be >= 0 and leave questions to test on (sum below 1)")
+    elif data.name in ("pairs", "quora", "reqa_squad"):
         val, test = data.val_fraction, data.test_fraction
         if not (val > 0 and test > 0 and val + test < 1):
             raise ConfigError(f"config.{key}.val_fraction={val} and config.{key}.test_fraction="

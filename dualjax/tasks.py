@@ -12,13 +12,18 @@ its own splits; metrics rows carry a "task" field.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+from typing import Iterable
 
 import ml_collections
 import numpy as np
 
-from dualjax.data import builders
+from dualjax import features
+from dualjax.data import builders, documents, pipeline, pretraining
 from dualjax.data.clusters import RetrievalTask
+
+PRETRAIN = "pretrain"  # data.name of an unlabelled collection (pre-training pairs, no evaluation)
 
 
 @dataclasses.dataclass
@@ -33,11 +38,57 @@ class Task:
     tfds_dir: str
     _eval: dict[str, RetrievalTask] = dataclasses.field(default_factory=dict)
 
+    @property
+    def pretraining(self) -> bool:
+        return self.data.name == PRETRAIN
+
     def splits(self) -> tuple[str, ...]:
+        """Its evaluation splits ("val", "test"); none for a pre-training collection."""
+        if self.pretraining:
+            return ()
         return builders.eval_splits(self.data, self.seed, self.tfds_dir)
 
+    @functools.cached_property
     def train_source(self):
+        """The training pairs: a TFDS table of records, or a pre-training `PairGenerator`."""
+        if self.pretraining:
+            d = self.data
+            collection = documents.read_collection(d.path, self.tfds_dir, d.passage_words,
+                                                   d.skip_bad_lines)
+            return pretraining.PairGenerator(collection, pretraining.parse_tasks(d.tasks),
+                                             self.seed, d.ict_mask_rate, d.min_query_words)
         return builders.train_source(self.data, self.seed, self.tfds_dir)
+
+    def train_texts(self) -> Iterable[str]:
+        """The texts to build a vocabulary from."""
+        if self.pretraining:
+            return self.train_source.texts()
+        return pipeline.pair_texts(self.train_source)
+
+    def train_fields(self) -> Iterable[tuple[features.Fields, features.Fields]]:
+        """(query fields, document fields) of every training pair (none when generated)."""
+        if self.pretraining:
+            return iter(())
+        return pipeline.pair_fields(self.train_source)
+
+    def train_iterator(self, inputs: features.Inputs, global_batch_size: int, seed: int,
+                       num_mixed_negatives: int = 0):
+        """An endless iterator of this process's share of each global training batch."""
+        if self.pretraining:
+            return pipeline.generated_iterator(self.train_source, inputs, global_batch_size,
+                                               self.data.worker_count)
+        return pipeline.train_iterator(self.train_source, inputs, global_batch_size, seed,
+                                       self.data.worker_count, num_mixed_negatives,
+                                       self.data.get("hard_negatives", 0))
+
+    def describe_training(self) -> str:
+        """How many training pairs (or what generates them), for the log."""
+        src = self.train_source
+        if self.pretraining:
+            return ("pre-training pairs generated from " + self.data.path + " ("
+                    + ", ".join(f"{t.upper()}: {src.num_items(t)} items" for t in src.tasks)
+                    + ")")
+        return f"training pairs: {len(src)}"
 
     def eval_task(self, split: str) -> RetrievalTask:
         """The retrieval task of a split, read once."""

@@ -23,7 +23,7 @@ from absl import logging
 from tqdm.auto import tqdm
 
 from dualjax import (checkpoints, config_lib, evaluate, features, frequency, losses, report,
-                     sharding, tokenizers)
+                     sharding, tokenizers, warm_start)
 from dualjax import tasks as tasks_lib
 from dualjax.data import pipeline
 from dualjax.metrics_log import MetricsLog
@@ -126,26 +126,6 @@ def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
                            features.Side(tokenizer, d_len, sides[1]))
 
 
-def all_records(source, chunk: int = 4096) -> Iterable[dict]:
-    """Every record of a data source, read in bulk chunks."""
-    for start in range(0, len(source), chunk):
-        yield from pipeline.read_records(source, range(start, min(start + chunk, len(source))))
-
-
-def pair_fields(source) -> Iterable[tuple[features.Fields, features.Fields]]:
-    """(query fields, document fields) of every training pair of a data source."""
-    for r in all_records(source):
-        yield (pipeline.record_fields(r, "query_fields"),
-               pipeline.record_fields(r, "document_fields"))
-
-
-def pair_texts(source) -> Iterable[str]:
-    """Both sides of every training pair of a data source."""
-    for r in all_records(source):
-        yield r["query"].decode("utf-8")
-        yield r["document"].decode("utf-8")
-
-
 # ----------------------------------------------------------------------------- step
 def make_train_step(model, tx, schedule, loss_fn, state_sharding, batch_sharding, replicated,
                     log_q_alpha: float = 0.01):
@@ -228,24 +208,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     log = MetricsLog(workdir)
     tasks = tasks_lib.make_tasks(config, workdir)
     splits = {t.name: t.splits() for t in tasks}
+    if config.init_from:  # pre-trained elsewhere: its vocabularies (and, below, its towers)
+        warm_start.copy_vocabularies(config.init_from, workdir)
 
     # Input: one iterator per task, one vocabulary over all of them. With num_train_steps
     # = 0 (evaluation only) no training pairs are needed and the vocabularies come from
     # the test splits.
     if config.num_train_steps:
-        sources = [t.train_source() for t in tasks]
-        inputs = load_inputs(config, workdir,
-                             lambda: itertools.chain.from_iterable(map(pair_texts, sources)),
-                             lambda: itertools.chain.from_iterable(map(pair_fields, sources)))
-        data_iters = [pipeline.train_iterator(src, inputs, config.global_batch_size,
-                                              config.seed + i, t.data.worker_count,
-                                              config.loss.num_mixed_negatives,
-                                              t.data.get("hard_negatives", 0))
-                      for i, (t, src) in enumerate(zip(tasks, sources))]
-        for t, src in zip(tasks, sources):
-            logging.info("Training pairs%s: %d; global batch %d over %d devices",
-                         f" of task {t.name} (weight {t.weight})" if t.name else "", len(src),
-                         config.global_batch_size, mesh.devices.size)
+        inputs = load_inputs(
+            config, workdir, lambda: itertools.chain.from_iterable(t.train_texts() for t in tasks),
+            lambda: itertools.chain.from_iterable(t.train_fields() for t in tasks))
+        data_iters = [t.train_iterator(inputs, config.global_batch_size, config.seed + i,
+                                       config.loss.num_mixed_negatives)
+                      for i, t in enumerate(tasks)]
+        for t in tasks:
+            logging.info("%s%s; global batch %d over %d devices",
+                         f"Task {t.name} (weight {t.weight}): " if t.name else "",
+                         t.describe_training(), config.global_batch_size, mesh.devices.size)
     else:
         tests = [t.eval_task(splits[t.name][-1]) for t in tasks]
         inputs = load_inputs(config, workdir,
@@ -281,6 +260,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
             it.set_state(saved_data if len(tasks) == 1 else saved_data[t.name])
         log.truncate_after(last_saved)
         logging.info("Resumed from %s at step %d", os.path.join(workdir, "checkpoints"), last_saved)
+    elif config.init_from:
+        state["params"] = warm_start.tower_params(config.init_from, state["params"],
+                                                  config.model, replicated)
     start = int(state["step"])
 
     encoders = make_encoders(model)
@@ -373,7 +355,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         systems["untrained"] = jax.jit(init_state, static_argnums=0)(config.seed)["params"]
     baselines = config_lib.baseline_names(config)
     out = {}
-    for task in tasks:
+    for task in (t for t in tasks if splits[t.name]):  # a pre-training collection has none
         results = {split: run_eval(task, systems, split, step, baselines, final=True)
                    for split in splits[task.name]}
         last = splits[task.name][-1]
@@ -384,8 +366,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         out.update({(f"{task.name}: " if task.name else "") + evaluate.row_label(r): r
                     for r in results[last]})
     typo_probs = config_lib.typo_probs(config)
-    if typo_probs:  # typo robustness: the first task's last split, queries with typos at p
-        task = tasks[0]
+    evaluated = [t for t in tasks if splits[t.name]]
+    if typo_probs and evaluated:  # typo robustness: the first evaluated task's last split
+        task = evaluated[0]
         last = splits[task.name][-1]
         name = f"task {task.name}, " if task.name else ""
         typo_rows = evaluate.typo_sweep(task.eval_task(last), towers_of(systems), inputs,

@@ -251,3 +251,27 @@ def test_tiny_training_run_with_cnn_queries_and_transformer_documents(tmp_path):
     assert losses and all(np.isfinite(losses)) and losses[0] > 0
     test_rows = [r for r in rows if r["split"] == "test"]
     assert test_rows and 0 <= test_rows[0]["map@100"] <= 1
+
+
+def test_learned_temperature_starts_at_tau_is_clipped_and_trained():
+    cfg = model_cfg("bow", similarity="cosine_learned_temperature", temperature=0.05)
+    model = dual_encoder.make_model(cfg, VOCAB)
+    params = dual_encoder.init_params(model, jax.random.key(0), 8)
+    assert set(params) == {"tower", "log_temperature"}
+    np.testing.assert_allclose(params["log_temperature"], np.log(0.05), rtol=1e-6)
+    scale = lambda p: model.apply({"params": p}, method="scale_and_bias")[0]
+    np.testing.assert_allclose(scale(params), 20.0, rtol=1e-5)           # 1 / tau
+    for log_tau, expected in ((-9.0, 100.0), (3.0, 1.0)):                 # tau in [0.01, 1]
+        np.testing.assert_allclose(scale({**params, "log_temperature": jnp.float32(log_tau)}),
+                                   expected, rtol=1e-5)
+    # The loss moves log tau: a gradient step on positives scored above negatives
+    # sharpens the softmax (lowers tau).
+    ids, mask = texts([3, 4, 5, 2], 8)
+
+    def loss(p):
+        q, d, s, b = model.apply({"params": p}, ids, mask, ids, mask)
+        logits = s * q @ d.T + b
+        return -jnp.mean(jnp.diag(jax.nn.log_softmax(logits, axis=1)))
+
+    grad = jax.grad(loss)(params)["log_temperature"]
+    assert grad > 0  # d loss / d log tau > 0: descending lowers tau

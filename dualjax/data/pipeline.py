@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import grain
 import jax
@@ -48,12 +48,40 @@ def encode_records(records: Sequence[dict], key: str, side: Side, prefix: str
     return {f"{prefix}_{k}": v for k, v in side.encode(texts, fields).items()}, texts
 
 
+def encode_pairs(records: Sequence[dict], inputs: Inputs) -> dict[str, np.ndarray]:
+    """Pairs records {"query", "document": bytes, ...} -> {q_ids, q_mask} [batch, query
+    max_len], {d_ids, d_mask} [batch, document max_len], q_cats / d_cats [batch, fields]
+    for a side with categorical fields, and doc_ids [batch] (`text_ids` of the documents,
+    for masking accidental hits)."""
+    out, _ = encode_records(records, "query", inputs.query, "q")
+    documents, texts = encode_records(records, "document", inputs.document, "d")
+    out.update(documents, doc_ids=text_ids(texts))
+    return out
+
+
+def all_records(source, chunk: int = 4096) -> Iterable[dict]:
+    """Every record of a data source, read in bulk chunks."""
+    for start in range(0, len(source), chunk):
+        yield from read_records(source, range(start, min(start + chunk, len(source))))
+
+
+def pair_fields(source) -> Iterable[tuple[dict | None, dict | None]]:
+    """(query fields, document fields) of every training pair of a data source."""
+    for r in all_records(source):
+        yield record_fields(r, "query_fields"), record_fields(r, "document_fields")
+
+
+def pair_texts(source) -> Iterable[str]:
+    """Both sides of every training pair of a data source."""
+    for r in all_records(source):
+        yield r["query"].decode("utf-8")
+        yield r["document"].decode("utf-8")
+
+
 class ReadPairs(grain.transforms.Map):
-    """A batch of record indices -> {q_ids, q_mask} [batch, query max_len], {d_ids,
-    d_mask} [batch, document max_len], q_cats / d_cats [batch, fields] for a side with
-    categorical fields, doc_ids [batch] (`text_ids` of the documents, for masking
-    accidental hits), and with `num_hard_negatives` k each record's mined negatives:
-    n_ids, n_mask [batch, k, document max_len] and n_doc_ids [batch, k].
+    """A batch of record indices -> `encode_pairs` of those records, and with
+    `num_hard_negatives` k each record's mined negatives: n_ids, n_mask [batch, k,
+    document max_len] and n_doc_ids [batch, k].
 
     Records are read with one bulk `__getitems__` per batch: array_record then fetches
     them together, many times faster than one random read per record.
@@ -64,9 +92,7 @@ class ReadPairs(grain.transforms.Map):
 
     def map(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         records = read_records(self._source, indices.tolist())
-        out, _ = encode_records(records, "query", self._inputs.query, "q")
-        documents, texts = encode_records(records, "document", self._inputs.document, "d")
-        out.update(documents, doc_ids=text_ids(texts))
+        out = encode_pairs(records, self._inputs)
         if self._k:
             negatives = [[t.decode("utf-8") for t in r.get("hard_negatives", ())[:self._k]]
                          for r in records]
@@ -123,6 +149,38 @@ def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
         ds = ds.random_map(MixedNegatives(source, inputs.document, num_mixed_negatives // n_proc),
                            seed=seed + 1)
     ds = ds.to_iter_dataset()
+    if worker_count > 0:
+        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
+    return iter(ds)
+
+
+class GeneratePairs(grain.transforms.Map):
+    """A batch of stream positions -> `encode_pairs` of the pairs a pre-training
+    `PairGenerator` makes at those positions."""
+
+    def __init__(self, generator, inputs: Inputs):
+        self._generator, self._inputs = generator, inputs
+
+    def map(self, positions: np.ndarray) -> dict[str, np.ndarray]:
+        pairs = [self._generator.pair(int(p)) for p in positions]
+        return encode_pairs([{"query": q.encode(), "document": d.encode()} for q, d, _ in pairs],
+                            self._inputs)
+
+
+def generated_iterator(generator, inputs: Inputs, global_batch_size: int,
+                       worker_count: int = 0) -> grain.DatasetIterator:
+    """An endless iterator of this process's share of each global batch of generated
+    pairs: global batch b holds stream positions [b * B, (b + 1) * B), and process i of
+    n its i-th contiguous share, so the pairs do not depend on the number of processes."""
+    n_proc, i = jax.process_count(), jax.process_index()
+    if global_batch_size % n_proc:
+        raise ValueError(f"global_batch_size={global_batch_size} is not divisible by "
+                         f"{n_proc} processes")
+    local = global_batch_size // n_proc
+    batches = grain.MapDataset.range(2 ** 62 // global_batch_size)
+    ds = batches.map(lambda b: np.arange(b * global_batch_size + i * local,
+                                         b * global_batch_size + (i + 1) * local))
+    ds = ds.map(GeneratePairs(generator, inputs)).to_iter_dataset()
     if worker_count > 0:
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
     return iter(ds)

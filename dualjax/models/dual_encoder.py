@@ -9,6 +9,8 @@ axis names (a PartitionSpec per param, same tree) for sharding them over a mesh.
 """
 from __future__ import annotations
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -17,7 +19,11 @@ import ml_collections
 from dualjax.models import towers
 from dualjax.models.towers import TOWERS
 
-SIMILARITIES = ("cosine_affine", "cosine_temperature")
+SIMILARITIES = ("cosine_affine", "cosine_temperature", "cosine_learned_temperature")
+# cosine_learned_temperature: log tau is clipped to this range (CLIP clips its logit scale
+# 1/tau to at most 100).
+LOG_TEMPERATURE_RANGE = (math.log(0.01), math.log(1.0))
+SIMILARITY_PARAMS = ("alpha", "beta", "log_temperature")  # every other param is a tower's
 
 
 def l2_normalize(x: jnp.ndarray, eps: float = 1e-12) -> jnp.ndarray:
@@ -40,7 +46,9 @@ class DualEncoder(nn.Module):
 
     similarity = "cosine_affine": logits = alpha * cos + beta with learned alpha, beta
     (Gillick et al. 2018); "cosine_temperature": logits = cos / temperature, fixed
-    (Mościcki 2022 uses 0.1).
+    (Mościcki 2022 uses 0.1); "cosine_learned_temperature": logits = cos / tau with
+    log tau learned (CLIP, SigLIP), initialised at log(temperature) and clipped to
+    LOG_TEMPERATURE_RANGE (tau in [0.01, 1]).
     """
     config: ml_collections.ConfigDict
     vocab_size: int
@@ -67,10 +75,13 @@ class DualEncoder(nn.Module):
                 embed = self.embed
             self.query_tower = TOWERS[q_tower](cfg, self.vocab_size, "query_tower", embed)
             self.doc_tower = TOWERS[d_tower](cfg, self.vocab_size, "doc_tower", embed)
+        shape = () if self.num_tasks == 1 else (self.num_tasks,)
         if cfg.similarity == "cosine_affine":
-            shape = () if self.num_tasks == 1 else (self.num_tasks,)
             self.alpha = self.param("alpha", nn.initializers.constant(cfg.init_scale), shape)
             self.beta = self.param("beta", nn.initializers.constant(cfg.init_bias), shape)
+        elif cfg.similarity == "cosine_learned_temperature":
+            self.log_temperature = self.param(
+                "log_temperature", nn.initializers.constant(math.log(cfg.temperature)), shape)
 
     def _feature_table(self, rows: int, dim: int, name: str) -> nn.Embed:
         init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.1),
@@ -98,11 +109,12 @@ class DualEncoder(nn.Module):
     def scale_and_bias(self, task: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
         """(scale, bias) such that logits = scale * cosine + bias (of task `task`, an int
         scalar, when the model has several; None: task 0)."""
+        pick = lambda x: x if self.num_tasks == 1 else x[0 if task is None else task]
         if self.config.similarity == "cosine_affine":
-            if self.num_tasks == 1:
-                return self.alpha, self.beta
-            t = 0 if task is None else task
-            return self.alpha[t], self.beta[t]
+            return pick(self.alpha), pick(self.beta)
+        if self.config.similarity == "cosine_learned_temperature":
+            log_tau = jnp.clip(pick(self.log_temperature), *LOG_TEMPERATURE_RANGE)
+            return jnp.exp(-log_tau), jnp.float32(0.0)
         return jnp.float32(1.0 / self.config.temperature), jnp.float32(0.0)
 
     def __call__(self, q_ids, q_mask, d_ids, d_mask, q_cats=None, d_cats=None, task=None):

@@ -1,0 +1,129 @@
+"""Pre-training pairs from an unlabelled collection (Chang et al. 2020, §3).
+
+Three paragraph-level tasks, each making (query, document) pairs from a `Collection`:
+- ICT, Inverse Cloze Task (Lee et al. 2019): the query is a random sentence of a passage;
+  the document is the article's title and the passage, with the query sentence removed
+  with probability `mask_rate` (ORQA's `ict_dataset.py`: 0.9, so it stays in 10% of the
+  time). A passage needs two sentences (one to ask, one left to answer).
+- BFS, Body First Selection: the query is a random sentence of the article's lead; the
+  document is a random passage of the same article outside its lead.
+- WLP, Wiki Link Prediction: the query is a random sentence of article A's lead; the
+  document is a passage of another article B that links to A (`Collection.links`).
+
+Every document is "title. passage" (`beir.document_text`). Sentences of fewer than
+`min_query_words` words (split on whitespace: captions, infobox fragments) are never queries.
+
+Pair number `position` of the stream is a function of (seed, position) alone:
+position % T picks the task (T tasks, interleaved: a uniform mixture, as the paper
+samples each pair from the tasks uniformly), position // T the task's item through a
+seeded shuffle per epoch of its items, and `np.random.default_rng([seed, position])`
+the sentence and the masking. So a passage drawn again in a later epoch gets a new
+sentence, and a resumed run (grain stores the position) sees the pairs an uninterrupted
+one would.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dualjax.data.beir import document_text
+from dualjax.data.documents import Collection
+from dualjax.data.pairs_file import DataError
+
+TASKS = ("ict", "bfs", "wlp")
+
+
+def parse_tasks(spec: str) -> tuple[str, ...]:
+    """"ict,bfs,wlp" -> ("ict", "bfs", "wlp"); ValueError for an unknown or repeated name."""
+    names = tuple(t.strip() for t in spec.split(",") if t.strip())
+    bad = [t for t in names if t not in TASKS]
+    if not names or bad or len(set(names)) != len(names):
+        raise ValueError(f"data.tasks={spec!r} must name distinct tasks among "
+                         f"{', '.join(TASKS)}, separated by commas")
+    return names
+
+
+class PairGenerator:
+    """(seed, position) -> one pre-training pair; see the module docstring."""
+
+    def __init__(self, collection: Collection, tasks: tuple[str, ...], seed: int,
+                 mask_rate: float = 0.9, min_query_words: int = 5):
+        c = self.collection = collection
+        self.tasks, self.seed, self.mask_rate = tasks, seed, mask_rate
+        # Query sentences (long enough), in order; those of sentences [s0, s1) are
+        # self._query_sents[searchsorted(s0) : searchsorted(s1)].
+        counts = np.fromiter((len(x.split()) for x in c.sentences), np.int64, len(c.sentences))
+        self._query_sents = np.flatnonzero(counts >= min_query_words)
+        where = lambda sents: np.searchsorted(self._query_sents, sents)
+        starts = c.passage_sent_start
+        self._passage_q = np.stack([where(starts[:-1]), where(starts[1:])], 1)  # [P, 2]
+        first = c.article_start[:-1]
+        self._lead_q = np.stack([where(starts[first]), where(starts[c.lead_end])], 1)  # [A, 2]
+        has_query = self._passage_q[:, 1] > self._passage_q[:, 0]
+        lead_has_query = self._lead_q[:, 1] > self._lead_q[:, 0]
+        passages = np.arange(len(c.passages))
+        self._items = {}
+        if "ict" in tasks:  # passages with a query sentence and another sentence
+            self._items["ict"] = passages[has_query & (starts[1:] - starts[:-1] >= 2)]
+        if "bfs" in tasks:  # passages outside a lead whose article's lead has a query
+            article = c.passage_article
+            self._items["bfs"] = passages[(passages >= c.lead_end[article])
+                                          & lead_has_query[article]]
+        if "wlp" in tasks:  # links (passage of B, A) whose target A has a lead query
+            self._items["wlp"] = np.flatnonzero(lead_has_query[c.links[:, 1]]
+                                                if len(c.links) else [])
+        for t in tasks:
+            if not len(self._items[t]):
+                raise DataError(f"data.tasks: the collection has nothing to make {t.upper()} "
+                                f"pairs from ({_NEEDS[t]})")
+        self._perm: dict[tuple[int, int], np.ndarray] = {}  # (task, epoch) -> item order
+
+    def num_items(self, task: str) -> int:
+        return len(self._items[task])
+
+    def _item(self, t: int, k: int) -> int:
+        """The k-th item of task t's stream: epochs of seeded shuffles of its items."""
+        items = self._items[self.tasks[t]]
+        epoch, i = divmod(k, len(items))
+        if (t, epoch) not in self._perm:
+            if len(self._perm) > 2 * len(self.tasks):
+                self._perm.clear()  # only the current (and next) epoch are in use
+            self._perm[(t, epoch)] = np.random.default_rng(
+                [self.seed, t, epoch]).permutation(len(items))
+        return int(items[self._perm[(t, epoch)][i]])
+
+    def _document(self, p: int, drop: int | None = None) -> str:
+        c = self.collection
+        start, end = c.passage_sent_start[p], c.passage_sent_start[p + 1]
+        if drop is None:
+            text = c.passages[p]
+        else:
+            text = " ".join(c.sentences[s] for s in range(start, end) if s != drop)
+        return document_text(c.titles[c.passage_article[p]], text)
+
+    def pair(self, position: int) -> tuple[str, str, str]:
+        """(query, document, task name) of pair number `position` of the stream."""
+        t, k = position % len(self.tasks), position // len(self.tasks)
+        task, item = self.tasks[t], self._item(t, k)
+        rng = np.random.default_rng([self.seed, position])
+        c = self.collection
+        pick = lambda lo_hi: int(self._query_sents[rng.integers(*lo_hi)])  # a query sentence
+        if task == "ict":
+            s = pick(self._passage_q[item])
+            drop = s if rng.random() < self.mask_rate else None
+            return c.sentences[s], self._document(item, drop), task
+        if task == "bfs":
+            s = pick(self._lead_q[c.passage_article[item]])
+            return c.sentences[s], self._document(item), task
+        p, a = c.links[item]
+        return c.sentences[pick(self._lead_q[a])], self._document(int(p)), task
+
+    def texts(self):
+        """Every title and passage (for building a vocabulary)."""
+        yield from self.collection.titles
+        yield from self.collection.passages
+
+
+_NEEDS = {"ict": "passages of two or more sentences",
+          "bfs": "articles with a lead and passages after it",
+          "wlp": "links between articles, or titles mentioned in other articles"}

@@ -1,0 +1,100 @@
+"""Starting a run from another run (`config.init_from = WORKDIR`): pre-train, then fine-tune.
+
+The new run takes the other run's vocabularies (vocab.json, features.json: fine-tuning
+must read the pre-training vocabulary) and its latest checkpoint's tower parameters; the
+optimizer, step, rng and data position are its own, fresh. The similarity's own
+parameters (alpha and beta, or log tau) are taken too when both runs have them with the
+same shape, else they start at the new run's initial values. Towers that do not match
+are refused, naming the settings that differ.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+import jax
+import ml_collections
+from absl import logging
+
+from dualjax import checkpoints
+from dualjax.config_lib import ConfigError
+from dualjax.models.dual_encoder import SIMILARITY_PARAMS
+
+VOCABULARIES = ("vocab.json", "features.json")
+# Model settings that do not shape the towers' parameters.
+_NOT_TOWER = {"similarity", "temperature", "init_scale", "init_bias", "max_len",
+              "query_max_len", "doc_max_len"}
+
+
+def copy_vocabularies(init_from: str, workdir: str) -> None:
+    """Copies init_from's vocab.json (and features.json) into `workdir`, unless `workdir`
+    has its own already (a resumed run)."""
+    if not os.path.isdir(init_from):
+        raise ConfigError(f"config.init_from={init_from!r}: no such workdir")
+    if not os.path.exists(os.path.join(init_from, "vocab.json")):
+        raise ConfigError(f"config.init_from={init_from!r} has no vocab.json: is it a dualjax "
+                          "workdir that has trained?")
+    for name in VOCABULARIES:
+        source, target = os.path.join(init_from, name), os.path.join(workdir, name)
+        if os.path.exists(source) and not os.path.exists(target):
+            tmp = f"{target}.tmp{os.getpid()}"
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, target)
+            logging.info("init_from: using %s", source)
+
+
+def _model_differences(init_from: str, model: ml_collections.ConfigDict) -> list[str]:
+    """"model.KEY: OLD (init_from) vs NEW (this run)" for each tower setting that differs."""
+    try:
+        with open(os.path.join(init_from, "config.json")) as f:
+            saved = json.load(f).get("model", {})
+    except (OSError, ValueError):
+        return []
+
+    def flat(d: dict, prefix: str = "model.") -> dict:
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, dict):
+                out.update(flat(v, f"{prefix}{k}."))
+            elif k not in _NOT_TOWER:
+                out[prefix + k] = v
+        return out
+
+    old, new = flat(saved), flat(model.to_dict())
+    return [f"{k}: {old.get(k)!r} (init_from) vs {new.get(k)!r} (this run)"
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
+def _shapes(tree: Any) -> dict[str, tuple]:
+    return {jax.tree_util.keystr(path): tuple(x.shape)
+            for path, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def tower_params(init_from: str, params: dict, model: ml_collections.ConfigDict,
+                 sharding: jax.sharding.Sharding) -> dict:
+    """`params` (this run's initial parameters) with the towers of init_from's latest
+    checkpoint, placed with `sharding`; ConfigError if the towers differ."""
+    try:
+        step, saved = checkpoints.latest_params(init_from)
+    except FileNotFoundError as e:
+        raise ConfigError(f"config.init_from: {e}") from None
+    towers = lambda tree: {k: v for k, v in tree.items() if k not in SIMILARITY_PARAMS}
+    ours, theirs = _shapes(towers(params)), _shapes(towers(saved))
+    if ours != theirs:
+        first = next(k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k))
+        differences = _model_differences(init_from, model)
+        raise ConfigError(
+            f"config.init_from={init_from!r}: its towers do not match this run's (param {first}: "
+            f"{theirs.get(first, 'absent')} there, {ours.get(first, 'absent')} here)"
+            + ("; settings that differ: " + "; ".join(differences) if differences else ""))
+    out = dict(params)
+    for key, value in saved.items():
+        if key in SIMILARITY_PARAMS and _shapes(value) != _shapes(params.get(key, {})):
+            logging.info("init_from: %s is not carried over (another similarity)", key)
+            continue
+        out[key] = value
+    logging.info("init_from: towers of %s at step %d", init_from, step)
+    return jax.device_put(out, sharding)

@@ -1,0 +1,273 @@
+"""Pre-training for retrieval (Chang et al. 2020) on our data: Table 3 and Table 5 shapes.
+
+    python scripts/bench_pretrain.py --out=runs/bench_pretrain [--suite=table3]
+        [--pretrain_steps=1500] [--finetune_steps=500] [--towers=bow_mlp,transformer]
+        [--json=out.json]
+
+Every run is one `python -m dualjax.main` call with its own workdir under --out (a
+finished workdir is reused, so an interrupted benchmark resumes where it stopped):
+
+- pre-training (configs/pretrain.py) on the Wikispeedia articles
+  (../shared/data/wikispeedia/articles.jsonl) with the tasks of the row;
+- fine-tuning (configs/reqa_finetune.py) on ReQA SQuAD at each train fraction (a random
+  split of the 10,570 questions; every (sentence, paragraph) of SQuAD dev a candidate),
+  from the pre-trained towers (config.init_from) or from scratch ("none");
+- zero-shot: the pre-trained towers evaluated with no fine-tuning at all
+  (num_train_steps=0) on every ReQA question (train_fraction=0) and on NPL
+  (../shared/data/npl, BEIR layout, query and document ids unrelated), against BM25.
+
+Suites: table3 (rows: BM25; each tower without pre-training and with ICT+BFS+WLP, the
+transformer also with ICT alone; columns recall@1/5/10/50/100 at each train fraction;
+plus the zero-shot table), ablation (bow_mlp pre-trained on ICT, BFS, WLP alone and
+together: zero-shot, and fine-tuned at 5%), similarity (ICT+BFS+WLP with
+cosine_affine, a fixed temperature and the learned temperature: zero-shot and 5%), and
+corpora (for NPL and ReQA zero-shot: pre-training on Wikispeedia, on the target's own
+documents, and on both in sequence).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+RECALL = ("recall@1", "recall@5", "recall@10", "recall@50", "recall@100")
+FRACTIONS = (0.01, 0.05, 0.8)
+WIKISPEEDIA = "../shared/data/wikispeedia/articles.jsonl"
+SQUAD = "../shared/data/squad/dev-v1.1.json"
+NPL = "../shared/data/npl"
+TOWERS = {
+    "bow_mlp": {},
+    # 4 x 256 as configs/pretrain.py sets it; documents cut to 128 tokens for CPU time.
+    "transformer": {"model.tower": "transformer", "model.doc_max_len": 128,
+                    "model.transformer.max_positions": 128},
+}
+SIMILARITIES = {
+    "learned temperature": {},  # configs/pretrain.py's default (log tau learned, from 0.05)
+    "fixed temperature 0.05": {"model.similarity": "cosine_temperature"},
+    "cosine_affine": {"model.similarity": "cosine_affine", "model.init_scale": 20.0},
+}
+
+
+def slug(label: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in label).strip("_")[:80]
+
+
+def read_rows(workdir: str) -> list[dict]:
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def finished(workdir: str, steps: int, evaluates: bool) -> bool:
+    rows = read_rows(workdir)
+    if evaluates:
+        return any(r["split"] == "test" and r["step"] == steps for r in rows)
+    return any(r["split"] == "train" and r["step"] == steps for r in rows)
+
+
+def run(args, name: str, config: str, flags: dict, steps: int, evaluates: bool = True
+        ) -> tuple[str, float | None]:
+    """Runs (or reuses) one workdir; returns (workdir, wall seconds or None if reused)."""
+    workdir = os.path.abspath(os.path.join(args.out, slug(name)))
+    if finished(workdir, steps, evaluates):
+        return workdir, None
+    cmd = [sys.executable, "-m", "dualjax.main", f"--config={config}", f"--workdir={workdir}",
+           f"--config.num_train_steps={steps}", f"--config.data.tfds_dir={args.tfds_dir}",
+           *(f"--config.{k}={v}" for k, v in flags.items())]
+    print("$", " ".join(cmd), flush=True)
+    start = time.time()
+    with open(workdir + ".log", "w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    return workdir, time.time() - start
+
+
+def pretrain(args, tower: str, tasks: str, path: str = WIKISPEEDIA, extra: dict | None = None,
+             label: str = "", init_from: str = "") -> dict:
+    name = f"pretrain {tower} {tasks} {label or os.path.basename(path)}"
+    flags = {"data.path": os.path.abspath(path), "data.tasks": tasks,
+             "checkpoint_every_steps": args.pretrain_steps,
+             "log_every_steps": max(1, args.pretrain_steps // 20), **TOWERS[tower],
+             **(extra or {}), **({"init_from": init_from} if init_from else {})}
+    workdir, wall = run(args, name, "configs/pretrain.py", flags, args.pretrain_steps, False)
+    rows = [r for r in read_rows(workdir) if r["split"] == "train"]
+    return {"workdir": workdir, "wall_seconds": wall, "steps": args.pretrain_steps,
+            "final_loss": rows[-1]["loss"], "final_in_batch_p@1": rows[-1]["in_batch_p@1"],
+            "pairs_per_second": sorted(r["pairs_per_second"] for r in rows[1:])[len(rows[1:]) // 2]
+            if len(rows) > 1 else None}
+
+
+def test_rows(workdir: str, steps: int) -> dict[str, dict]:
+    """system -> its exact test row at `steps`."""
+    return {r["system"]: r for r in read_rows(workdir)
+            if r["split"] == "test" and r["step"] == steps and r.get("index") == "exact"}
+
+
+def finetune(args, tower: str, init_from: str, fraction: float, label: str,
+             extra: dict | None = None) -> dict[str, dict]:
+    name = f"finetune {tower} {label} {fraction}"
+    flags = {"data.train_fraction": fraction, "eval.index": "exact",
+             "checkpoint_every_steps": args.finetune_steps, **TOWERS[tower], **(extra or {}),
+             **({"init_from": init_from} if init_from else {})}
+    if fraction < 0.05:  # ~105 training questions: a batch of 256 would repeat each
+        flags["global_batch_size"] = 64
+    workdir, _ = run(args, name, "configs/reqa_finetune.py", flags, args.finetune_steps)
+    return test_rows(workdir, args.finetune_steps)
+
+
+def zero_shot(args, tower: str, init_from: str, target: str, label: str,
+              extra: dict | None = None) -> dict[str, dict]:
+    """The pre-trained towers on every ReQA question, or on NPL; with BM25 beside them."""
+    flags = {"init_from": init_from, "eval.index": "exact", **TOWERS[tower], **(extra or {})}
+    if target == "reqa":
+        flags["data.train_fraction"] = 0.0
+    else:
+        flags.update({"data.name": "beir", "data.path": os.path.abspath(NPL),
+                      "data.ignore_identical_ids": False})
+    workdir, _ = run(args, f"zeroshot {target} {tower} {label}", "configs/reqa_finetune.py",
+                     flags, 0)
+    return test_rows(workdir, 0)
+
+
+def recall_cells(row: dict) -> str:
+    return " | ".join(f"{100 * row[k]:.1f}" for k in RECALL)
+
+
+def table3(args) -> dict:
+    towers = [t.strip() for t in args.towers.split(",") if t.strip()]
+    models = []  # (label, tower, init_from workdir or "")
+    pretrained = {}
+    for tower in towers:
+        models.append((f"{tower}, no pre-training", tower, ""))
+        for tasks in (("ict", "ict,bfs,wlp") if tower == "transformer" else ("ict,bfs,wlp",)):
+            p = pretrained[(tower, tasks)] = pretrain(args, tower, tasks)
+            models.append((f"{tower}, {tasks.upper().replace(',', '+')}", tower, p["workdir"]))
+    results = {"models": {}, "bm25": {}, "pretraining": {
+        f"{t} {k}": v for (t, k), v in pretrained.items()}, "zero_shot": {}}
+    for fraction in FRACTIONS:
+        for label, tower, init in models:
+            rows = finetune(args, tower, init, fraction, slug(label))
+            results["models"].setdefault(label, {})[fraction] = rows["dual_encoder"]
+            results["bm25"][fraction] = rows["bm25"]
+    for (tower, tasks), p in pretrained.items():
+        for target in ("reqa", "npl"):
+            rows = zero_shot(args, tower, p["workdir"], target, tasks)
+            results["zero_shot"][f"{tower}, {tasks} -> {target}"] = {
+                "dual_encoder": rows["dual_encoder"], "bm25": rows["bm25"]}
+    lines = ["| model | " + " | ".join(f"{f:g}: R@1 / 5 / 10 / 50 / 100" for f in FRACTIONS)
+             + " |", "|---|" + "---|" * len(FRACTIONS),
+             "| BM25 | " + " | ".join(recall_cells(results["bm25"][f]) for f in FRACTIONS) + " |"]
+    for label, per in results["models"].items():
+        lines.append(f"| {label} | " + " | ".join(recall_cells(per[f]) for f in FRACTIONS) + " |")
+    results["table"] = "\n".join(lines)
+    results["zero_shot_table"] = zero_shot_table(results["zero_shot"])
+    return results
+
+
+def zero_shot_table(rows: dict) -> str:
+    lines = ["| pre-training -> target | R@1 / 5 / 10 / 50 / 100 | nDCG@10 | MAP@100 | "
+             "BM25 R@100 | BM25 nDCG@10 | ratio nDCG@10 |", "|---|---|---:|---:|---:|---:|---:|"]
+    for label, r in rows.items():
+        de, bm = r["dual_encoder"], r["bm25"]
+        lines.append(f"| {label} | {recall_cells(de).replace(' | ', ' / ')} | "
+                     f"{de['ndcg@10']:.3f} | {de['map@100']:.3f} | {100 * bm['recall@100']:.1f} | "
+                     f"{bm['ndcg@10']:.3f} | {de['ndcg@10'] / bm['ndcg@10']:.2f}x |")
+    return "\n".join(lines)
+
+
+def variants_suite(args, variants: dict[str, tuple[str, dict]]) -> dict:
+    """label -> (tasks, pre-training flags): zero-shot on ReQA and NPL, and fine-tuned at
+    5% (fine-tuning keeps the pre-training run's similarity)."""
+    out = {"pretraining": {}, "zero_shot": {}, "finetuned_0.05": {}}
+    for label, (tasks, extra) in variants.items():
+        p = out["pretraining"][label] = pretrain(args, "bow_mlp", tasks, extra=extra, label=slug(label))
+        for target in ("reqa", "npl"):
+            rows = zero_shot(args, "bow_mlp", p["workdir"], target, slug(label), extra)
+            out["zero_shot"][f"{label} -> {target}"] = {"dual_encoder": rows["dual_encoder"],
+                                                         "bm25": rows["bm25"]}
+        rows = finetune(args, "bow_mlp", p["workdir"], 0.05, slug(label), extra)
+        out["finetuned_0.05"][label] = rows
+    lines = ["| pre-training | fine-tuned at 5%: R@1 / 5 / 10 / 50 / 100 | BM25 |", "|---|---|---|"]
+    for label, rows in out["finetuned_0.05"].items():
+        lines.append(f"| {label} | {recall_cells(rows['dual_encoder']).replace(' | ', ' / ')} | "
+                     f"{recall_cells(rows['bm25']).replace(' | ', ' / ')} |")
+    out["table"] = "\n".join(lines)
+    out["zero_shot_table"] = zero_shot_table(out["zero_shot"])
+    return out
+
+
+def ablation(args) -> dict:
+    return variants_suite(args, {t.upper().replace(",", "+"): (t, {})
+                                 for t in ("ict", "bfs", "wlp", "ict,bfs,wlp")})
+
+
+def similarity(args) -> dict:
+    return variants_suite(args, {name: ("ict,bfs,wlp", flags)
+                                 for name, flags in SIMILARITIES.items()})
+
+
+def corpora(args) -> dict:
+    """Which pre-training corpus helps which zero-shot target."""
+    wiki = pretrain(args, "bow_mlp", "ict,bfs,wlp")
+    runs = {"Wikispeedia (ICT+BFS+WLP)": wiki,
+            "NPL documents (ICT)": pretrain(args, "bow_mlp", "ict", NPL, label="npl"),
+            "SQuAD paragraphs (ICT+BFS+WLP)": pretrain(args, "bow_mlp", "ict,bfs,wlp", SQUAD,
+                                                       label="squad"),
+            "Wikispeedia, then NPL (ICT)": pretrain(args, "bow_mlp", "ict", NPL,
+                                                    label="wiki_then_npl",
+                                                    init_from=wiki["workdir"]),
+            "Wikispeedia, then SQuAD paragraphs": pretrain(args, "bow_mlp", "ict,bfs,wlp", SQUAD,
+                                                           label="wiki_then_squad",
+                                                           init_from=wiki["workdir"])}
+    out = {"pretraining": runs, "zero_shot": {}}
+    for label, p in runs.items():
+        for target in ("reqa", "npl"):
+            rows = zero_shot(args, "bow_mlp", p["workdir"], target, slug(label))
+            out["zero_shot"][f"{label} -> {target}"] = {"dual_encoder": rows["dual_encoder"],
+                                                         "bm25": rows["bm25"]}
+    out["zero_shot_table"] = zero_shot_table(out["zero_shot"])
+    return out
+
+
+SUITES = {"table3": table3, "ablation": ablation, "similarity": similarity, "corpora": corpora}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="Parent folder of the runs' workdirs.")
+    p.add_argument("--suite", choices=sorted(SUITES), default="table3")
+    p.add_argument("--pretrain_steps", type=int, default=1500)
+    p.add_argument("--finetune_steps", type=int, default=500)
+    p.add_argument("--towers", default="bow_mlp,transformer", help="table3: towers to run.")
+    p.add_argument("--tfds_dir", default="", help="Shared data cache (default OUT/tfds).")
+    p.add_argument("--json", default="", help="Also write the results here.")
+    args = p.parse_args()
+    args.out = os.path.abspath(args.out)
+    args.tfds_dir = os.path.abspath(args.tfds_dir or os.path.join(args.out, "tfds"))
+    os.makedirs(args.out, exist_ok=True)
+    start = time.time()
+    results = SUITES[args.suite](args)
+    print(f"\nSuite {args.suite}: pre-training {args.pretrain_steps} steps, fine-tuning "
+          f"{args.finetune_steps} steps; machine: {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} cores; {(time.time() - start) / 60:.1f} min\n")
+    for key in ("table", "zero_shot_table"):
+        if key in results:
+            print(results[key] + "\n")
+    for label, p in results.get("pretraining", {}).items():
+        wall = f"{p['wall_seconds'] / 60:.1f} min" if p["wall_seconds"] else "reused"
+        print(f"pre-training {label}: {p['steps']} steps, {wall}, final loss "
+              f"{p['final_loss']:.3f}, in-batch p@1 {p['final_in_batch_p@1']:.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"suite": args.suite, "args": vars(args), **results}, f, indent=1,
+                      default=str)
+
+
+if __name__ == "__main__":
+    main()

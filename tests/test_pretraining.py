@@ -1,0 +1,243 @@
+"""Pre-training collections and pairs: ICT masking, BFS leads, WLP links, exact resume."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from dualjax import features, text
+from dualjax.data import documents, pipeline, pretraining
+from dualjax.data.pairs_file import DataError
+
+WIKISPEEDIA = "/work/shared/data/wikispeedia/articles.jsonl"
+
+# Three articles in the Wikispeedia layout. Sentences are long enough to be queries
+# (>= 5 words) except "Short caption here." (3 words).
+ARTICLES = [
+    {"id": "Moon", "title": "Moon", "links": ["Earth"], "paragraphs": [
+        {"section": None, "text": "Short caption here."},
+        {"section": None, "text": "The Moon is the only natural satellite of Earth. "
+                                  "It orbits the planet once every month or so."},
+        {"section": "Orbit", "text": "The orbit of the Moon is slightly elliptical in shape. "
+                                     "Its distance from the planet varies over time."},
+        {"section": "Tides", "text": "Tides on Earth are mostly raised by the Moon today."},
+    ]},
+    {"id": "Earth", "title": "Earth", "links": ["Moon", "Sun"], "paragraphs": [
+        {"section": None, "text": "Earth is the third planet from the Sun in the system. "
+                                  "It is the only world known to harbour life so far."},
+        {"section": "Life", "text": "Life appeared on the planet about four billion years ago. "
+                                    "Oceans cover most of its rocky surface today."},
+    ]},
+    {"id": "Sun", "title": "Sun", "links": [], "paragraphs": [
+        {"section": None, "text": "The Sun is the star at the centre of the system. "
+                                  "It is a nearly perfect ball of hot plasma gas."},
+    ]},
+]
+
+
+@pytest.fixture
+def articles_path(tmp_path):
+    path = tmp_path / "articles.jsonl"
+    path.write_text("".join(json.dumps(a) + "\n" for a in ARTICLES))
+    return str(path)
+
+
+@pytest.fixture
+def collection(articles_path):
+    return documents.read_collection(articles_path)
+
+
+def test_wikispeedia_layout(collection):
+    c = collection
+    assert c.titles == ["Moon", "Earth", "Sun"]
+    assert list(c.article_start) == [0, 4, 6, 7]
+    assert list(c.lead_end) == [2, 5, 7]          # the leading section-null paragraphs
+    assert c.passage_sentences(1) == ["The Moon is the only natural satellite of Earth.",
+                                      "It orbits the planet once every month or so."]
+    # Links: the passages of B that mention A's title, else B's first passage.
+    links = {(int(p), int(a)) for p, a in c.links}
+    assert links == {(1, 1), (3, 1),              # Moon -> Earth: passages 1 and 3 say "Earth"
+                     (4, 0),                      # Earth -> Moon: no mention, first passage
+                     (4, 2)}                      # Earth -> Sun: "the Sun" in passage 4
+
+
+def test_ict_masks_the_query_sentence_at_the_rate(collection):
+    g = pretraining.PairGenerator(collection, ("ict",), seed=0, mask_rate=0.9)
+    # Passages 0 and 3 have one sentence (nothing would be left): never ICT passages.
+    assert sorted(g._items["ict"]) == [1, 2, 4, 5, 6]
+    kept, n = 0, 2000
+    for position in range(n):
+        query, document, task = g.pair(position)
+        assert task == "ict"
+        title, _, passage = document.partition(". ")
+        p = next(p for p in range(len(collection.passages))
+                 if query in collection.passage_sentences(p))
+        sentences = collection.passage_sentences(p)
+        assert title == collection.titles[collection.passage_article[p]]
+        if query in passage:
+            kept += 1
+            assert passage == collection.passages[p]
+        else:  # removed: the other sentences, in order
+            assert passage == " ".join(s for s in sentences if s != query)
+    # Binomial(2000, 0.1): mean 200, sd 13.4.
+    assert 150 < kept < 250
+
+
+def test_ict_mask_rate_zero_and_one(collection):
+    for rate, expect_in in ((0.0, True), (1.0, False)):
+        g = pretraining.PairGenerator(collection, ("ict",), seed=3, mask_rate=rate)
+        assert all((q in d) == expect_in for q, d, _ in map(g.pair, range(50)))
+
+
+def test_bfs_queries_come_from_the_lead(collection):
+    g = pretraining.PairGenerator(collection, ("bfs",), seed=0)
+    lead_sentences = {a: {s for p in range(collection.article_start[a], collection.lead_end[a])
+                          for s in collection.passage_sentences(p)} for a in range(3)}
+    # Documents: passages after a lead (Moon 2, 3; Earth 5); the Sun has none.
+    assert sorted(g._items["bfs"]) == [2, 3, 5]
+    for q, d, _ in map(g.pair, range(200)):
+        title = d.partition(". ")[0]
+        a = collection.titles.index(title)
+        assert q in lead_sentences[a]
+        assert q != "Short caption here."                 # under min_query_words
+        assert not any(s in d for s in lead_sentences[a])  # the document is outside the lead
+
+
+def test_wlp_pairs_a_lead_sentence_with_a_linking_passage(collection):
+    g = pretraining.PairGenerator(collection, ("wlp",), seed=0)
+    seen = set()
+    for q, d, _ in map(g.pair, range(200)):
+        target = next(a for a in range(3) if q in " ".join(
+            collection.passages[collection.article_start[a]:collection.lead_end[a]]))
+        source = collection.titles.index(d.partition(". ")[0])
+        assert source != target
+        assert ARTICLES[target]["id"] in ARTICLES[source]["links"]
+        seen.add((source, target))
+    assert seen == {(0, 1), (1, 0), (1, 2)}
+
+
+def test_mixture_interleaves_tasks_and_is_a_function_of_seed_and_position(collection):
+    tasks = ("ict", "bfs", "wlp")
+    g = pretraining.PairGenerator(collection, tasks, seed=7)
+    pairs = [g.pair(p) for p in range(30)]
+    assert [t for _, _, t in pairs] == list(tasks) * 10
+    again = pretraining.PairGenerator(collection, tasks, seed=7)
+    assert [again.pair(p) for p in reversed(range(30))] == pairs[::-1]  # any order
+    other = pretraining.PairGenerator(collection, tasks, seed=8)
+    assert [other.pair(p) for p in range(30)] != pairs
+    # A passage coming round again (a later epoch) gets a fresh sentence draw.
+    ict = pretraining.PairGenerator(collection, ("ict",), seed=0, mask_rate=0.0)
+    per_passage = {}
+    for q, d, _ in map(ict.pair, range(400)):
+        per_passage.setdefault(d, set()).add(q)
+    assert all(len(qs) == 2 for qs in per_passage.values())
+
+
+def test_generated_iterator_resumes_exactly(collection):
+    g = pretraining.PairGenerator(collection, ("ict", "bfs", "wlp"), seed=0)
+    tok = text.build_word_tokenizer(g.texts(), vocab_size=100, num_oov_buckets=5)
+    inputs = features.Inputs(features.Side(tok, 8), features.Side(tok, 24))
+    it = pipeline.generated_iterator(g, inputs, global_batch_size=4)
+    for _ in range(3):
+        next(it)
+    state = it.get_state()
+    expected = [next(it) for _ in range(3)]
+    resumed = pipeline.generated_iterator(g, inputs, global_batch_size=4)
+    resumed.set_state(state)
+    for want in expected:
+        got = next(resumed)
+        assert got.keys() == want.keys()
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
+    # Batch b holds positions 4b .. 4b+3.
+    q, _ = inputs.query.tokenizer.encode([g.pair(p)[0] for p in range(12, 16)], 8)
+    np.testing.assert_array_equal(expected[0]["q_ids"], q)
+
+
+def test_squad_collection_links_by_title_mentions(tmp_path):
+    squad = {"data": [
+        {"title": "Super_Bowl", "paragraphs": [
+            {"context": "The Super Bowl is a game. It is played in Paris sometimes.", "qas": []},
+            {"context": "Tickets are costly for the final. Fans travel very far.", "qas": []}]},
+        {"title": "Paris", "paragraphs": [
+            {"context": "Paris is a city in France. It hosted a Super Bowl party.", "qas": []}]},
+    ]}
+    path = tmp_path / "squad.json"
+    path.write_text(json.dumps(squad))
+    c = documents.read_collection(str(path))
+    assert c.titles == ["Super Bowl", "Paris"]
+    assert list(c.lead_end) == [1, 3]             # the first paragraph is the lead
+    assert {(int(p), int(a)) for p, a in c.links} == {(0, 1), (2, 0)}
+
+
+def test_beir_corpus_is_one_passage_per_article_and_ict_only(tmp_path):
+    folder = tmp_path / "beir"
+    folder.mkdir()
+    (folder / "corpus.jsonl").write_text(
+        json.dumps({"_id": "1", "title": "Waves", "text": "Waves carry energy in media. "
+                                                          "They reflect at boundaries often."})
+        + "\n" + json.dumps({"_id": "2", "text": "no punctuation here at all"}) + "\n")
+    c = documents.read_collection(str(folder))
+    assert c.titles == ["Waves", ""] and c.passages[1] == "no punctuation here at all"
+    assert list(c.lead_end) == [0, 1] and len(c.links) == 0
+    g = pretraining.PairGenerator(c, ("ict",), seed=0, mask_rate=1.0)
+    assert g.pair(0)[1] in ("Waves. They reflect at boundaries often.",
+                            "Waves. Waves carry energy in media.")
+    with pytest.raises(DataError, match="BFS"):
+        pretraining.PairGenerator(c, ("bfs",), seed=0)
+
+
+def test_plain_text_articles_are_split_into_passages(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    body = " ".join(f"Sentence number {i} has six words." for i in range(10))
+    path.write_text(json.dumps({"title": "Doc", "text": body}) + "\n")
+    c = documents.read_collection(str(path), passage_words=20)
+    assert [len(text.words(p)) for p in c.passages] == [18, 18, 18, 6]  # 3 sentences each
+    assert c.passages[0].startswith("Sentence number 0 has") and list(c.lead_end) == [1]
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ("not json", "malformed JSON"),
+    ('{"title": "x"}', 'needs "paragraphs"'),
+    ('{"id": "a", "text": "x", "links": ["b"]}', "unknown article id 'b'"),
+])
+def test_bad_lines_name_the_line(tmp_path, line, fragment):
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"id": "ok", "text": "Fine text here."}\n' + line + "\n")
+    with pytest.raises(DataError, match=f"docs.jsonl:2: .*{fragment}"):
+        documents.read_collection(str(path))
+
+
+def test_collection_is_cached(articles_path, tmp_path):
+    first = documents.read_collection(articles_path, cache_dir=str(tmp_path / "cache"))
+    [cached] = os.listdir(tmp_path / "cache")
+    again = documents.read_collection(articles_path, cache_dir=str(tmp_path / "cache"))
+    assert again.to_json() == first.to_json() and os.listdir(tmp_path / "cache") == [cached]
+
+
+def test_parse_tasks():
+    assert pretraining.parse_tasks(" ict , wlp") == ("ict", "wlp")
+    for bad in ("", "ict,ict", "mlm2"):
+        with pytest.raises(ValueError, match="data.tasks"):
+            pretraining.parse_tasks(bad)
+
+
+@pytest.mark.skipif(not os.path.exists(WIKISPEEDIA), reason="Wikispeedia articles absent")
+def test_real_wikispeedia_lead_and_links(tmp_path):
+    # Read the first 200 articles (links to articles outside them are dropped).
+    lines = []
+    with open(WIKISPEEDIA) as f:
+        for _ in range(200):
+            lines.append(json.loads(f.readline()))
+    ids = {a["id"] for a in lines}
+    for a in lines:
+        a["links"] = [x for x in a["links"] if x in ids]
+    path = tmp_path / "wiki.jsonl"
+    path.write_text("".join(json.dumps(a) + "\n" for a in lines))
+    c = documents.read_collection(str(path))
+    assert c.num_articles == 200
+    assert all(c.lead_end[a] > c.article_start[a] for a in range(200))  # every one has a lead
+    g = pretraining.PairGenerator(c, ("ict", "bfs", "wlp"), seed=0)
+    assert all(g.num_items(t) > 100 for t in g.tasks)
+    assert all(len(q.split()) >= 5 for q, _, _ in map(g.pair, range(300)))

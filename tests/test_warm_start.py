@@ -1,0 +1,108 @@
+"""Pre-train, then fine-tune: config.init_from restores towers and vocabulary, refuses a
+mismatch, and a pre-training run trains on generated pairs."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import load_config
+from dualjax import checkpoints, config_lib, train, warm_start
+from dualjax.config_lib import ConfigError
+from dualjax.models import dual_encoder
+from test_pretraining import ARTICLES
+
+
+def tiny(**overrides):
+    cfg = load_config("tiny")
+    cfg.eval.untrained = False
+    cfg.eval.baselines = ""
+    cfg.eval.index = "exact"
+    cfg.update_from_flattened_dict(overrides)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A 4-step pre-training run (ICT+BFS+WLP, learned temperature) on the test articles."""
+    root = tmp_path_factory.mktemp("pretrain")
+    path = root / "articles.jsonl"
+    path.write_text("".join(json.dumps(a) + "\n" for a in ARTICLES))
+    workdir = root / "run"
+    cfg = tiny(**{"data.name": "pretrain", "data.path": str(path), "num_train_steps": 4,
+                  "model.similarity": "cosine_learned_temperature"})
+    assert train.train_and_evaluate(cfg, str(workdir)) == {}  # nothing to evaluate
+    return workdir
+
+
+def test_pretraining_run_trains_on_generated_pairs(pretrained):
+    rows = [json.loads(line) for line in open(pretrained / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [4] and rows[0]["split"] == "train"
+    assert np.isfinite(rows[0]["loss"])
+    vocab = json.load(open(pretrained / "vocab.json"))
+    assert "satellite" in json.dumps(vocab)  # built from the collection's passages
+    assert os.listdir(pretrained / "checkpoints") == ["4"]
+
+
+def test_init_from_restores_towers_and_vocabulary(pretrained, tmp_path):
+    # One fine-tuning step at learning rate 0 (warmup starts there) keeps the towers.
+    cfg = tiny(**{"init_from": str(pretrained), "num_train_steps": 1})
+    train.train_and_evaluate(cfg, str(tmp_path))
+    assert (tmp_path / "vocab.json").read_bytes() == (pretrained / "vocab.json").read_bytes()
+    _, before = checkpoints.latest_params(str(pretrained))
+    _, after = checkpoints.latest_params(str(tmp_path))
+    jax.tree.map(np.testing.assert_array_equal, before["tower"], after["tower"])
+    # The similarity differs (learned temperature there, alpha/beta here): not carried.
+    assert "log_temperature" not in after and float(after["alpha"]) == cfg.model.init_scale
+    # Resuming the fine-tuning run resumes it (its own checkpoint), whatever init_from says.
+    cfg.num_train_steps = 2
+    train.train_and_evaluate(cfg, str(tmp_path))
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1", "2"]
+
+
+def test_init_from_carries_the_same_similarity(pretrained):
+    cfg = tiny(**{"model.similarity": "cosine_learned_temperature"})
+    model = dual_encoder.make_model(cfg.model, 100)
+    step, saved = checkpoints.latest_params(str(pretrained))
+    fresh = dual_encoder.init_params(model, jax.random.key(1), 16)
+    fresh["tower"] = jax.tree.map(np.zeros_like, saved["tower"])  # the saved vocabulary's size
+    got = warm_start.tower_params(str(pretrained), fresh, cfg.model,
+                                  jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    assert step == 4
+    np.testing.assert_array_equal(got["log_temperature"], saved["log_temperature"])
+    jax.tree.map(np.testing.assert_array_equal, got["tower"], saved["tower"])
+
+
+def test_init_from_refuses_other_towers(pretrained, tmp_path):
+    cfg = tiny(**{"init_from": str(pretrained), "model.embed_dim": 32})
+    with pytest.raises(ConfigError) as e:
+        train.train_and_evaluate(cfg, str(tmp_path))
+    message = str(e.value)
+    assert "its towers do not match" in message
+    assert "['tower']['bow']['embed']['embedding']" in message  # the first param that differs
+    assert "model.embed_dim: 16 (init_from) vs 32 (this run)" in message
+    assert not os.listdir(tmp_path / "checkpoints")  # nothing trained, nothing saved
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda tmp: str(tmp / "nowhere"), "no such workdir"),
+    (lambda tmp: str(tmp), "has no vocab.json"),
+])
+def test_init_from_a_workdir_that_is_not_a_run(tmp_path, make, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        warm_start.copy_vocabularies(make(tmp_path), str(tmp_path / "new"))
+
+
+def test_pretraining_config_checks():
+    for overrides, fragment in (
+            ({"data.tasks": "ict,mlm"}, "data.tasks='ict,mlm'"),
+            ({"data.ict_mask_rate": 1.5}, "ict_mask_rate=1.5"),
+            ({"num_train_steps": 0}, "nothing to evaluate"),
+            ({"loss.num_mixed_negatives": 8}, "mixed negatives"),
+            ({"model.temperature": 5.0, "model.similarity": "cosine_learned_temperature"},
+             "model.temperature=5.0")):
+        cfg = tiny(**{"data.name": "pretrain", "data.path": "x.jsonl", **overrides})
+        with pytest.raises(ConfigError, match=fragment.replace("[", r"\[").replace(".", r"\.")):
+            config_lib.validate(cfg, 8)
