@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 
 class Checkpointer:
@@ -60,8 +61,8 @@ def latest_params(workdir: str) -> tuple[int, Any]:
         raise FileNotFoundError(f"{workdir}: no checkpoint in {root}")
     step = max(steps)
     path = os.path.join(root, str(step), "state")
-    checkpointer = ocp.PyTreeCheckpointer()
-    metadata = checkpointer.metadata(path).item_metadata.tree
+    metadata = ocp.PyTreeCheckpointHandler().metadata(epath.Path(path)).tree
     as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
-    state = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
+    state = ocp.PyTreeCheckpointer().restore(
+        path, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
     return step, state["params"]

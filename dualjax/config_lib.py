@@ -3,9 +3,7 @@ work starts, and the message names the key and what would work."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 
 import ml_collections
 
@@ -259,10 +257,3 @@ def typo_probs(config: ml_collections.ConfigDict) -> tuple[float, ...]:
                               "as '0,0.25,0.5,0.75' ('': off)")
         probs.append(p)
     return tuple(probs)
-
-
-def write(config: ml_collections.ConfigDict, workdir: str) -> None:
-    """Writes the resolved config to WORKDIR/config.json."""
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-        json.dump(config.to_dict(), f, indent=2, sort_keys=True)
-        f.write("\n")

@@ -25,6 +25,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from dualjax.text import write_json
 from dualjax.tokenizers import Tokenizer
 
 MISSING_ID = 0
@@ -180,8 +181,7 @@ class Inputs:
 
 
 def save(path: str, query: SideFeatures, document: SideFeatures) -> None:
-    with open(path, "w") as f:
-        json.dump({"query": query.to_json(), "document": document.to_json()}, f, indent=1)
+    write_json(path, {"query": query.to_json(), "document": document.to_json()})
 
 
 def load(path: str) -> tuple[SideFeatures, SideFeatures]:

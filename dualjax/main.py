@@ -1,21 +1,26 @@
 """Command line: python -m dualjax.main --config=configs/NAME.py --workdir=DIR [--config.KEY=VALUE]
 
 Parses flags and calls `train.train_and_evaluate`; nothing else. Bad input (config, data
-files) ends the run with one line naming the key, file or line, and exit status 1.
+files) ends the run with one line naming the key, file or line, and exit status 1; a
+SIGTERM or SIGINT saves a checkpoint and exits with status 143.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from dualjax import train
 from dualjax.metrics_log import setup_logging
 from dualjax.config_lib import ConfigError
 from dualjax.data.pairs_file import DataError
+from dualjax.workdir import WorkdirError
+
+PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, as a process killed by it (also after SIGINT)
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Training config file (a get_config() module).", lock_config=True)
@@ -29,17 +34,26 @@ def main(argv: list[str]) -> None:
     setup_logging()
     try:
         train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-    except (ConfigError, DataError, train.NonFiniteLossError) as e:
-        logging.error("%s", e)
+    except train.Preempted as e:  # saved; a scheduler must not record the job as done
+        print(f"dualjax: {e}", file=sys.stderr)
+        sys.exit(PREEMPTED_EXIT_CODE)
+    except (ConfigError, DataError, WorkdirError, train.NonFiniteLossError) as e:
         sys.exit(f"dualjax: {e}")
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing, with one clear line for a bad --config override."""
+    """absl flag parsing, with one clear line for a config file that does not load and
+    for a bad --config override."""
+    config = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), None)
+    if config is not None and not os.path.isfile(config.split(":")[0]):
+        sys.exit(f"dualjax: --config={config}: no such file")
     try:
         return flags.FLAGS(argv)
     except flags.Error as e:
-        sys.exit(f"dualjax: {e}")
+        lines = [line for line in str(e).splitlines() if line.strip()]
+        if "Error whilst parsing config file" in lines[0]:  # get_config() raised
+            sys.exit(f"dualjax: --config={config}: cannot load it ({lines[-1].strip()})")
+        sys.exit(f"dualjax: {lines[0]}")
     except (AttributeError, KeyError) as e:  # ml_collections: no such config key
         key = re.search(r"(\w+)", str(e)).group(1)
         bad = [a.split("=")[0] for a in argv[1:]
@@ -47,6 +61,10 @@ def parse_flags(argv: list[str]) -> list[str]:
         hint = re.search(r'Did you mean "(\w+)"', str(e))
         sys.exit(f"dualjax: {' '.join(bad) or key}: no such config key '{key}'"
                  + (f"; did you mean '{hint.group(1)}'?" if hint else ""))
+    except Exception as e:  # the config module does not even import (a SyntaxError, ...)
+        where = f" (line {e.lineno})" if isinstance(e, SyntaxError) else ""
+        sys.exit(f"dualjax: --config={config}: cannot load it{where}: {type(e).__name__}: "
+                 f"{getattr(e, 'msg', None) or e}")
 
 
 if __name__ == "__main__":

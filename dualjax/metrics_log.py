@@ -11,26 +11,44 @@ from typing import Any
 import tensorflow_datasets as tfds
 from absl import logging
 
+from dualjax.workdir import atomic_write
+
+
+KEY_FIELDS = ("step", "split", "system", "index", "task", "typo_p")  # what makes a row one
+
+
+def row_key(row: dict) -> tuple:
+    return tuple(row.get(k) for k in KEY_FIELDS)
+
 
 class MetricsLog:
+    """Appends rows; a row whose (step, split, system, index, task, typo_p) is already
+    in the file replaces the old one, so an interrupted or repeated evaluation never
+    leaves a row twice."""
+
     def __init__(self, workdir: str):
         self.path = os.path.join(workdir, "metrics.jsonl")
+        self._keys = {row_key(r) for r in self.read()}
 
     def write(self, step: int, split: str, values: dict[str, Any], **fields: Any) -> None:
         row = {"step": int(step), "split": split, **fields,
                **{k: (float(v) if not isinstance(v, (int, str)) else v) for k, v in values.items()}}
+        key = row_key(row)
+        if key in self._keys:  # written before (a rerun, or an evaluation cut short)
+            self._rewrite([r for r in self.read() if row_key(r) != key])
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+        self._keys.add(key)
 
     def truncate_after(self, step: int) -> None:
-        """Drops rows logged after `step` (by a run killed after its last checkpoint), so a
-        resumed run does not log those steps twice."""
-        if not os.path.exists(self.path):
-            return
-        with open(self.path) as f:
-            rows = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-        with open(self.path, "w") as f:
-            f.writelines(rows)
+        """Drops rows logged after `step` (by a run killed after its last checkpoint, or
+        before its first), so a resumed run does not log those steps twice."""
+        if os.path.exists(self.path):
+            self._rewrite([r for r in self.read() if r["step"] <= step])
+
+    def _rewrite(self, rows: list[dict]) -> None:
+        atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in rows))
+        self._keys = {row_key(r) for r in rows}
 
     def read(self) -> list[dict]:
         if not os.path.exists(self.path):

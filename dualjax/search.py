@@ -20,7 +20,7 @@ import jax
 import ml_collections
 from absl import app, flags, logging
 
-from dualjax import checkpoints, config_lib, evaluate, features, index, sharding, train
+from dualjax import checkpoints, evaluate, features, index, sharding, train
 from dualjax import tasks as tasks_lib
 from dualjax.metrics_log import setup_logging
 from dualjax.models import dual_encoder
@@ -61,21 +61,8 @@ def load_trained(workdir: str, config: ml_collections.ConfigDict | None = None) 
     model = dual_encoder.make_model(config.model, inputs.query.tokenizer.vocab_size,
                                     inputs.feature_sizes(),
                                     num_tasks=len(tasks_lib.task_configs(config)))
-    tx, _ = train.make_optimizer(config.optimizer, config.num_train_steps)
-    init_state = train.make_init_state(model, tx, max(config_lib.max_lens(config.model)),
-                                       config.loss.get("log_q_buckets", 0))
-    ckpt = checkpoints.Checkpointer(workdir, config.keep_checkpoints)
-    try:
-        step = ckpt.latest_step()
-        if step is None:
-            raise FileNotFoundError(f"{workdir}/checkpoints: no checkpoint to load")
-        replicated = sharding.replicated(sharding.make_mesh())
-        abstract = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
-            jax.eval_shape(init_state, config.seed))
-        params = ckpt.restore(step, abstract)[0]["params"]
-    finally:
-        ckpt.close()
+    step, params = checkpoints.latest_params(workdir)  # the params alone, as numpy arrays
+    params = jax.device_put(params, sharding.replicated(sharding.make_mesh()))
     return Trained(config, inputs, model, params, step)
 
 
@@ -124,7 +111,13 @@ def main(argv: list[str]) -> None:
             queries += [line.strip() for line in f if line.strip()]
     if not queries:
         sys.exit("dualjax.search: give --query (repeatable) or --queries_file")
-    searcher = Searcher(_WORKDIR.value, _SPLIT.value, _K.value, _TASK.value)
+    if not os.path.isfile(os.path.join(_WORKDIR.value, "config.json")):
+        sys.exit(f"dualjax.search: --workdir={_WORKDIR.value}: not a dualjax workdir (no "
+                 "config.json)")
+    try:
+        searcher = Searcher(_WORKDIR.value, _SPLIT.value, _K.value, _TASK.value)
+    except FileNotFoundError as e:
+        sys.exit(f"dualjax.search: {e}")
     for query, results in zip(queries, searcher.search(queries)):
         print(f"\n> {query}")
         for rank, (score, text) in enumerate(results, 1):

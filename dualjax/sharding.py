@@ -19,7 +19,8 @@ def make_mesh(num_devices: int = 0) -> jax.sharding.Mesh:
     devices = jax.devices()
     n = num_devices or len(devices)
     if n > len(devices):
-        raise ValueError(f"mesh.num_devices={n} but only {len(devices)} devices exist")
+        raise ValueError(f"mesh.num_devices={n}, but only {len(devices)} device(s) exist "
+                         f"({devices[0].platform}); 0 uses all of them")
     return jax.make_mesh((n,), (DATA_AXIS,), axis_types=(AxisType.Auto,),
                                               devices=devices[:n])
 

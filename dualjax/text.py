@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from dualjax.workdir import atomic_write
+
 PAD_ID = 0
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
 FORMAT_VERSION = 1  # of every saved tokenizer JSON
@@ -104,8 +106,9 @@ def str_list(value: Any, key: str) -> tuple[str, ...]:
 
 
 def write_json(path: str | os.PathLike, payload: dict[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(payload, f, ensure_ascii=True)
+    """Writes `payload` atomically (a temporary file, then a rename): a run killed while
+    saving leaves the old file or the new one, never a truncated one."""
+    atomic_write(path, json.dumps(payload, ensure_ascii=True))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from dualjax import (checkpoints, config_lib, evaluate, features, frequency, losses, report,
                      sharding, tokenizers, warm_start)
+from dualjax import workdir as workdir_lib
 from dualjax import tasks as tasks_lib
 from dualjax.data import pipeline
 from dualjax.metrics_log import MetricsLog
@@ -35,7 +36,13 @@ Hook = Callable[[int, dict], None]  # called after every step with (step, device
 
 
 class NonFiniteLossError(FloatingPointError):
-    """Training produced a non-finite loss or gradient; nothing of that state was saved."""
+    """Training produced a non-finite loss, gradient or parameter norm; nothing of that
+    state was saved."""
+
+
+class Preempted(Exception):
+    """SIGTERM or SIGINT stopped training after saving a checkpoint; running the same
+    command again resumes from it."""
 
 
 # ----------------------------------------------------------------------------- optimizer
@@ -179,14 +186,16 @@ def make_train_step(model, tx, schedule, loss_fn, state_sharding, batch_sharding
 
 
 def check_finite(pending: list[tuple[int, dict]], last_saved: int | None) -> None:
-    """Raises NonFiniteLossError if any pending step had a non-finite loss or gradient."""
+    """Raises NonFiniteLossError if any pending step had a non-finite loss, gradient or
+    parameter norm (parameters can overflow while the loss stays finite)."""
     for step, m in pending:
-        loss, gnorm = float(m["loss"]), float(m["grad_norm"])
-        if not (np.isfinite(loss) and np.isfinite(gnorm)):
+        loss, gnorm, pnorm = float(m["loss"]), float(m["grad_norm"]), float(m["param_norm"])
+        if not (np.isfinite(loss) and np.isfinite(gnorm) and np.isfinite(pnorm)):
             where = (f"the last good checkpoint is step {last_saved}" if last_saved is not None
                      else "no checkpoint was written")
             raise NonFiniteLossError(
-                f"non-finite training loss at step {step} (loss={loss}, grad_norm={gnorm}); "
+                f"non-finite training at step {step} (loss={loss}, grad_norm={gnorm}, "
+                f"param_norm={pnorm}); "
                 f"stopped without saving this state ({where}). Try a lower "
                 "optimizer.learning_rate or optimizer.grad_clip_norm.")
 
@@ -197,14 +206,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     """Trains (or resumes) and evaluates; returns {"system [index]": row} of the last
     evaluation split (test); with several tasks (`config.tasks`), {"task: system [index]"}.
 
-    A SIGTERM during training saves a checkpoint and returns early ({}); running the
-    same command again resumes from it.
+    A SIGTERM or SIGINT (Ctrl-C) during training saves a checkpoint at the end of the
+    step and raises `Preempted`; running the same command again resumes from it. A
+    second signal stops at once (KeyboardInterrupt), saving nothing more.
     """
-    # Workdir and mesh.
-    mesh = sharding.make_mesh(config.mesh.num_devices)
+    try:
+        mesh = sharding.make_mesh(config.mesh.num_devices)
+    except ValueError as e:
+        raise config_lib.ConfigError(f"config.{e}") from None
     config_lib.validate(config, mesh.devices.size)
-    os.makedirs(workdir, exist_ok=True)
-    config_lib.write(config, workdir)
+    with workdir_lib.guard(workdir, config):  # one run per workdir, with one config
+        return _train_and_evaluate(config, workdir, mesh, hooks)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
+                        hooks: Sequence[Hook]) -> dict[str, dict]:
     log = MetricsLog(workdir)
     tasks = tasks_lib.make_tasks(config, workdir)
     splits = {t.name: t.splits() for t in tasks}
@@ -258,12 +274,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         state, saved_data = ckpt.restore(last_saved, checkpoints.abstract_like(state))
         for t, it in zip(tasks, data_iters):
             it.set_state(saved_data if len(tasks) == 1 else saved_data[t.name])
-        log.truncate_after(last_saved)
         logging.info("Resumed from %s at step %d", os.path.join(workdir, "checkpoints"), last_saved)
     elif config.init_from:
         state["params"] = warm_start.tower_params(config.init_from, state["params"],
                                                   config.model, replicated)
+    log.truncate_after(last_saved or 0)  # rows of steps this run will do (again)
     start = int(state["step"])
+    if start == config.num_train_steps and not config.eval.rerun:
+        done = finished_results(log, tasks, splits, start)
+        if done is not None:
+            print(f"{workdir} finished at step {start}; its results are in metrics.jsonl and "
+                  "report.md. To evaluate it again: --config.eval.rerun=True")
+            return done
 
     encoders = make_encoders(model)
 
@@ -301,8 +323,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
     # Loop.
     weights = [t.weight for t in tasks]
-    preempted = []
-    previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
+    preempted: list[str] = []  # the signal's name, once one has asked to stop
+
+    def on_signal(signum, _frame):
+        if preempted:  # asked twice: stop now, without saving
+            raise KeyboardInterrupt
+        preempted.append(signal.Signals(signum).name)
+        logging.warning("%s: saving a checkpoint after this step (send it again to stop at "
+                        "once)", preempted[0])
+
+    previous_handlers = {sig: signal.signal(sig, on_signal)
+                         for sig in (signal.SIGTERM, signal.SIGINT)}
     pending: list[tuple[int, dict]] = []
     since = (start, time.perf_counter())  # throughput: steps and time since the last train row
     bar = tqdm(total=config.num_train_steps, initial=start, desc="train", unit="step",
@@ -335,9 +366,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
             if is_ckpt:
                 save(step)
             if preempted:
-                logging.warning("SIGTERM: saved a checkpoint at step %d in %s; run the same "
-                                "command again to resume.", step, workdir)
-                return {}
+                raise Preempted(f"{preempted[0]}: saved a checkpoint at step {step} in "
+                                f"{workdir}; run the same command again to resume")
             if config.eval_every_steps and step % config.eval_every_steps == 0 and not is_last:
                 for task in tasks:
                     if "val" in splits[task.name]:
@@ -345,7 +375,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                 since = (step, time.perf_counter())  # evaluation time is not training time
     finally:  # also on errors: the saves already started finish before we leave
         bar.close()
-        signal.signal(signal.SIGTERM, previous_handler)
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
         ckpt.close()
 
     # Final evaluation: the trained towers, their initialisation and the baselines.
@@ -381,6 +412,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                   if k not in ("system", "index", "typo_p")})
         report.plot_typo_robustness(os.path.join(workdir, "typo_robustness.png"), typo_rows,
                                     f"{name}{last} split, step {step}: queries with typos")
+    return out
+
+
+def finished_results(log: MetricsLog, tasks: Sequence[tasks_lib.Task],
+                     splits: dict[str, tuple[str, ...]], step: int) -> dict[str, dict] | None:
+    """What `train_and_evaluate` returned when it finished at `step`, read back from
+    metrics.jsonl; None if a task's final evaluation is not all there."""
+    rows, out = log.read(), {}
+    for task in (t for t in tasks if splits[t.name]):
+        last = splits[task.name][-1]
+        mine = [r for r in rows if r["step"] == step and r["split"] == last and "system" in r
+                and "typo_p" not in r and r.get("task", "") == task.name]
+        if not mine:
+            return None
+        out.update({(f"{task.name}: " if task.name else "") + evaluate.row_label(r): r
+                    for r in mine})
     return out
 
 

@@ -1,7 +1,7 @@
 """Pre-training for retrieval (Chang et al. 2020) on our data: Table 3 and Table 5 shapes.
 
     python scripts/bench_pretrain.py --out=runs/bench_pretrain [--suite=table3]
-        [--pretrain_steps=1500] [--finetune_steps=500] [--towers=bow_mlp,transformer]
+        [--pretrain_steps=1000] [--finetune_steps=500] [--towers=bow_mlp,transformer]
         [--json=out.json]
 
 Every run is one `python -m dualjax.main` call with its own workdir under --out (a
@@ -111,7 +111,7 @@ def test_rows(workdir: str, steps: int) -> dict[str, dict]:
 def finetune(args, tower: str, init_from: str, fraction: float, label: str,
              extra: dict | None = None) -> dict[str, dict]:
     name = f"finetune {tower} {label} {fraction}"
-    flags = {"data.train_fraction": fraction, "eval.index": "exact",
+    flags = {"data.train_fraction": fraction, "eval.index": "exact", "eval.untrained": False,
              "checkpoint_every_steps": args.finetune_steps, **TOWERS[tower], **(extra or {}),
              **({"init_from": init_from} if init_from else {})}
     if fraction < 0.05:  # ~105 training questions: a batch of 256 would repeat each
@@ -123,7 +123,8 @@ def finetune(args, tower: str, init_from: str, fraction: float, label: str,
 def zero_shot(args, tower: str, init_from: str, target: str, label: str,
               extra: dict | None = None) -> dict[str, dict]:
     """The pre-trained towers on every ReQA question, or on NPL; with BM25 beside them."""
-    flags = {"init_from": init_from, "eval.index": "exact", **TOWERS[tower], **(extra or {})}
+    flags = {"init_from": init_from, "eval.index": "exact", "eval.untrained": False,
+             **TOWERS[tower], **(extra or {})}
     if target == "reqa":
         flags["data.train_fraction"] = 0.0
     else:
@@ -135,7 +136,7 @@ def zero_shot(args, tower: str, init_from: str, target: str, label: str,
 
 
 def recall_cells(row: dict) -> str:
-    return " | ".join(f"{100 * row[k]:.1f}" for k in RECALL)
+    return " / ".join(f"{100 * row[k]:.1f}" for k in RECALL)
 
 
 def table3(args) -> dict:
@@ -174,7 +175,7 @@ def zero_shot_table(rows: dict) -> str:
              "BM25 R@100 | BM25 nDCG@10 | ratio nDCG@10 |", "|---|---|---:|---:|---:|---:|---:|"]
     for label, r in rows.items():
         de, bm = r["dual_encoder"], r["bm25"]
-        lines.append(f"| {label} | {recall_cells(de).replace(' | ', ' / ')} | "
+        lines.append(f"| {label} | {recall_cells(de)} | "
                      f"{de['ndcg@10']:.3f} | {de['map@100']:.3f} | {100 * bm['recall@100']:.1f} | "
                      f"{bm['ndcg@10']:.3f} | {de['ndcg@10'] / bm['ndcg@10']:.2f}x |")
     return "\n".join(lines)
@@ -194,8 +195,8 @@ def variants_suite(args, variants: dict[str, tuple[str, dict]]) -> dict:
         out["finetuned_0.05"][label] = rows
     lines = ["| pre-training | fine-tuned at 5%: R@1 / 5 / 10 / 50 / 100 | BM25 |", "|---|---|---|"]
     for label, rows in out["finetuned_0.05"].items():
-        lines.append(f"| {label} | {recall_cells(rows['dual_encoder']).replace(' | ', ' / ')} | "
-                     f"{recall_cells(rows['bm25']).replace(' | ', ' / ')} |")
+        lines.append(f"| {label} | {recall_cells(rows['dual_encoder'])} | "
+                     f"{recall_cells(rows['bm25'])} |")
     out["table"] = "\n".join(lines)
     out["zero_shot_table"] = zero_shot_table(out["zero_shot"])
     return out
@@ -242,7 +243,7 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="Parent folder of the runs' workdirs.")
     p.add_argument("--suite", choices=sorted(SUITES), default="table3")
-    p.add_argument("--pretrain_steps", type=int, default=1500)
+    p.add_argument("--pretrain_steps", type=int, default=1000)
     p.add_argument("--finetune_steps", type=int, default=500)
     p.add_argument("--towers", default="bow_mlp,transformer", help="table3: towers to run.")
     p.add_argument("--tfds_dir", default="", help="Shared data cache (default OUT/tfds).")

@@ -47,11 +47,12 @@ def first_train_losses(tmp_path, key, values, **overrides):
     return out
 
 
-def preempt_at(stop: int):
-    """A hook that sends this process SIGTERM after step `stop` (a TPU VM preemption)."""
+def preempt_at(stop: int, sig: int = signal.SIGTERM):
+    """A hook that sends this process `sig` after step `stop` (SIGTERM: a TPU VM
+    preemption; SIGINT: Ctrl-C)."""
     def hook(step, _):
         if step == stop:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), sig)
     return hook
 
 
@@ -95,7 +96,8 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
     whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
     train.train_and_evaluate(tiny(), whole)
 
-    assert train.train_and_evaluate(tiny(), split, hooks=[preempt_at(7)]) == {}
+    with pytest.raises(train.Preempted, match="SIGTERM: saved a checkpoint at step 7"):
+        train.train_and_evaluate(tiny(), split, hooks=[preempt_at(7)])
     assert sorted(os.listdir(os.path.join(split, "checkpoints"))) == ["7"]
     assert not any(r["step"] > 7 for r in train_rows(split))
     train.train_and_evaluate(tiny(), split)  # the same command again resumes at step 7
@@ -112,10 +114,30 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
     assert later(train_rows(whole)) == later(train_rows(split))
 
 
+def test_ctrl_c_saves_like_sigterm_and_a_second_one_stops_at_once(tmp_path):
+    with pytest.raises(train.Preempted, match="SIGINT: saved a checkpoint at step 3"):
+        train.train_and_evaluate(tiny(), str(tmp_path / "once"), hooks=[preempt_at(3, signal.SIGINT)])
+    assert sorted(os.listdir(tmp_path / "once" / "checkpoints")) == ["3"]
+    twice = [preempt_at(3, signal.SIGINT), preempt_at(3, signal.SIGINT)]
+    with pytest.raises(KeyboardInterrupt):
+        train.train_and_evaluate(tiny(), str(tmp_path / "twice"), hooks=twice)
+    assert not os.listdir(tmp_path / "twice" / "checkpoints")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
 def test_non_finite_loss_stops_without_saving(tmp_path):
     cfg = tiny(**{"optimizer.name": "sgd", "optimizer.learning_rate": 1e38,
                   "model.init_scale": 1e38})
-    with pytest.raises(train.NonFiniteLossError, match="non-finite training loss at step"):
+    with pytest.raises(train.NonFiniteLossError, match="non-finite training at step"):
+        train.train_and_evaluate(cfg, str(tmp_path))
+    assert not os.path.exists(tmp_path / "checkpoints") or not os.listdir(tmp_path / "checkpoints")
+
+
+def test_exploding_parameters_stop_the_run_though_the_loss_is_finite(tmp_path):
+    # At learning rate 1e30 the loss stays finite (cosines are bounded) while the
+    # parameters overflow.
+    cfg = tiny(**{"optimizer.learning_rate": 1e30, "optimizer.warmup_steps": 0})
+    with pytest.raises(train.NonFiniteLossError, match="param_norm=inf"):
         train.train_and_evaluate(cfg, str(tmp_path))
     assert not os.path.exists(tmp_path / "checkpoints") or not os.listdir(tmp_path / "checkpoints")
 
@@ -198,6 +220,16 @@ def test_cli_rejects_unknown_key_and_wrong_type_by_name(tmp_path):
     assert missing.returncode == 1
     assert f"dualjax: {tmp_path / 'nowhere.tsv'}: no such file" in missing.stderr
     assert "Traceback" not in missing.stderr + unknown.stderr
+    assert missing.stderr.count("nowhere.tsv: no such file") == 1  # said once
+    bad = tmp_path / "bad.py"
+    bad.write_text("def get_config(:\n")
+    for config, message in ((tmp_path / "none.py", "no such file"),
+                            (bad, "cannot load it (line 1): SyntaxError")):
+        out = subprocess.run([sys.executable, "-m", "dualjax.main", f"--config={config}",
+                              f"--workdir={tmp_path / 'd'}"], capture_output=True, text=True)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 1 and len(lines) == 1, out.stderr
+        assert lines[0].startswith(f"dualjax: --config={config}: {message}"), lines
     assert not any((tmp_path / d).exists() for d in "ab")
 
 
@@ -239,7 +271,8 @@ def test_mixed_negatives_join_the_columns_and_resume_exactly(tmp_path):
     assert first[64] > first[0] + 0.1  # log(32 + 64) vs log(32) at the start
     cfg = tiny(**{"loss.num_mixed_negatives": 64, "eval.index": "exact", "num_train_steps": 10})
     split = str(tmp_path / "split")
-    assert train.train_and_evaluate(cfg, split, hooks=[preempt_at(4)]) == {}
+    with pytest.raises(train.Preempted):
+        train.train_and_evaluate(cfg, split, hooks=[preempt_at(4)])
     train.train_and_evaluate(cfg, split)
     for x, y in zip(jax.tree.leaves(final_params(tmp_path / "loss.num_mixed_negatives_64", 10)),
                     jax.tree.leaves(final_params(split, 10))):
@@ -297,7 +330,8 @@ def test_multi_task_shares_the_encoder_with_a_scale_per_task_and_resumes(tmp_pat
     # Stopped at step 7 and resumed: both iterators and the schedule continue exactly.
     split = str(tmp_path / "split")
 
-    assert train.train_and_evaluate(_two_tasks(tmp_path), split, hooks=[preempt_at(7)]) == {}
+    with pytest.raises(train.Preempted):
+        train.train_and_evaluate(_two_tasks(tmp_path), split, hooks=[preempt_at(7)])
     train.train_and_evaluate(_two_tasks(tmp_path), split)
     for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(final_params(split, 20))):
         np.testing.assert_array_equal(x, y)

@@ -27,6 +27,7 @@ from typing import Callable, Iterator
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
+from absl import logging
 
 from dualjax.data import beir, clusters, mining, pairs_file, reqa, synthetic
 from dualjax.data.clusters import RawData, RetrievalTask
@@ -91,6 +92,15 @@ class _RetrievalBuilder(tfds.core.GeneratorBasedBuilder):
                                     "than two clusters, so there is nothing to mine from")
             _last_load[key] = data
         return _last_load[key]
+
+    # TFDS prints "Downloading and preparing dataset Unknown size ..." for every table;
+    # nothing is downloaded here, so say it in one log line instead.
+    def _log_download_bytes(self) -> None:
+        logging.info("Writing the %s table of %s to %s", self.builder_config.table, self.name,
+                     self.data_dir)
+
+    def _log_download_done(self) -> None:
+        pass
 
     def _info(self) -> tfds.core.DatasetInfo:
         return tfds.core.DatasetInfo(

@@ -1,0 +1,150 @@
+"""One workdir, one run, one config: the lock, the saved config and atomic writes.
+
+`guard(workdir, config)` wraps a run: it creates the workdir, takes its lock (a second run
+on the same workdir is refused, naming the holder; the lock is released on every exit
+path, and the kernel releases it when its holder dies, so a killed run never blocks the
+next one), compares the config with the one the run started with, and writes
+WORKDIR/config.json. A workdir that holds trained state (a vocabulary or a checkpoint)
+keeps its config: keys that shape the run (model, tokenizer, data, batch, loss,
+optimizer, seed) cannot change on resume, and a difference is refused before any file
+is touched, listing old and new values. Cadences, the number of steps, the mesh and
+`eval.*` may change; the changes are logged and config.json records the new values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+from typing import Any, Iterator
+
+import ml_collections
+from absl import logging
+
+# Keys (or groups, ending in ".") that may change when a run resumes.
+RESUMABLE = ("num_train_steps", "checkpoint_every_steps", "keep_checkpoints",
+             "eval_every_steps", "log_every_steps", "init_from", "mesh.", "eval.",
+             "data.worker_count", "data.tfds_dir")
+
+
+class WorkdirError(Exception):
+    """The workdir cannot be used for this run; the message says why and what to do."""
+
+
+def atomic_write(path: str | os.PathLike, text: str) -> None:
+    """Writes `text` to `path` through a temporary file and a rename: a reader (or a run
+    killed meanwhile) sees the old file or the new one, never half of one."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def atomic_json(path: str | os.PathLike, payload: Any, **dump_args: Any) -> None:
+    atomic_write(path, json.dumps(payload, **dump_args) + "\n")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def _resumable(key: str) -> bool:
+    key = key.split(".", 2)[-1] if key.startswith("tasks.") else key  # tasks.<name>.data...
+    return any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE)
+
+
+def has_state(workdir: str) -> bool:
+    """Whether the workdir holds what a run trained or built: a vocabulary or a checkpoint."""
+    ckpts = os.path.join(workdir, "checkpoints")
+    return os.path.exists(os.path.join(workdir, "vocab.json")) or (
+        os.path.isdir(ckpts) and any(name.isdigit() for name in os.listdir(ckpts)))
+
+
+def config_changes(saved: dict, config: dict) -> tuple[list[str], list[str]]:
+    """(refused, allowed): "key: old -> new" for each key that differs."""
+    old, new = _flatten(saved), _flatten(config)
+    refused, allowed = [], []
+    for key in sorted(set(old) | set(new)):
+        if old.get(key, "(absent)") != new.get(key, "(absent)"):
+            change = f"{key}: {old.get(key, '(absent)')!r} -> {new.get(key, '(absent)')!r}"
+            (allowed if _resumable(key) else refused).append(change)
+    return refused, allowed
+
+
+def check_and_write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+    """Refuses a config that differs from the workdir's in keys that shape the run (when
+    the workdir holds trained state); writes config.json."""
+    path = os.path.join(workdir, "config.json")
+    current = config.to_dict()
+    if os.path.exists(path) and has_state(workdir):
+        try:
+            with open(path) as f:
+                saved = json.load(f)
+        except (OSError, ValueError) as e:
+            raise WorkdirError(f"{path}: unreadable ({e}); it records the config this run "
+                               "started with") from None
+        refused, allowed = config_changes(saved, current)
+        if refused:
+            raise WorkdirError(
+                f"{workdir} holds a run started with another config, and these keys cannot "
+                f"change when it resumes: {'; '.join(refused)}. Use another --workdir, or "
+                "give the old values back")
+        if allowed:
+            logging.info("Resuming %s with changed settings: %s", workdir, "; ".join(allowed))
+    atomic_json(path, current, indent=2, sort_keys=True)
+
+
+class Lock:
+    """An exclusive lock on WORKDIR/.lock (flock), with the holder's pid and host in it."""
+
+    def __init__(self, workdir: str):
+        self.path = os.path.join(workdir, ".lock")
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise WorkdirError(f"{os.path.dirname(self.path)} is in use by {holder}; wait for "
+                               "that run to end (or stop it), or use another --workdir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
+                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+@contextlib.contextmanager
+def guard(workdir: str, config: ml_collections.ConfigDict) -> Iterator[None]:
+    """Creates and locks the workdir, checks and writes its config; releases the lock
+    however the body ends."""
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        lock = Lock(workdir)
+        lock.acquire()
+    except OSError as e:
+        raise WorkdirError(f"{workdir}: cannot use it as a workdir: {e.strerror or e}") from None
+    try:
+        check_and_write_config(workdir, config)
+        yield
+    finally:
+        lock.release()

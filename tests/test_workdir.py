@@ -1,0 +1,125 @@
+"""One workdir, one run, one config: config changes on resume, the lock, rows once."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import load_config
+from dualjax import train, workdir
+from dualjax.metrics_log import MetricsLog
+from dualjax.workdir import WorkdirError
+
+
+def tiny(**overrides):
+    cfg = load_config("tiny")
+    cfg.update_from_flattened_dict(overrides)
+    return cfg
+
+
+def started(path, cfg):
+    """A workdir as a run with `cfg` leaves it after building its vocabulary."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    (path / "vocab.json").write_text("{}")
+    return path
+
+
+@pytest.mark.parametrize("key, old, new", [
+    ("model.embed_dim", 16, 32), ("model.tokenizer", "word", "char_trigram"),
+    ("global_batch_size", 32, 64), ("data.num_train_clusters", 150, 100), ("seed", 0, 1)])
+def test_a_changed_config_is_refused_before_any_file_is_touched(tmp_path, key, old, new):
+    run = started(tmp_path / "run", tiny())
+    before = (run / "config.json").read_text()
+    with pytest.raises(WorkdirError) as e:
+        train.train_and_evaluate(tiny(**{key: new}), str(run))
+    assert f"{key}: {old!r} -> {new!r}" in str(e.value)
+    assert "cannot change when it resumes" in str(e.value)
+    assert (run / "config.json").read_text() == before
+    assert sorted(os.listdir(run)) == [".lock", "config.json", "vocab.json"]
+
+
+def test_cadences_steps_and_eval_settings_may_change_and_are_recorded(tmp_path):
+    run = started(tmp_path / "run", tiny())
+    changed = tiny(**{"num_train_steps": 40, "eval.top_k": 50, "log_every_steps": 1,
+                      "mesh.num_devices": 4})
+    workdir.check_and_write_config(str(run), changed)
+    assert json.loads((run / "config.json").read_text()) == changed.to_dict()
+
+
+def test_a_fresh_workdir_takes_any_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(tiny().to_dict()))  # nothing trained yet
+    workdir.check_and_write_config(str(tmp_path), tiny(**{"model.embed_dim": 8}))
+    assert json.loads((tmp_path / "config.json").read_text())["model"]["embed_dim"] == 8
+
+
+def test_a_second_run_on_a_workdir_is_refused(tmp_path):
+    lock = workdir.Lock(str(tmp_path))
+    lock.acquire()
+    try:
+        with pytest.raises(WorkdirError, match=f"is in use by pid {os.getpid()} on "):
+            train.train_and_evaluate(tiny(), str(tmp_path))
+    finally:
+        lock.release()
+    with workdir.guard(str(tmp_path), tiny()):  # free again
+        pass
+
+
+def test_the_lock_of_a_killed_run_is_free(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from dualjax import workdir; "
+         f"workdir.Lock({str(tmp_path)!r}).acquire(); print('locked', flush=True); "
+         "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(WorkdirError, match=f"pid {holder.pid}"):
+        workdir.Lock(str(tmp_path)).acquire()
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    lock = workdir.Lock(str(tmp_path))
+    lock.acquire()  # taken over from the dead holder
+    lock.release()
+
+
+def test_unwritable_workdir_is_one_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(WorkdirError, match="cannot use it as a workdir"):
+        train.train_and_evaluate(tiny(), str(blocker / "run"))
+
+
+def test_metrics_rows_are_written_once(tmp_path):
+    log = MetricsLog(str(tmp_path))
+    log.write(5, "train", {"loss": 1.0})
+    log.write(20, "test", {"map@100": 0.1}, system="bm25", index="exact")
+    log.write(20, "test", {"map@100": 0.2}, system="dual_encoder", index="exact")
+    log.write(20, "test", {"map@100": 0.3}, system="bm25", index="exact")  # evaluated again
+    log.write(20, "test", {"recall@10": 0.4}, system="bm25", index="exact", typo_p=0.5)
+    rows = MetricsLog(str(tmp_path)).read()
+    assert [(r["step"], r.get("system"), r.get("typo_p")) for r in rows] == [
+        (5, None, None), (20, "dual_encoder", None), (20, "bm25", None), (20, "bm25", 0.5)]
+    assert rows[2]["map@100"] == 0.3
+    log.truncate_after(0)  # a run killed before its first checkpoint starts over
+    assert MetricsLog(str(tmp_path)).read() == []
+
+
+def test_rows_of_a_run_killed_before_its_first_checkpoint_are_not_repeated(tmp_path):
+    cfg = tiny(**{"eval.untrained": False, "eval.baselines": "", "eval.index": "exact",
+                  "num_train_steps": 5, "checkpoint_every_steps": 0})
+    MetricsLog(str(tmp_path)).write(5, "train", {"loss": 9.0})  # from the killed run
+    train.train_and_evaluate(cfg, str(tmp_path))
+    rows = MetricsLog(str(tmp_path)).read()
+    [trained] = [r for r in rows if r["split"] == "train"]  # step 5, once, from this run
+    assert trained["step"] == 5 and trained["loss"] != 9.0
+    assert len({(r["step"], r["split"], r.get("system"), r.get("index")) for r in rows}) == len(rows)
+    # Rerunning the finished workdir says so and returns its results, evaluating nothing.
+    again = train.train_and_evaluate(cfg, str(tmp_path))
+    assert MetricsLog(str(tmp_path)).read() == rows
+    assert {k: v["map@100"] for k, v in again.items()} == {
+        f"{r['system']} [{r['index']}]": r["map@100"] for r in rows
+        if r["split"] == "test"}
+    cfg.eval.rerun = True  # asked to: evaluates again, each row still once
+    train.train_and_evaluate(cfg, str(tmp_path))
+    assert len(MetricsLog(str(tmp_path)).read()) == len(rows)
