@@ -18,6 +18,7 @@ from typing import Iterable
 
 import ml_collections
 import numpy as np
+from absl import logging
 
 from dualjax import features
 from dualjax.data import builders, documents, pipeline, pretraining
@@ -81,13 +82,19 @@ class Task:
                                        self.data.worker_count, num_mixed_negatives,
                                        self.data.get("hard_negatives", 0))
 
-    def describe_training(self) -> str:
-        """How many training pairs (or what generates them), for the log."""
+    def describe_training(self, global_batch_size: int) -> str:
+        """How many training pairs (or what generates them), for the log; warns when a
+        global batch is larger than the training pairs (each batch repeats some)."""
         src = self.train_source
         if self.pretraining:
             return ("pre-training pairs generated from " + self.data.path + " ("
                     + ", ".join(f"{t.upper()}: {src.num_items(t)} items" for t in src.tasks)
                     + ")")
+        if len(src) < global_batch_size:
+            logging.warning("%s: a global batch of %d is larger than the %d training pairs, "
+                            "so every batch holds some pairs twice (as negatives of each "
+                            "other they are masked); consider a smaller global_batch_size",
+                            self.name or self.data.name, global_batch_size, len(src))
         return f"training pairs: {len(src)}"
 
     def eval_task(self, split: str) -> RetrievalTask:

@@ -21,6 +21,9 @@ from dualjax.workdir import atomic_write
 
 PAD_ID = 0
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
+# Combining marks (Unicode category Mn in these blocks: accents, diacritics).
+_COMBINING = re.compile("[\u0300-\u036f\u0483-\u0489\u0591-\u05c7\u0610-\u061a\u064b-\u065f"
+                        "\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
 FORMAT_VERSION = 1  # of every saved tokenizer JSON
 
 
@@ -28,14 +31,14 @@ def normalize(text: str) -> str:
     """Canonical form of `text` used before splitting into words.
 
     Steps: casefold (lowercase, also "ß" -> "ss"); Unicode NFKD and drop combining
-    marks; drop any remaining non-ASCII characters; replace every run of characters
-    outside [a-z0-9] (punctuation, whitespace) by a single space; strip.
-    Punctuation becomes a word boundary, e.g. "What's up?" -> "what s up",
-    "Café Über" -> "cafe uber".
+    marks; replace every run of characters outside [a-z0-9] (punctuation, whitespace,
+    any other non-ASCII character) by a single space; strip. Punctuation becomes a word
+    boundary, e.g. "What's up?" -> "what s up", "CD33’s" -> "cd33 s", "motif‐bearing"
+    (a Unicode hyphen) -> "motif bearing", "Café Über" -> "cafe uber".
     """
     folded = text.casefold()
-    if not folded.isascii():  # combining marks are not ASCII: dropping those drops them
-        folded = unicodedata.normalize("NFKD", folded).encode("ascii", "ignore").decode("ascii")
+    if not folded.isascii():  # accents off ("é" -> "e"); other non-ASCII split words
+        folded = _COMBINING.sub("", unicodedata.normalize("NFKD", folded))
     return _NON_ALNUM.sub(" ", folded.lower()).strip()
 
 

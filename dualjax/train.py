@@ -240,7 +240,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         for t in tasks:
             logging.info("%s%s; global batch %d over %d devices",
                          f"Task {t.name} (weight {t.weight}): " if t.name else "",
-                         t.describe_training(), config.global_batch_size, mesh.devices.size)
+                         t.describe_training(config.global_batch_size),
+                         config.global_batch_size, mesh.devices.size)
     else:
         tests = [t.eval_task(splits[t.name][-1]) for t in tasks]
         inputs = load_inputs(config, workdir,

@@ -204,6 +204,9 @@ def load_beir(settings: dict) -> RawData:
     if "test.tsv" not in names:
         raise DataError(f"{os.path.join(qrels_dir, 'test.tsv')}: no such file "
                         "(a BEIR dataset needs test qrels)")
+    if "dev.tsv" not in names:
+        logging.warning("%s: no dev.tsv, so no validation split: nothing is evaluated during "
+                        "training, only the test split at the end", qrels_dir)
     ignored = [n for n in names if n not in SPLITS]
     if ignored:
         logging.info("%s: ignoring qrels files %s", qrels_dir, ", ".join(ignored))

@@ -174,8 +174,8 @@ def _cluster_raw(train_pairs, items, settings, train_fields=None, fields_of=None
     """
     dropped = drop_incoherent(items, settings["min_cluster_coherence"])
     if dropped:
-        cluster_of = {t: c for t, c, _ in items}
-        keep = [cluster_of[q] not in dropped for q, _ in train_pairs]
+        cluster_of = {normalize(t): c for t, c, _ in items}  # items hold one spelling
+        keep = [cluster_of[normalize(q)] not in dropped for q, _ in train_pairs]
         train_pairs = [p for p, k in zip(train_pairs, keep) if k]
         train_fields = train_fields and [f for f, k in zip(train_fields, keep) if k]
         items = [it for it in items if it[1] not in dropped]

@@ -108,10 +108,23 @@ class ReadPairs(grain.transforms.Map):
         return out
 
 
+def distinct_documents(source) -> np.ndarray:
+    """Indices of the records whose document is the first of its `text_ids` (one per
+    distinct normalised document), in record order."""
+    seen, first = set(), []
+    for i, r in enumerate(all_records(source)):
+        key = text_ids([r["document"].decode("utf-8")])[0]
+        if key not in seen:
+            seen.add(key)
+            first.append(i)
+    return np.asarray(first, np.int64)
+
+
 class MixedNegatives(grain.transforms.RandomMap):
-    """Adds to a batch `count` documents drawn uniformly (with replacement) from every
-    training pair's document (Yang et al. 2020's mixed negative sampling): m_ids, m_mask
-    [count, document max_len], m_cats, and m_doc_ids [count] (`text_ids`).
+    """Adds to a batch `count` documents drawn uniformly (with replacement) from the
+    distinct training documents (Yang et al. 2020's mixed negative sampling; a document
+    of many pairs is no likelier than one of a single pair): m_ids, m_mask [count,
+    document max_len], m_cats, and m_doc_ids [count] (`text_ids`).
 
     grain seeds the rng from the pipeline seed and the batch's index, so the draws are
     the same after a resume.
@@ -119,9 +132,10 @@ class MixedNegatives(grain.transforms.RandomMap):
 
     def __init__(self, source, side: Side, count: int):
         self._source, self._side, self._count = source, side, count
+        self._documents = distinct_documents(source)
 
     def random_map(self, batch: dict, rng: np.random.Generator) -> dict:
-        picks = rng.integers(0, len(self._source), self._count)
+        picks = self._documents[rng.integers(0, len(self._documents), self._count)]
         records = read_records(self._source, picks.tolist())
         mixed, texts = encode_records(records, "document", self._side, "m")
         return {**batch, **mixed, "m_doc_ids": text_ids(texts)}
