@@ -56,7 +56,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.data.name = "pretrain"
     c.data.path = WIKISPEEDIA       # or a SQuAD .json, a BEIR folder, a documents .jsonl
-    c.data.tasks = "ict,bfs,wlp"    # any subset, mixed uniformly
+    c.data.tasks = "ict,bfs,wlp"    # any subset, mixed uniformly; or "mlm" (transformer)
     c.data.ict_mask_rate = 0.9
     c.data.min_query_words = 5
     c.data.passage_words = 288

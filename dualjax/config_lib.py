@@ -158,6 +158,14 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
         raise ConfigError("config.num_train_steps=0 evaluates only, but data.name='pretrain' "
                           "has nothing to evaluate on; evaluate with another data.name and "
                           "config.init_from=<the pre-training workdir>")
+    if any(d.name == tasks_lib.PRETRAIN and "mlm" in d.tasks for _, d, _ in task_list):
+        if len(task_list) > 1:
+            raise ConfigError("config.data.tasks='mlm' trains a token-level objective; it "
+                              "does not mix with config.tasks")
+        if dual_encoder.tower_names(config.model)[1] != "transformer":
+            raise ConfigError("config.data.tasks='mlm' needs a transformer document tower "
+                              f"(model.tower={config.model.tower!r}); MLM predicts tokens "
+                              "from its token states")
     if pretrain and config.loss.num_mixed_negatives:
         raise ConfigError("config.loss.num_mixed_negatives: mixed negatives are drawn from a "
                           "table of training pairs, which data.name='pretrain' does not have")

@@ -22,8 +22,8 @@ import optax
 from absl import logging
 from tqdm.auto import tqdm
 
-from dualjax import (checkpoints, config_lib, evaluate, features, frequency, losses, report,
-                     sharding, tokenizers, warm_start)
+from dualjax import (checkpoints, config_lib, evaluate, features, frequency, objectives,
+                     report, sharding, tokenizers, warm_start)
 from dualjax import workdir as workdir_lib
 from dualjax import tasks as tasks_lib
 from dualjax.data import pipeline
@@ -66,13 +66,13 @@ def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int
     return tx, schedule
 
 
-def make_init_state(model, tx: optax.GradientTransformation, max_len: int,
+def make_init_state(objective: objectives.Objective, tx: optax.GradientTransformation,
                     log_q_buckets: int = 0) -> Callable[[int], State]:
     """seed -> the initial train state {"params", "opt_state", "step", "rng"}, plus
     "frequency" (the streaming document-frequency estimate) when `log_q_buckets` > 0."""
 
     def init_state(seed: int) -> State:
-        params = dual_encoder.init_params(model, jax.random.PRNGKey(seed), max_len)
+        params = objective.init(jax.random.PRNGKey(seed))
         state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
                  "rng": jax.random.PRNGKey(seed + 1)}
         if log_q_buckets:
@@ -134,8 +134,8 @@ def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
 
 
 # ----------------------------------------------------------------------------- step
-def make_train_step(model, tx, schedule, loss_fn, state_sharding, batch_sharding, replicated,
-                    log_q_alpha: float = 0.01):
+def make_train_step(objective: objectives.Objective, tx, schedule, state_sharding,
+                    batch_sharding, replicated, log_q_alpha: float = 0.01):
     """The jitted update: state, global batch -> new state, flat dict of metrics."""
 
     def step(state: State, batch: dict) -> tuple[State, dict]:
@@ -149,30 +149,8 @@ def make_train_step(model, tx, schedule, loss_fn, state_sharding, batch_sharding
                 state["frequency"], batch["doc_ids"], state["step"] + 1, log_q_alpha)
             extras["log_q_pos"] = frequency.log_q(new_state["frequency"], batch["doc_ids"])
 
-        def objective(params):
-            # A batch comes from one task (batch["task"]: its index on every row), whose own
-            # scale and bias turn cosines into logits.
-            task = batch["task"][0] if "task" in batch else None
-            q, d, scale, bias = model.apply({"params": params}, batch["q_ids"], batch["q_mask"],
-                                            batch["d_ids"], batch["d_mask"], batch.get("q_cats"),
-                                            batch.get("d_cats"), task, rngs={"dropout": rng})
-            more = {}
-            if "m_ids" in batch:  # mixed negatives: uniformly drawn documents, same tower
-                more["mixed_negatives"] = model.apply(
-                    {"params": params}, batch["m_ids"], batch["m_mask"], batch.get("m_cats"),
-                    method="encode_documents")
-                more["mixed_negative_ids"] = batch["m_doc_ids"]
-            if "n_ids" in batch:  # each pair's mined hard negatives [B, k, ...], same tower
-                b, k, length = batch["n_ids"].shape
-                h = model.apply({"params": params}, batch["n_ids"].reshape(b * k, length),
-                                batch["n_mask"].reshape(b * k, length),
-                                method="encode_documents")
-                more["hard_negatives"] = h.reshape(b, k, -1)
-                more["hard_negative_ids"] = batch["n_doc_ids"]
-            loss, aux = loss_fn(q, d, scale, bias, {**extras, **more} or None)
-            return loss, {**aux, "scale": scale}
-
-        (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(state["params"])
+        (loss, aux), grads = jax.value_and_grad(objective.loss, has_aux=True)(
+            state["params"], batch, rng, extras)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         new_state.update(params=params, opt_state=opt_state)
@@ -254,13 +232,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                                     inputs.feature_sizes(), num_tasks=len(tasks))
     tx, schedule = make_optimizer(config.optimizer, config.num_train_steps)
 
-    init_state = make_init_state(model, tx, max(config_lib.max_lens(config.model)),
-                                 config.loss.log_q_buckets)
+    objective = objectives.from_config(config, model, mesh)
+    init_state = make_init_state(objective, tx, config.loss.log_q_buckets)
     replicated = sharding.replicated(mesh)
     state_sharding = jax.tree.map(lambda _: replicated, jax.eval_shape(init_state, config.seed))
     state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(config.seed)
-    loss_fn = losses.sharded(config.loss.name, mesh, **losses.config_options(config.loss))
-    train_step = make_train_step(model, tx, schedule, loss_fn, state_sharding,
+    train_step = make_train_step(objective, tx, schedule, state_sharding,
                                  sharding.batch_sharding(mesh), replicated, config.loss.log_q_alpha)
 
     def data_state() -> dict:
@@ -361,8 +338,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                                               / max(now - since[1], 1e-9))
                 since = (step_, now)
                 log.write(step_, "train", values, **tasks[t].fields())
-                bar.set_postfix(loss=f"{values['loss']:.4f}",
-                                p1=f"{values['in_batch_p@1']:.3f}")
+                bar.set_postfix(loss=f"{values['loss']:.4f}")
                 pending = []
             if is_ckpt:
                 save(step)

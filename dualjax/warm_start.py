@@ -4,8 +4,8 @@ The new run takes the other run's vocabularies (vocab.json, features.json: fine-
 must read the pre-training vocabulary) and its latest checkpoint's tower parameters; the
 optimizer, step, rng and data position are its own, fresh. The similarity's own
 parameters (alpha and beta, or log tau) are taken too when both runs have them with the
-same shape, else they start at the new run's initial values. Towers that do not match
-are refused, naming the settings that differ.
+same shape, else they start at the new run's initial values; pre-training heads (MLM's)
+are left behind. Towers that do not match are refused, naming the settings that differ.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from absl import logging
 from dualjax import checkpoints
 from dualjax.config_lib import ConfigError
 from dualjax.models.dual_encoder import SIMILARITY_PARAMS
+from dualjax.objectives import PRETRAINING_HEADS
 
 VOCABULARIES = ("vocab.json", "features.json")
 # Model settings that do not shape the towers' parameters.
@@ -81,7 +82,8 @@ def tower_params(init_from: str, params: dict, model: ml_collections.ConfigDict,
         step, saved = checkpoints.latest_params(init_from)
     except FileNotFoundError as e:
         raise ConfigError(f"config.init_from: {e}") from None
-    towers = lambda tree: {k: v for k, v in tree.items() if k not in SIMILARITY_PARAMS}
+    towers = lambda tree: {k: v for k, v in tree.items()
+                           if k not in SIMILARITY_PARAMS and k not in PRETRAINING_HEADS}
     ours, theirs = _shapes(towers(params)), _shapes(towers(saved))
     if ours != theirs:
         first = next(k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k))
@@ -92,6 +94,8 @@ def tower_params(init_from: str, params: dict, model: ml_collections.ConfigDict,
             + ("; settings that differ: " + "; ".join(differences) if differences else ""))
     out = dict(params)
     for key, value in saved.items():
+        if key in PRETRAINING_HEADS:  # e.g. the MLM head: pre-training only
+            continue
         if key in SIMILARITY_PARAMS and _shapes(value) != _shapes(params.get(key, {})):
             logging.info("init_from: %s is not carried over (another similarity)", key)
             continue

@@ -17,7 +17,7 @@ finished workdir is reused, so an interrupted benchmark resumes where it stopped
   (../shared/data/npl, BEIR layout, query and document ids unrelated), against BM25.
 
 Suites: table3 (rows: BM25; each tower without pre-training and with ICT+BFS+WLP, the
-transformer also with ICT alone; columns recall@1/5/10/50/100 at each train fraction;
+transformer also with MLM and with ICT alone; columns recall@1/5/10/50/100 at each train fraction;
 plus the zero-shot table), ablation (bow_mlp pre-trained on ICT, BFS, WLP alone and
 together: zero-shot, and fine-tuned at 5%), similarity (ICT+BFS+WLP with
 cosine_affine, a fixed temperature and the learned temperature: zero-shot and 5%), and
@@ -33,6 +33,8 @@ import platform
 import subprocess
 import sys
 import time
+
+from bench_variants import read_rows, slug  # scripts/ is on the path of a script
 
 RECALL = ("recall@1", "recall@5", "recall@10", "recall@50", "recall@100")
 FRACTIONS = (0.01, 0.05, 0.8)
@@ -50,18 +52,6 @@ SIMILARITIES = {
     "fixed temperature 0.05": {"model.similarity": "cosine_temperature"},
     "cosine_affine": {"model.similarity": "cosine_affine", "model.init_scale": 20.0},
 }
-
-
-def slug(label: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in label).strip("_")[:80]
-
-
-def read_rows(workdir: str) -> list[dict]:
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def finished(workdir: str, steps: int, evaluates: bool) -> bool:
@@ -145,7 +135,8 @@ def table3(args) -> dict:
     pretrained = {}
     for tower in towers:
         models.append((f"{tower}, no pre-training", tower, ""))
-        for tasks in (("ict", "ict,bfs,wlp") if tower == "transformer" else ("ict,bfs,wlp",)):
+        for tasks in (("mlm", "ict", "ict,bfs,wlp") if tower == "transformer"
+                      else ("ict,bfs,wlp",)):
             p = pretrained[(tower, tasks)] = pretrain(args, tower, tasks)
             models.append((f"{tower}, {tasks.upper().replace(',', '+')}", tower, p["workdir"]))
     results = {"models": {}, "bm25": {}, "pretraining": {
@@ -156,7 +147,7 @@ def table3(args) -> dict:
             results["models"].setdefault(label, {})[fraction] = rows["dual_encoder"]
             results["bm25"][fraction] = rows["bm25"]
     for (tower, tasks), p in pretrained.items():
-        for target in ("reqa", "npl"):
+        for target in ("reqa", "npl") if tasks != "mlm" else ():  # MLM has no retrieval head
             rows = zero_shot(args, tower, p["workdir"], target, tasks)
             results["zero_shot"][f"{tower}, {tasks} -> {target}"] = {
                 "dual_encoder": rows["dual_encoder"], "bm25": rows["bm25"]}

@@ -97,10 +97,9 @@ def random_batch(rng, batch: int, seq_len: int, vocab: int) -> dict[str, Any]:
 def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
     """Times the real train step on `args.devices` CPU devices (run in a subprocess)."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
-    from dualjax import losses, sharding, train
+    from dualjax import losses, objectives, sharding, train
     from dualjax.models import dual_encoder
 
     (devices,) = args.devices
@@ -121,16 +120,14 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
     # Schedule long enough that warmup/decay never reach zero during the benchmark.
     tx, schedule = train.make_optimizer(config.optimizer, 100 * (args.steps + args.warmup))
 
-    def init_state(seed: int) -> dict:
-        params = dual_encoder.init_params(model, jax.random.PRNGKey(seed), args.seq_len)
-        return {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
-                "rng": jax.random.PRNGKey(seed + 1)}
-
+    objective = objectives.dual_encoder_objective(
+        model, losses.sharded(config.loss.name, mesh), args.seq_len)
+    init_state = train.make_init_state(objective, tx)
     replicated = sharding.replicated(mesh)
     state_sharding = jax.tree.map(lambda _: replicated, jax.eval_shape(init_state, 0))
     state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(0)
-    step_fn = train.make_train_step(model, tx, schedule, losses.sharded(config.loss.name, mesh),
-                                    state_sharding, sharding.batch_sharding(mesh), replicated)
+    step_fn = train.make_train_step(objective, tx, schedule, state_sharding,
+                                    sharding.batch_sharding(mesh), replicated)
     num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
 

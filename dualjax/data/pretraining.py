@@ -9,6 +9,8 @@ Three paragraph-level tasks, each making (query, document) pairs from a `Collect
   document is a random passage of the same article outside its lead.
 - WLP, Wiki Link Prediction: the query is a random sentence of article A's lead; the
   document is a passage of another article B that links to A (`Collection.links`).
+And for MLM (`objectives.mlm_objective`, alone): the document is a passage, the query
+empty.
 
 Every document is "title. passage" (`beir.document_text`). Sentences of fewer than
 `min_query_words` words (split on whitespace: captions, infobox fragments) are never queries.
@@ -30,16 +32,17 @@ from dualjax.data.beir import document_text
 from dualjax.data.documents import Collection
 from dualjax.data.pairs_file import DataError
 
-TASKS = ("ict", "bfs", "wlp")
+TASKS = ("ict", "bfs", "wlp", "mlm")
 
 
 def parse_tasks(spec: str) -> tuple[str, ...]:
-    """"ict,bfs,wlp" -> ("ict", "bfs", "wlp"); ValueError for an unknown or repeated name."""
+    """"ict,bfs,wlp" -> ("ict", "bfs", "wlp"); ValueError for an unknown or repeated name,
+    or "mlm" with another task (a token-level objective, not pairs)."""
     names = tuple(t.strip() for t in spec.split(",") if t.strip())
     bad = [t for t in names if t not in TASKS]
-    if not names or bad or len(set(names)) != len(names):
+    if not names or bad or len(set(names)) != len(names) or ("mlm" in names and len(names) > 1):
         raise ValueError(f"data.tasks={spec!r} must name distinct tasks among "
-                         f"{', '.join(TASKS)}, separated by commas")
+                         f"{', '.join(TASKS[:3])}, separated by commas, or mlm alone")
     return names
 
 
@@ -69,6 +72,8 @@ class PairGenerator:
             article = c.passage_article
             self._items["bfs"] = passages[(passages >= c.lead_end[article])
                                           & lead_has_query[article]]
+        if "mlm" in tasks:  # every passage (its text is the input; no query)
+            self._items["mlm"] = passages
         if "wlp" in tasks:  # links (passage of B, A) whose target A has a lead query
             self._items["wlp"] = np.flatnonzero(lead_has_query[c.links[:, 1]]
                                                 if len(c.links) else [])
@@ -107,6 +112,8 @@ class PairGenerator:
         task, item = self.tasks[t], self._item(t, k)
         rng = np.random.default_rng([self.seed, position])
         c = self.collection
+        if task == "mlm":
+            return "", self._document(item), task
         pick = lambda lo_hi: int(self._query_sents[rng.integers(*lo_hi)])  # a query sentence
         if task == "ict":
             s = pick(self._passage_q[item])
@@ -126,4 +133,5 @@ class PairGenerator:
 
 _NEEDS = {"ict": "passages of two or more sentences",
           "bfs": "articles with a lead and passages after it",
-          "wlp": "links between articles, or titles mentioned in other articles"}
+          "wlp": "links between articles, or titles mentioned in other articles",
+          "mlm": "passages"}

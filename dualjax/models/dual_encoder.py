@@ -106,6 +106,13 @@ class DualEncoder(nn.Module):
                          cats: jnp.ndarray | None = None) -> jnp.ndarray:
         return l2_normalize(self.doc_tower(ids, mask, self._features(self.doc_tables, cats)))
 
+    def document_token_states(self, ids: jnp.ndarray, mask: jnp.ndarray,
+                              replace: jnp.ndarray, replacement: jnp.ndarray) -> jnp.ndarray:
+        """The document tower's final token states [batch, len, width] (a Transformer),
+        with the `replace`d tokens' embeddings set to `replacement` (MLM)."""
+        return self.doc_tower(ids, mask, None, replace=replace, replacement=replacement,
+                              return_states=True)[1]
+
     def scale_and_bias(self, task: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
         """(scale, bias) such that logits = scale * cosine + bias (of task `task`, an int
         scalar, when the model has several; None: task 0)."""

@@ -271,8 +271,12 @@ class TransformerTower(nn.Module):
     embed: nn.Module | None = None
 
     @nn.compact
-    def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray,
-                 extra: jnp.ndarray | None = None) -> jnp.ndarray:
+    def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray, extra: jnp.ndarray | None = None,
+                 replace: jnp.ndarray | None = None, replacement: jnp.ndarray | None = None,
+                 return_states: bool = False) -> jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]:
+        """The text vectors [b, output_dim]; with `replace` (bool [b, len]) those tokens'
+        embeddings are `replacement` [width] instead (MLM's [MASK]); with
+        `return_states`, also the final token states [b, len, width] (float32)."""
         batch, length = ids.shape
         if length > self.max_positions:
             raise ValueError(f"transformer tower: texts of {length} tokens are longer than "
@@ -282,7 +286,10 @@ class TransformerTower(nn.Module):
         pos = self.param("pos_embed", _axes(init, "position", "embed"),
                          (self.max_positions, self.width))
         cls = self.param("cls", _axes(init, "embed"), (self.width,))
-        x = table(ids).astype(self.dtype) + pos[None, :length].astype(self.dtype)
+        tokens = table(ids)
+        if replace is not None:
+            tokens = jnp.where(replace[..., None], replacement.astype(tokens.dtype), tokens)
+        x = tokens.astype(self.dtype) + pos[None, :length].astype(self.dtype)
         x = jnp.concatenate([jnp.broadcast_to(cls.astype(self.dtype), (batch, 1, self.width)),
                              x], axis=1)  # [b, 1 + len, width]
         keys = jnp.concatenate([jnp.ones((batch, 1), bool), mask], axis=1)
@@ -295,7 +302,7 @@ class TransformerTower(nn.Module):
         out = nn.Dense(self.output_dim, dtype=self.dtype, name="output",
                        kernel_init=_axes(init, "embed", "output"),
                        bias_init=_axes(_zeros, "output"))(pooled.astype(self.dtype))
-        return out.astype(jnp.float32)
+        return (out.astype(jnp.float32), x[:, 1:]) if return_states else out.astype(jnp.float32)
 
 
 # ----------------------------------------------------------------------------- registry

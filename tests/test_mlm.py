@@ -1,0 +1,117 @@
+"""MLM (the token-level pre-training baseline): masking statistics, the head against a
+hand computation, and an MLM pre-training run that a dual encoder fine-tunes from."""
+
+import json
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import load_config
+from dualjax import checkpoints, config_lib, objectives, train
+from dualjax.config_lib import ConfigError
+from dualjax.models import dual_encoder
+from test_pretraining import ARTICLES
+
+TRANSFORMER = {"model.tower": "transformer", "model.transformer.num_layers": 1,
+               "model.transformer.width": 16, "model.transformer.num_heads": 2,
+               "model.transformer.mlp_dim": 32, "model.transformer.max_positions": 16,
+               "model.output_dim": 16}
+
+
+def tiny(**overrides):
+    cfg = load_config("tiny")
+    cfg.eval.untrained, cfg.eval.baselines, cfg.eval.index = False, "", "exact"
+    cfg.update_from_flattened_dict({**TRANSFORMER, **overrides})
+    return cfg
+
+
+def test_mask_tokens_statistics():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 41, 4000)
+    mask = np.arange(40)[None] < lengths[:, None]
+    ids = np.where(mask, rng.integers(1, 1000, mask.shape), 0).astype(np.int32)
+    m = objectives.mask_tokens(jax.random.key(0), jnp.asarray(ids), jnp.asarray(mask),
+                               rate=0.15, vocab_size=1000, k=12)
+    positions, weights = np.asarray(m.positions), np.asarray(m.weights)
+    predicted = np.zeros_like(mask)
+    np.put_along_axis(predicted, positions, weights > 0, axis=1)
+    assert not (predicted & ~mask).any()                  # never a pad
+    assert abs(predicted.sum() / mask.sum() - 0.15) < 0.01  # 15% of the real tokens
+    assert (weights.sum(1) <= 12).all()                    # at most k per text
+    np.testing.assert_array_equal(np.asarray(m.targets)[weights > 0],
+                                  np.take_along_axis(ids, positions, 1)[weights > 0])
+    replace, inputs = np.asarray(m.replace), np.asarray(m.ids)
+    assert not (replace & ~predicted).any() and (inputs[~predicted] == ids[~predicted]).all()
+    n = predicted.sum()
+    randomised = predicted & ~replace & (inputs != ids)
+    assert abs(replace.sum() / n - 0.8) < 0.02            # [MASK]
+    assert abs(randomised.sum() / n - 0.1) < 0.02          # random token (rarely the same)
+
+
+def test_mlm_head_logits_through_the_tied_table():
+    head = objectives.MlmHead(width=4, vocab_size=7)
+    table = jax.random.normal(jax.random.key(1), (7, 4))
+    states = jax.random.normal(jax.random.key(2), (3, 4))
+    params = head.init(jax.random.key(0), states, table)["params"]
+    assert params["mask_embed"].shape == (4,)
+    got = head.apply({"params": params}, states, table)
+    h = np.asarray(states) @ np.asarray(params["transform"]["kernel"]) + params["transform"]["bias"]
+    h = np.asarray(nn.gelu(jnp.asarray(h)))
+    h = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-6)
+    h = h * params["ln"]["scale"] + params["ln"]["bias"]
+    np.testing.assert_allclose(got, h @ np.asarray(table).T + params["output_bias"], atol=1e-5)
+
+
+def test_mlm_loss_is_the_mean_nll_of_the_predicted_tokens():
+    cfg = tiny(**{"data.name": "pretrain", "data.tasks": "mlm", "data.path": "x.jsonl"})
+    model = dual_encoder.make_model(cfg.model, 50)
+    objective = objectives.mlm_objective(model, max_len=16, width=16)
+    params = objective.init(jax.random.key(0))
+    ids = jax.random.randint(jax.random.key(1), (6, 16), 1, 50)
+    mask = jnp.arange(16)[None] < jnp.array([[16], [9], [3], [12], [1], [7]])
+    batch = {"d_ids": jnp.where(mask, ids, 0), "d_mask": mask}
+    loss, aux = objective.loss(params, batch, jax.random.key(5), {})
+    m = objectives.mask_tokens(jax.random.key(5), batch["d_ids"], mask, 0.15, 50, 3)
+    states = model.apply({"params": params}, m.ids, mask, m.replace,
+                         params["mlm"]["mask_embed"], method="document_token_states")
+    logits = objectives.MlmHead(16, 50).apply(
+        {"params": params["mlm"]}, np.take_along_axis(np.asarray(states),
+                                                      np.asarray(m.positions)[..., None], 1),
+        params["tower"]["embed"]["embedding"])
+    logp = np.asarray(jax.nn.log_softmax(logits))
+    w = np.asarray(m.weights)
+    nll = -np.take_along_axis(logp, np.asarray(m.targets)[..., None], -1)[..., 0]
+    assert w.sum() > 0 and float(aux["masked_tokens"]) == w.sum()
+    np.testing.assert_allclose(loss, (nll * w).sum() / w.sum(), rtol=1e-5)
+    assert float(loss) > np.log(50) - 1.5  # untrained: near uniform over 50 ids
+
+
+def test_mlm_pretraining_then_fine_tuning(tmp_path):
+    path = tmp_path / "articles.jsonl"
+    path.write_text("".join(json.dumps(a) + "\n" for a in ARTICLES))
+    pretrain = tmp_path / "mlm"
+    cfg = tiny(**{"data.name": "pretrain", "data.tasks": "mlm", "data.path": str(path),
+                  "num_train_steps": 10, "log_every_steps": 10, "model.max_len": 16})
+    train.train_and_evaluate(cfg, str(pretrain))
+    [row] = [json.loads(line) for line in open(pretrain / "metrics.jsonl")]
+    assert np.isfinite(row["loss"]) and 0 <= row["mlm_accuracy"] <= 1 and row["masked_tokens"] > 0
+    _, saved = checkpoints.latest_params(str(pretrain))
+    assert "mlm" in saved
+    finetune = tmp_path / "finetune"
+    train.train_and_evaluate(tiny(**{"init_from": str(pretrain), "num_train_steps": 1,
+                                     "model.max_len": 16}), str(finetune))
+    _, tuned = checkpoints.latest_params(str(finetune))
+    assert "mlm" not in tuned  # the head stays behind; the towers come along
+    jax.tree.map(np.testing.assert_array_equal, saved["tower"], tuned["tower"])
+
+
+def test_mlm_needs_a_transformer_and_no_other_task():
+    for overrides, fragment in (({"model.tower": "bow_mlp"}, "needs a transformer"),
+                                ({"data.tasks": "mlm,ict"}, "mlm alone")):
+        cfg = tiny(**{"data.name": "pretrain", "data.tasks": "mlm", "data.path": "x.jsonl",
+                      **overrides})
+        with pytest.raises(ConfigError, match=fragment):
+            config_lib.validate(cfg, 8)
