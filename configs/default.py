@@ -52,6 +52,7 @@ def get_config() -> ml_collections.ConfigDict:
                                     # candidate for it (BEIR's evaluation; right for BEIR's
                                     # quora); False where the numberings are unrelated (NPL)
     c.data.worker_count = 0         # grain worker processes (0: read in the main process)
+    c.data.prefetch_batches = 4     # training batches built ahead, by as many threads
     c.data.split_by = "article"     # reqa_squad: split "article"s into train/val/test
                                     # (val_fraction, test_fraction), or "question"s (Chang et
                                     # al., Ahmad et al.: train_fraction to train, val_fraction

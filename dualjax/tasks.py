@@ -77,10 +77,12 @@ class Task:
         """An endless iterator of this process's share of each global training batch."""
         if self.pretraining:
             return pipeline.generated_iterator(self.train_source, inputs, global_batch_size,
-                                               self.data.worker_count)
+                                               self.data.worker_count,
+                                               self.data.prefetch_batches)
         return pipeline.train_iterator(self.train_source, inputs, global_batch_size, seed,
                                        self.data.worker_count, num_mixed_negatives,
-                                       self.data.get("hard_negatives", 0))
+                                       self.data.get("hard_negatives", 0),
+                                       self.data.prefetch_batches)
 
     def describe_training(self, global_batch_size: int) -> str:
         """How many training pairs (or what generates them), for the log; warns when a

@@ -181,11 +181,12 @@ def bench_input(args: argparse.Namespace) -> dict[str, Any]:
         tokenizer_s = time.perf_counter() - t0
         side = features.Side(tok, args.seq_len)
         it = pipeline.train_iterator(source, features.Inputs(side, side), args.batch,
-                                     config.seed, config.data.worker_count)
+                                     config.seed, config.data.worker_count,
+                                     prefetch_batches=args.prefetch_batches)
         for _ in range(args.warmup):
             next(it)
-        # grain's to_iter_dataset prefetches with 16 threads (ReadOptions defaults), so
-        # single next() calls come in bursts; the sustained rate is batches / total time.
+        # `prefetch_batches` threads build batches ahead, so single next() calls come in
+        # bursts; the sustained rate is batches / total time.
         t0 = time.perf_counter()
         for _ in range(args.input_batches):
             batch = next(it)
@@ -197,6 +198,7 @@ def bench_input(args: argparse.Namespace) -> dict[str, Any]:
 
     return {"kind": "input", "jax_version": jax.__version__, "num_pairs": num_pairs,
             "vocab_size": tok.vocab_size, "worker_count": config.data.worker_count,
+            "prefetch_batches": args.prefetch_batches,
             "batch_shape": shape, "mean_tokens_per_text": mean_tokens, "prepare_s": prepare_s,
             "tokenizer_s": tokenizer_s, "num_batches": args.input_batches, "total_s": total_s,
             "ms_per_batch": 1e3 * total_s / args.input_batches,
@@ -213,7 +215,7 @@ def run_worker(args: argparse.Namespace, worker: str, devices: int) -> dict[str,
            "--devices", str(devices), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
            "--vocab", str(args.vocab), "--dim", str(args.dim), "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--input-batches", str(args.input_batches),
-           "--out", out]
+           "--prefetch-batches", str(args.prefetch_batches), "--out", out]
     print(f"# running {worker} on {devices} device(s) ...", file=sys.stderr, flush=True)
     try:
         subprocess.run(cmd, env=child_env(devices), check=True)
@@ -253,7 +255,8 @@ def print_report(args: argparse.Namespace, train_results: list[dict], input_resu
                   f"median step time x{r['median_ms'] / base['median_ms']:.2f}")
     if input_result:
         r = input_result
-        print(f"\nInput pipeline (grain, worker_count={r['worker_count']}, 16 read threads, "
+        print(f"\nInput pipeline (grain, worker_count={r['worker_count']}, "
+              f"{r['prefetch_batches']} batches built ahead by as many threads, "
               f"{r['num_pairs']:,} synthetic pairs, word tokenizer of {r['vocab_size']:,} ids, "
               f"batches {r['batch_shape'][0]} x {r['batch_shape'][1]}, "
               f"{r['mean_tokens_per_text']:.1f} real tokens per text):")
@@ -284,6 +287,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "('' with --input: input pipeline only)")
     p.add_argument("--input", action="store_true",
                    help="also measure the input pipeline (grain + tokenizer) throughput")
+    p.add_argument("--prefetch-batches", type=int, default=4,
+                   help="--input: batches built ahead, by as many threads "
+                        "(config.data.prefetch_batches)")
     p.add_argument("--json", help="write all results to this path")
     p.add_argument("--worker", choices=("train", "input"), help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
