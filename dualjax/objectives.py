@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -39,8 +39,11 @@ class Objective:
     loss: LossFn
 
 
-def dual_encoder_objective(model: dual_encoder.DualEncoder, loss_fn, max_len: int) -> Objective:
-    """The towers and an in-batch loss (`losses.sharded(...)`) over the global batch."""
+def dual_encoder_objective(model: dual_encoder.DualEncoder, loss_fn, max_len: int,
+                           remove_query_hits: bool = True) -> Objective:
+    """The towers and an in-batch loss (`losses.sharded(...)`) over the global batch; a
+    column holding the row's own query is not a negative unless `remove_query_hits` is
+    off."""
 
     def loss(params, batch, rng, extras):
         # A batch comes from one task (batch["task"]: its index on every row), whose own
@@ -50,6 +53,8 @@ def dual_encoder_objective(model: dual_encoder.DualEncoder, loss_fn, max_len: in
                                         batch["d_ids"], batch["d_mask"], batch.get("q_cats"),
                                         batch.get("d_cats"), task, rngs={"dropout": rng})
         more = {}
+        if remove_query_hits and "query_ids" in batch and "doc_ids" in extras:
+            more["query_ids"] = batch["query_ids"]
         if "m_ids" in batch:  # mixed negatives: uniformly drawn documents, same tower
             more["mixed_negatives"] = model.apply(
                 {"params": params}, batch["m_ids"], batch["m_mask"], batch.get("m_cats"),
@@ -87,8 +92,7 @@ class MlmHead(nn.Module):
         return h @ table.T.astype(h.dtype) + bias
 
 
-@dataclasses.dataclass(frozen=True)
-class Masked:
+class Masked(NamedTuple):
     """Which tokens one MLM step predicts and how their inputs are corrupted."""
     ids: jnp.ndarray        # int32 [b, L]: the inputs, 10% of the predicted tokens random
     replace: jnp.ndarray    # bool [b, L]: inputs replaced by the [MASK] vector (80%)
@@ -167,4 +171,5 @@ def from_config(config, model: dual_encoder.DualEncoder, mesh: jax.sharding.Mesh
         width = towers.transformer_settings(config.model)["width"]
         return mlm_objective(model, d_len, width)
     loss_fn = losses.sharded(config.loss.name, mesh, **losses.config_options(config.loss))
-    return dual_encoder_objective(model, loss_fn, max(q_len, d_len))
+    return dual_encoder_objective(model, loss_fn, max(q_len, d_len),
+                                  config.loss.remove_query_hits)

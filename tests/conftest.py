@@ -1,10 +1,17 @@
 """Test setup: 8 fake CPU devices, set before jax is imported anywhere."""
 import os
+import tempfile
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One compilation cache for the session (and the CLI runs it starts): many tests train
+# the same tiny model, and XLA compiles for 8 devices take most of the suite's time.
+# A fresh directory each session, so a run of the suite costs what it costs in CI.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="dualjax-xla-"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
 import pathlib
