@@ -24,6 +24,7 @@ import zlib
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
+from absl import logging
 
 from dualjax.text import write_json
 from dualjax.tokenizers import Tokenizer
@@ -150,6 +151,28 @@ def build_side(spec: Sequence[tuple[str, int]], records: Iterable[Fields], vocab
         for name, dim in spec))
 
 
+# Texts over this many times max_len words cost time and memory for tokens never read.
+LONG_TEXT_FACTOR = 100
+_warned_long = [False]  # once per process
+
+
+def _warn_if_long(texts: Sequence[str], max_len: int) -> None:
+    """Warns (once) of a text of more than LONG_TEXT_FACTOR x max_len words: only its
+    first max_len tokens are read, but all of it is normalised and split each time."""
+    if _warned_long[0]:
+        return
+    limit = LONG_TEXT_FACTOR * max_len
+    for t in texts:
+        if len(t) > limit and len(t.split()) > limit:  # the character test is the cheap one
+            _warned_long[0] = True
+            logging.warning("a text of %d words (%d characters) is over %d x max_len=%d: "
+                            "only its first %d tokens are read, but all of it is tokenised "
+                            "each time it is read; shorten such texts (said once): %r...",
+                            len(t.split()), len(t), LONG_TEXT_FACTOR, max_len, max_len,
+                            t[:60])
+            return
+
+
 @dataclasses.dataclass(frozen=True)
 class Side:
     """What one tower reads: tokens of at most max_len, and its categorical fields."""
@@ -162,7 +185,9 @@ class Side:
                ) -> dict[str, np.ndarray]:
         """{"ids", "mask"} [n, max_len] (truncated, padded), plus "cats" [n, num_fields]
         when the side has categorical fields (all missing when `fields` is None)."""
-        ids, mask = self.tokenizer.encode(list(texts), self.max_len)
+        texts = list(texts)
+        _warn_if_long(texts, self.max_len)
+        ids, mask = self.tokenizer.encode(texts, self.max_len)
         out = {"ids": ids, "mask": mask}
         if self.features:
             out["cats"] = self.features.encode(fields if fields is not None else [None] * len(texts))

@@ -37,6 +37,10 @@ def main(argv: list[str]) -> None:
     except train.Preempted as e:  # saved; a scheduler must not record the job as done
         print(f"dualjax: {e}", file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_CODE)
+    except KeyboardInterrupt:  # a second signal while the first one's save was pending
+        print("dualjax: stopped at once by a second signal; the checkpoints saved before "
+              "are kept", file=sys.stderr)
+        sys.exit(PREEMPTED_EXIT_CODE)
     except (ConfigError, DataError, WorkdirError, train.NonFiniteLossError) as e:
         sys.exit(f"dualjax: {e}")
 

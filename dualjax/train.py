@@ -11,6 +11,7 @@ import functools
 import itertools
 import os
 import signal
+import threading
 import time
 from typing import Any, Callable, Iterable, Sequence
 
@@ -41,8 +42,44 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class Preempted(Exception):
-    """SIGTERM or SIGINT stopped training after saving a checkpoint; running the same
-    command again resumes from it."""
+    """SIGTERM or SIGINT stopped the run (during training, after saving a checkpoint);
+    running the same command again resumes from the last checkpoint."""
+
+
+class Signals:
+    """SIGTERM and SIGINT (Ctrl-C) for the whole run. While `deferring` (the training
+    loop), the first one is only recorded (`received`): the loop saves at the end of the
+    step and stops; a second one stops at once (KeyboardInterrupt). Elsewhere (data
+    preparation, compilation, evaluation) one stops the run at once with `Preempted`,
+    saying what `stage` was interrupted. Handlers can only be set from the main thread;
+    from another thread the run simply has none."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self.deferring = False
+        self.stage = "before training; nothing was saved"
+        self._previous: dict = {}
+
+    def __enter__(self) -> Signals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle)
+                              for sig in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, _frame) -> None:
+        name = signal.Signals(signum).name
+        if not self.deferring:
+            raise Preempted(f"{name}: stopped {self.stage}; run the same command again "
+                            "to resume")
+        if self.received:  # asked twice: stop now, without saving
+            raise KeyboardInterrupt
+        self.received = name
+        logging.warning("%s: saving a checkpoint after this step (send it again to stop at "
+                        "once)", name)
 
 
 # ----------------------------------------------------------------------------- optimizer
@@ -193,12 +230,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     except ValueError as e:
         raise config_lib.ConfigError(f"config.{e}") from None
     config_lib.validate(config, mesh.devices.size)
-    with workdir_lib.guard(workdir, config):  # one run per workdir, with one config
-        return _train_and_evaluate(config, workdir, mesh, hooks)
+    with workdir_lib.guard(workdir, config), Signals() as signals:  # one run per workdir
+        return _train_and_evaluate(config, workdir, mesh, hooks, signals)
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
-                        hooks: Sequence[Hook]) -> dict[str, dict]:
+                        hooks: Sequence[Hook], signals: Signals) -> dict[str, dict]:
     log = MetricsLog(workdir)
     tasks = tasks_lib.make_tasks(config, workdir)
     splits = {t.name: t.splits() for t in tasks}
@@ -258,6 +295,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                                                   config.model, replicated)
     log.truncate_after(last_saved or 0)  # rows of steps this run will do (again)
     start = int(state["step"])
+    if last_saved is not None:
+        signals.stage = f"before training; the checkpoint of step {last_saved} is kept"
     if start == config.num_train_steps and not config.eval.rerun:
         done = finished_results(log, tasks, splits, start)
         if done is not None:
@@ -301,21 +340,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
 
     # Loop.
     weights = [t.weight for t in tasks]
-    preempted: list[str] = []  # the signal's name, once one has asked to stop
-
-    def on_signal(signum, _frame):
-        if preempted:  # asked twice: stop now, without saving
-            raise KeyboardInterrupt
-        preempted.append(signal.Signals(signum).name)
-        logging.warning("%s: saving a checkpoint after this step (send it again to stop at "
-                        "once)", preempted[0])
-
-    previous_handlers = {sig: signal.signal(sig, on_signal)
-                         for sig in (signal.SIGTERM, signal.SIGINT)}
     pending: list[tuple[int, dict]] = []
     since = (start, time.perf_counter())  # throughput: steps and time since the last train row
     bar = tqdm(total=config.num_train_steps, initial=start, desc="train", unit="step",
                disable=None, dynamic_ncols=True)
+    signals.deferring = True  # a signal now saves at the end of the step
     try:
         for step in range(start + 1, config.num_train_steps + 1):
             t = tasks_lib.task_at_step(step, weights, config.seed)
@@ -328,7 +357,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
             bar.update(1)
             is_last = step == config.num_train_steps
             is_ckpt = is_last or (config.checkpoint_every_steps and
-                                  step % config.checkpoint_every_steps == 0) or preempted
+                                  step % config.checkpoint_every_steps == 0) or signals.received
             if is_ckpt or step % max(config.log_every_steps, 1) == 0:
                 pending = jax.device_get(pending)
                 check_finite(pending, last_saved)
@@ -339,25 +368,35 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                 since = (step_, now)
                 log.write(step_, "train", values, **tasks[t].fields())
                 bar.set_postfix(loss=f"{values['loss']:.4f}")
+                if bar.disable:  # not a terminal (CI, nohup, a pipe): progress as lines
+                    logging.info("step %d/%d: loss %.4f, %.0f pairs/s", step_,
+                                 config.num_train_steps, values["loss"],
+                                 values["pairs_per_second"])
                 pending = []
             if is_ckpt:
                 save(step)
-            if preempted:
-                raise Preempted(f"{preempted[0]}: saved a checkpoint at step {step} in "
+            if signals.received:
+                raise Preempted(f"{signals.received}: saved a checkpoint at step {step} in "
                                 f"{workdir}; run the same command again to resume")
             if config.eval_every_steps and step % config.eval_every_steps == 0 and not is_last:
+                signals.deferring = False  # evaluation stops at once: nothing to lose
+                signals.stage = (f"during the evaluation at step {step}; the checkpoint of "
+                                 f"step {last_saved} is kept" if last_saved is not None else
+                                 f"during the evaluation at step {step}; nothing was saved")
                 for task in tasks:
                     if "val" in splits[task.name]:
                         run_eval(task, {"dual_encoder": state["params"]}, "val", step)
                 since = (step, time.perf_counter())  # evaluation time is not training time
+                signals.deferring = True
     finally:  # also on errors: the saves already started finish before we leave
+        signals.deferring = False
         bar.close()
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
         ckpt.close()
 
     # Final evaluation: the trained towers, their initialisation and the baselines.
     step = config.num_train_steps
+    signals.stage = (f"during the final evaluation; training is finished and saved at step "
+                     f"{step}, and running again evaluates it")
     systems = {"dual_encoder": state["params"]}
     if config.eval.untrained:
         systems["untrained"] = jax.jit(init_state, static_argnums=0)(config.seed)["params"]

@@ -118,3 +118,17 @@ def test_max_lens_default_to_max_len():
     assert config_lib.max_lens(cfg) == (cfg.max_len, cfg.max_len)
     cfg.query_max_len, cfg.doc_max_len = 64, 288
     assert config_lib.max_lens(cfg) == (64, 288)
+
+
+def test_a_text_far_over_max_len_is_warned_about_once(monkeypatch, caplog):
+    from dualjax import text
+    tok = text.build_word_tokenizer(["a b c"], 10, 2)
+    side = features.Side(tok, max_len=4)
+    monkeypatch.setattr(features, "_warned_long", [False])
+    side.encode(["a " * 400])  # 400 words: exactly 100 x max_len, not over
+    assert not [m for m in caplog.messages if "max_len" in m]
+    out = side.encode(["a b", "b " * 401, "c " * 999])
+    assert out["ids"].shape == (3, 4)
+    side.encode(["c " * 999])
+    [message] = [m for m in caplog.messages if "max_len" in m]
+    assert message.startswith("a text of 401 words (802 characters) is over 100 x max_len=4")

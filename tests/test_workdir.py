@@ -123,3 +123,42 @@ def test_rows_of_a_run_killed_before_its_first_checkpoint_are_not_repeated(tmp_p
     cfg.eval.rerun = True  # asked to: evaluates again, each row still once
     train.train_and_evaluate(cfg, str(tmp_path))
     assert len(MetricsLog(str(tmp_path)).read()) == len(rows)
+
+
+def test_a_signal_outside_training_stops_at_once_with_one_message(tmp_path, monkeypatch,
+                                                                  caplog):
+    """Data preparation and evaluation have nothing to save: SIGTERM / SIGINT there stop
+    the run at once (Preempted, exit 143 from the command line) and say what was kept.
+    Output is not a terminal here, so training progress comes as log lines."""
+    caplog.set_level("INFO")
+    cfg = tiny(**{"num_train_steps": 4, "checkpoint_every_steps": 2, "eval_every_steps": 0,
+                  "log_every_steps": 2,
+                  "eval.index": "exact", "eval.untrained": False, "eval.baselines": ""})
+    make_tasks, evaluate_split = train.tasks_lib.make_tasks, train.evaluate.evaluate_split
+
+    def signalled(original, sig):
+        def f(*args, **kwargs):
+            os.kill(os.getpid(), sig)
+            return original(*args, **kwargs)
+        return f
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(train.tasks_lib, "make_tasks", signalled(make_tasks, signal.SIGTERM))
+    with pytest.raises(train.Preempted, match="SIGTERM: stopped before training; nothing was "
+                                              "saved; run the same command again"):
+        train.train_and_evaluate(cfg, str(run))
+    monkeypatch.setattr(train.tasks_lib, "make_tasks", make_tasks)
+    monkeypatch.setattr(train.evaluate, "evaluate_split", signalled(evaluate_split, signal.SIGINT))
+    with pytest.raises(train.Preempted, match="SIGINT: stopped during the final evaluation; "
+                                              "training is finished and saved at step 4"):
+        train.train_and_evaluate(cfg, str(run))
+    assert sorted(os.listdir(run / "checkpoints")) == ["2", "4"]
+    progress = [m for m in caplog.messages if m.startswith("step ")]
+    assert [m.split(":")[0] for m in progress] == ["step 2/4", "step 4/4"]
+    assert "pairs/s" in progress[0]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    monkeypatch.setattr(train.evaluate, "evaluate_split", evaluate_split)
+    results = train.train_and_evaluate(cfg, str(run))  # evaluates the finished run
+    assert results["dual_encoder [exact]"]["num_queries"] > 0
+    rows = MetricsLog(str(run)).read()
+    assert len([r for r in rows if r["split"] == "test"]) == 1
