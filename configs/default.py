@@ -164,6 +164,8 @@ def get_config() -> ml_collections.ConfigDict:
                                     # unit embeddings keep ||q - d||^2 in [0, 4])
     c.loss.remove_accidental_hits = True  # when batches carry document ids: a column with the
                                     # row's positive's id is not one of its negatives
+    c.loss.remove_query_hits = True # ... nor a column whose document is the row's own query
+                                    # text (a pairs file with both (a, b) and (b, a))
     c.loss.num_mixed_negatives = 0  # U documents drawn uniformly from the training pairs'
                                     # documents per step, added as negatives of every row
                                     # (Yang et al. 2020's mixed negative sampling; a multiple

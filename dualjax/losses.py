@@ -10,12 +10,15 @@ bias) and optional `extras`, and returns `(loss, metrics)`:
 All losses score one matrix M [B, C]: a row per query of the global batch, and the
 columns [the B positives in batch order, then the B*k hard negatives in row order (row
 0's k, row 1's k, ...), then the U mixed negatives]. Row i's positive is column i;
-every other column is a negative of row i unless it is an accidental hit (a column
-whose document id equals row i's positive's id). Layout P P ... P N N ... N, never the
-interleaved P N N P N N.
+every other column is a negative of row i unless it is an accidental hit: a column
+whose document id equals row i's positive's id, or (with "query_ids") row i's own query's
+id, as when a pairs file holds both (a, b) and (b, a). Layout P P ... P N N ... N, never
+the interleaved P N N P N N.
 
 `extras` (every key optional; None values are dropped):
     "doc_ids"            [B] int      id of each row's positive document (sharded)
+    "query_ids"          [B] int      id of each row's query text, in the ids' numbering
+                                      (sharded; needs doc_ids)
     "hard_negatives"     [B, k, dim]  k explicit negatives per query (sharded)
     "hard_negative_ids"  [B, k] int   their document ids (sharded)
     "mixed_negatives"    [U, dim]     extra negatives shared by every row (replicated),
@@ -59,8 +62,8 @@ DEFAULT_MARGINS = {"cosine": 0.3, "euclidean": 0.5, "squared_euclidean": 0.5}
 TRIPLET_HARDEST_MARGIN = 0.5  # Gillick et al. 2018
 _EPS = 1e-12  # floor of a squared distance under the square root
 
-SHARDED_EXTRAS = ("doc_ids", "hard_negatives", "hard_negative_ids", "log_q_pos", "log_q_hard",
-                  "labels")
+SHARDED_EXTRAS = ("doc_ids", "query_ids", "hard_negatives", "hard_negative_ids", "log_q_pos",
+                  "log_q_hard", "labels")
 REPLICATED_EXTRAS = ("mixed_negatives", "mixed_negative_ids", "log_q_mixed")
 EXTRAS = SHARDED_EXTRAS + REPLICATED_EXTRAS
 
@@ -119,6 +122,8 @@ def _reference_matrix(q, d, extras, remove_hits):
     neg = ~is_pos
     if with_ids:
         neg = neg & (extras["doc_ids"][:, None] != col_ids[None, :])
+        if "query_ids" in extras:
+            neg = neg & (extras["query_ids"][:, None] != col_ids[None, :])
     return q @ cols.T, cols, is_pos, neg, log_q
 
 
@@ -147,6 +152,8 @@ def in_batch_softmax(q, d, scale, bias, extras=None, *, symmetric=False,
         if remove_accidental_hits and "doc_ids" in extras:
             ids = extras["doc_ids"]
             neg_t = neg_t & (ids[:, None] != ids[None, :])
+            if "query_ids" in extras:  # query i is document j's own text
+                neg_t = neg_t & (extras["query_ids"][:, None] != ids[None, :])
         col_logp = jax.nn.log_softmax(_masked(square, neg_t | jnp.eye(b, dtype=bool), -jnp.inf),
                                       axis=0)
         loss = 0.5 * (loss - jnp.mean(jnp.diagonal(col_logp)))
@@ -281,14 +288,18 @@ def gather_columns(d: jnp.ndarray, extras: Extras, with_ids: bool
 
 def local_block(rows: jnp.ndarray, cols: jnp.ndarray, pos: jnp.ndarray,
                 row_ids: jnp.ndarray | None = None, col_ids: jnp.ndarray | None = None,
-                log_q: jnp.ndarray | None = None) -> Block:
+                log_q: jnp.ndarray | None = None,
+                more_ids: tuple[jnp.ndarray, jnp.ndarray] | None = None) -> Block:
     """The rows [b, dim] of M against all columns [C, dim]; row r's positive is column
-    pos[r]. With ids ([b], [C]), a column sharing the row's id is not a negative."""
+    pos[r]. With ids ([b], [C]), a column sharing the row's id is not a negative; nor,
+    with `more_ids` (row ids [b], column ids [C]), one sharing the row's id there."""
     dots = rows @ cols.T
     is_pos = jnp.arange(cols.shape[0])[None, :] == pos[:, None]
     neg = ~is_pos
     if row_ids is not None:
         neg = neg & (col_ids[None, :] != row_ids[:, None])
+        if more_ids is not None:
+            neg = neg & (more_ids[1][None, :] != more_ids[0][:, None])
     return Block(dots, _sq_dist_from_dots(rows, cols, dots), is_pos, neg, log_q,
                  masked=row_ids is not None)
 
@@ -432,11 +443,14 @@ def _check_extras(name: str, opts: dict, extras: Extras | None) -> Extras:
     if name == "pointwise_logistic":
         if "labels" not in extras:
             raise ValueError("pointwise_logistic needs extras['labels'] ([B] 0/1 per pair)")
-        other = sorted(set(extras) - {"labels", "doc_ids"})
+        other = sorted(set(extras) - {"labels", "doc_ids", "query_ids"})
         if other:
-            raise ValueError(f"pointwise_logistic takes only labels and doc_ids, not {other}")
+            raise ValueError(f"pointwise_logistic takes only labels, doc_ids and query_ids, "
+                             f"not {other}")
     elif "labels" in extras:
         raise ValueError(f"extras['labels'] are for pointwise_logistic, not {name}")
+    if "query_ids" in extras and "doc_ids" not in extras:
+        raise ValueError("extras['query_ids'] need extras['doc_ids'] (the columns' ids)")
     for group, ids, lq in (("hard_negatives", "hard_negative_ids", "log_q_hard"),
                            ("mixed_negatives", "mixed_negative_ids", "log_q_mixed")):
         for key in (ids, lq):
@@ -479,13 +493,16 @@ def _device_body(name, opts, q, d, scale, bias, extras):
     with_ids = opts.get("remove_accidental_hits", False) and "doc_ids" in extras
     row_ids = extras["doc_ids"] if with_ids else None
     cols, col_ids, log_q = gather_columns(d, extras, with_ids)
+    query_ids = extras.get("query_ids") if with_ids else None
     sums = LOSSES[name].sums
-    parts = [sums(local_block(q, cols, pos, row_ids, col_ids, log_q), scale, bias, opts,
-                  extras.get("labels"))]
+    parts = [sums(local_block(q, cols, pos, row_ids, col_ids, log_q,
+                              None if query_ids is None else (query_ids, col_ids)),
+                  scale, bias, opts, extras.get("labels"))]
     if opts.get("symmetric"):  # each local document against every query of the batch
         all_ids = _gather(row_ids) if with_ids else None
-        parts.append(sums(local_block(d, _gather(q), pos, row_ids, all_ids), scale, bias,
-                          opts, None))
+        own_text = None if query_ids is None else (row_ids, _gather(query_ids))
+        parts.append(sums(local_block(d, _gather(q), pos, row_ids, all_ids, None, own_text),
+                          scale, bias, opts, None))
     total = lambda x: jax.lax.psum(x, DATA_AXIS)
     loss = sum(total(p.loss_sum) / total(p.count) for p in parts) / len(parts)
     p_at_1 = total(parts[0].hits) / jnp.maximum(total(parts[0].hit_count), 1)

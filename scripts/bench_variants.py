@@ -3,6 +3,7 @@
     python scripts/bench_variants.py --suite=losses --out=runs/bench_losses [--steps=400]
     python scripts/bench_variants.py --suite=batch --out=runs/bench_batch [--steps=150]
     python scripts/bench_variants.py --suite=towers --out=runs/bench_towers [--steps=600]
+    python scripts/bench_variants.py --suite=hits --out=runs/bench_hits [--steps=400]
         [--only="LABEL;LABEL"] [--tfds_dir=DIR] [--json=out.json]
 
 Each variant is one `python -m dualjax.main` run (own workdir under --out, a shared
@@ -20,6 +21,9 @@ Suites:
   it is not in the suite.
 - batch: the same with in-batch softmax at global batch 16, 128, 1024 and 8192 on 8 fake
   CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8), same number of steps.
+- hits: in_batch_softmax on configs/quora_gillick.py without accidental-hit removal, with
+  a column removed when it holds the row's own document (loss.remove_accidental_hits),
+  and also when it holds the row's own query text (loss.remove_query_hits).
 - towers: bow, bow_mlp, cnn and a small transformer on words, and bow and cnn on words +
   character trigrams, all with AdamW (lr 1e-3, warmup 100, linear decay; the
   transformer would not train with the Gillick SGD setting), batch 256, each with the
@@ -96,8 +100,17 @@ def towers_suite() -> list[tuple[str, dict]]:
     ]
 
 
+def hits_suite() -> list[tuple[str, dict]]:
+    return [
+        ("no accidental-hit removal", {"loss.remove_accidental_hits": False}),
+        ("a column with the row's document removed", {"loss.remove_query_hits": False}),
+        ("... and a column holding the row's own query", {}),
+    ]
+
+
 SUITES = {"losses": (losses_suite, 400, 1), "batch": (batch_suite, 150, 8),
-          "towers": (towers_suite, 600, 1)}  # name -> (variants, default steps, devices)
+          "towers": (towers_suite, 600, 1), "hits": (hits_suite, 400, 1)}
+# name -> (variants, default steps, devices)
 
 
 def slug(label: str) -> str:

@@ -51,11 +51,11 @@ def encode_records(records: Sequence[dict], key: str, side: Side, prefix: str
 def encode_pairs(records: Sequence[dict], inputs: Inputs) -> dict[str, np.ndarray]:
     """Pairs records {"query", "document": bytes, ...} -> {q_ids, q_mask} [batch, query
     max_len], {d_ids, d_mask} [batch, document max_len], q_cats / d_cats [batch, fields]
-    for a side with categorical fields, and doc_ids [batch] (`text_ids` of the documents,
-    for masking accidental hits)."""
-    out, _ = encode_records(records, "query", inputs.query, "q")
+    for a side with categorical fields, and doc_ids, query_ids [batch] (`text_ids` of the
+    documents and of the queries, for masking accidental hits)."""
+    out, queries = encode_records(records, "query", inputs.query, "q")
     documents, texts = encode_records(records, "document", inputs.document, "d")
-    out.update(documents, doc_ids=text_ids(texts))
+    out.update(documents, doc_ids=text_ids(texts), query_ids=text_ids(queries))
     return out
 
 
