@@ -6,6 +6,8 @@ Layout: WORKDIR/checkpoints/<step>/{state,data}. Saves are asynchronous; `close(
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 from typing import Any
 
@@ -14,22 +16,67 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from dualjax.workdir import DISK_STATUS, WorkdirError
+
+
+# A full disk, a quota or a read-only file system: from Python (OSError) or from Orbax /
+# TensorStore (a ValueError carrying the status, workdir.DISK_STATUS).
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
+
+
+class SaveError(WorkdirError):
+    """A checkpoint could not be written (disk full, quota, permissions); the earlier
+    checkpoints are intact."""
+
+
+def _is_disk_error(e: BaseException) -> bool:
+    return ((isinstance(e, OSError) and e.errno in _DISK_ERRNOS)
+            or any(status in str(e) for status in DISK_STATUS))
+
 
 class Checkpointer:
     def __init__(self, workdir: str, max_to_keep: int):
+        self._root = os.path.join(os.path.abspath(workdir), "checkpoints")
         self._manager = ocp.CheckpointManager(
-            os.path.join(os.path.abspath(workdir), "checkpoints"),
+            self._root,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True),
+                max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True,
+                cleanup_tmp_directories=True),  # what a failed save left behind
             item_names=("state", "data"))
+        self._saving: int | None = None  # the step of the save in flight
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
+    @contextlib.contextmanager
+    def _disk_errors(self):
+        """A save that fails for lack of disk (or permission) ends as one SaveError line."""
+        try:
+            yield
+        except Exception as e:
+            if not _is_disk_error(e):
+                raise
+            kept = [s for s in self._manager.all_steps() if s != self._saving]
+            text = str(e)
+            reason = ("no space left on the device" if "RESOURCE_EXHAUSTED" in text
+                      or "No space left" in text or getattr(e, "errno", 0) == errno.ENOSPC
+                      else text.splitlines()[0][:200])
+            raise SaveError(
+                f"{self._root}: cannot save the checkpoint of step {self._saving} "
+                f"({reason}); "
+                + (f"the checkpoint of step {kept[0]} is kept; " if len(kept) == 1 else
+                   f"the checkpoints of steps {', '.join(map(str, sorted(kept)))} are kept; "
+                   if kept else "no checkpoint was saved before; ")
+                + "free some space and run the same command again to resume") from None
+
     def save(self, step: int, state: Any, data_state: dict) -> None:
-        """Starts an asynchronous save of `state` (a pytree) and the iterator position."""
-        self._manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)))
+        """Starts an asynchronous save of `state` (a pytree) and the iterator position
+        (waiting for the previous save first)."""
+        with self._disk_errors():
+            self._manager.wait_until_finished()  # the previous save's errors are its own
+            self._saving = step
+            self._manager.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)))
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
         """The state at `step`, laid out as `abstract_state` (ShapeDtypeStructs with
@@ -39,11 +86,14 @@ class Checkpointer:
         return restored["state"], restored["data"]
 
     def wait(self) -> None:
-        self._manager.wait_until_finished()
+        with self._disk_errors():
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        try:
+            self.wait()
+        finally:
+            self._manager.close()
 
 
 def abstract_like(tree: Any) -> Any:

@@ -7,6 +7,7 @@ SIGTERM or SIGINT saves a checkpoint and exits with status 143.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
@@ -28,10 +29,21 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metr
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def _quiet_closed_loops(hook):
+    """An unraisable-exception hook that drops "Event loop is closed", which TensorStore
+    callbacks raise in Orbax's threads after a failed save (said once by SaveError)."""
+    def unraisablehook(args):
+        if args.exc_type is RuntimeError and str(args.exc_value) == "Event loop is closed":
+            return
+        hook(args)
+    return unraisablehook
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
     setup_logging()
+    sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
     try:
         train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
     except train.Preempted as e:  # saved; a scheduler must not record the job as done
@@ -43,6 +55,11 @@ def main(argv: list[str]) -> None:
         sys.exit(PREEMPTED_EXIT_CODE)
     except (ConfigError, DataError, WorkdirError, train.NonFiniteLossError) as e:
         sys.exit(f"dualjax: {e}")
+    except OSError as e:  # the machine's: a full disk, a quota, a read-only file system
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+            raise
+        sys.exit(f"dualjax: {e.filename or _WORKDIR.value}: {e.strerror}; the checkpoints "
+                 "saved before are kept: free some space and run the same command again")
 
 
 def parse_flags(argv: list[str]) -> list[str]:

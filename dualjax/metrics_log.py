@@ -11,7 +11,7 @@ from typing import Any
 import tensorflow_datasets as tfds
 from absl import logging
 
-from dualjax.workdir import atomic_write
+from dualjax.workdir import DISK_STATUS, atomic_write
 
 
 KEY_FIELDS = ("step", "split", "system", "index", "task", "typo_p")  # what makes a row one
@@ -61,8 +61,15 @@ class _OwnInfoOnly(std_logging.Filter):
     """INFO lines from dualjax only; libraries (Orbax, TFDS) speak at WARNING and up."""
 
     def filter(self, record: std_logging.LogRecord) -> bool:
-        if "Using custom data configuration" in record.getMessage():
+        message = record.getMessage()
+        if "Using custom data configuration" in message:
             return False  # TFDS says this for every builder config dualjax makes
+        failure = message + (str(record.exc_info[1]) if record.exc_info else "")
+        if "orbax" in record.pathname and any(s in failure for s in DISK_STATUS):
+            return False  # a failed save, said once by checkpoints.SaveError
+        if (record.levelno >= std_logging.ERROR and "orbax" in record.pathname
+                and "Save Finalize thread" in message):
+            return False  # ... and Orbax's own summary of that failure
         return record.levelno >= std_logging.WARNING or "dualjax" in record.pathname
 
 

@@ -30,6 +30,10 @@ RESUMABLE = ("num_train_steps", "checkpoint_every_steps", "keep_checkpoints",
              "data.worker_count", "data.prefetch_batches", "data.tfds_dir")
 
 
+# How a full disk, a quota or a read-only file system shows in Orbax / TensorStore errors.
+DISK_STATUS = ("RESOURCE_EXHAUSTED", "No space left", "PERMISSION_DENIED", "Read-only file")
+
+
 class WorkdirError(Exception):
     """The workdir cannot be used for this run; the message says why and what to do."""
 

@@ -3,7 +3,7 @@ two runs started at once on one workdir. Counts what BENCHMARKS.md's RELIABILITY
 reports.
 
     python scripts/drill.py --out=runs/drill [--kills=20] [--terms=5] [--concurrent=5]
-        [--seed=0] [--json=out.json]
+        [--full_disk] [--seed=0] [--json=out.json]
 
 Every run is `python -m dualjax.main --config=configs/tiny.py` with 40 steps, a checkpoint
 every 5 and no evaluation before the last step (the issue's drill). One uninterrupted
@@ -15,7 +15,9 @@ reference run gives the final parameters and the metrics rows; then:
 - term: the same with SIGTERM; the interrupted run must exit 143 (or 0 if it had already
   finished) and print no traceback;
 - concurrent: two runs on one new workdir at the same moment; one must be refused with
-  one line (exit 1) while the other finishes.
+  one line (exit 1) while the other finishes;
+- full disk (--full_disk, root only): the workdir on a 700 KB tmpfs that fills at a
+  checkpoint; one line and exit 1, then, with the file system grown, a resume.
 
 Each drilled workdir must end with parameters bit-equal to the reference's and with each
 (step, split, system, index, task) row once in metrics.jsonl.
@@ -94,6 +96,8 @@ def interrupt(args, name: str, sig: int, at: float, reference) -> dict:
               "traceback": "Traceback" in interrupted_stderr + stderr, **check(workdir, reference)}
     if sig == signal.SIGTERM:
         result["clean_exit"] = status in (0, 143) and not result["traceback"]
+        lines = interrupted_stderr.strip().splitlines()
+        result["message"] = lines[-1] if status == 143 and lines else ""
     return result
 
 
@@ -110,6 +114,31 @@ def concurrent(args, name: str, reference) -> dict:
             "traceback": any("Traceback" in err for _, err in outs), **check(workdir, reference)}
 
 
+def full_disk(args, reference) -> dict | None:
+    """A workdir on a 700 KB tmpfs (the data prepared elsewhere) fills at the fifth
+    checkpoint: the run must end with one line and exit 1; with the file system grown,
+    the same command resumes. Needs root to mount; None (skipped) otherwise."""
+    mount = os.path.join(os.path.abspath(args.out), "full_disk_fs")
+    os.makedirs(mount, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700k", "tmpfs", mount],
+                      capture_output=True).returncode:
+        return None
+    try:
+        workdir = os.path.join(mount, "w")
+        cmd = command(workdir) + ["--config.keep_checkpoints=20",
+                                  f"--config.data.tfds_dir={os.path.join(args.out, 'full_tfds')}"]
+        first = subprocess.run(cmd, capture_output=True, text=True)
+        said = [line for line in first.stderr.splitlines() if not line.startswith("I")]
+        subprocess.run(["mount", "-o", "remount,size=8m", mount], check=True)
+        second = subprocess.run(cmd, capture_output=True, text=True)
+        return {"name": "full_disk", "exit": first.returncode, "lines": len(said),
+                "message": said[-1] if said else "", "resume_exit": second.returncode,
+                "traceback": "Traceback" in first.stderr + second.stderr,
+                **check(workdir, reference)}
+    finally:
+        subprocess.run(["umount", mount], capture_output=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="A new folder for the drilled workdirs.")
@@ -117,6 +146,8 @@ def main() -> None:
     p.add_argument("--terms", type=int, default=5)
     p.add_argument("--concurrent", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--full_disk", action="store_true",
+                   help="also fill a 700 KB tmpfs at a checkpoint (needs root)")
     p.add_argument("--json", default="")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -141,6 +172,11 @@ def main() -> None:
         print(json.dumps(r), flush=True)
         results.append(r)
 
+    disk = full_disk(args, reference) if args.full_disk else None
+    if disk:
+        print(json.dumps(disk), flush=True)
+        results.append(disk)
+
     kills = [r for r in results if r["name"].startswith("kill")]
     terms = [r for r in results if r["name"].startswith("term")]
     pairs = [r for r in results if r["name"].startswith("concurrent")]
@@ -154,6 +190,9 @@ def main() -> None:
         "concurrent_bit_equal": sum(r["bit_equal"] for r in pairs),
         "duplicated_rows": sum(r["duplicated_rows"] for r in results),
         "tracebacks": sum(r["traceback"] for r in results),
+        "full_disk": ("skipped (needs root to mount a tmpfs)" if disk is None else
+                      f"exit {disk['exit']}, {disk['lines']} line(s), resumed "
+                      f"{'bit-equal' if disk['bit_equal'] else 'DIFFERENT'}"),
     }
     print(json.dumps(summary, indent=1))
     if args.json:

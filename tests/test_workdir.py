@@ -162,3 +162,32 @@ def test_a_signal_outside_training_stops_at_once_with_one_message(tmp_path, monk
     assert results["dual_encoder [exact]"]["num_queries"] > 0
     rows = MetricsLog(str(run)).read()
     assert len([r for r in rows if r["split"] == "test"]) == 1
+
+
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_earlier_ones_resume(tmp_path,
+                                                                               monkeypatch):
+    """Orbax reports a full disk as a ValueError carrying TensorStore's status (seen on a
+    full tmpfs); the run ends with one SaveError line naming the kept checkpoints."""
+    from dualjax import checkpoints
+    cfg = tiny(**{"num_train_steps": 6, "checkpoint_every_steps": 2, "keep_checkpoints": 5,
+                  "eval.index": "exact", "eval.untrained": False, "eval.baselines": ""})
+    save = checkpoints.ocp.CheckpointManager.save
+
+    def full_at_4(self, step, *args, **kwargs):
+        if step == 4:
+            raise ValueError('RESOURCE_EXHAUSTED: Error writing local file "x/_sharding": '
+                             "Failed to write 5690 bytes to file 13: No space left on device "
+                             "[os_error_code='28']")
+        return save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoints.ocp.CheckpointManager, "save", full_at_4)
+    run = tmp_path / "run"
+    with pytest.raises(checkpoints.SaveError) as e:
+        train.train_and_evaluate(cfg, str(run))
+    assert str(e.value) == (f"{run}/checkpoints: cannot save the checkpoint of step 4 (no "
+                            "space left on the device); the checkpoint of step 2 is kept; "
+                            "free some space and run the same command again to resume")
+    assert isinstance(e.value, WorkdirError)  # the command line prints it as one line
+    monkeypatch.setattr(checkpoints.ocp.CheckpointManager, "save", save)
+    train.train_and_evaluate(cfg, str(run))
+    assert sorted(os.listdir(run / "checkpoints")) == ["2", "4", "6"]
