@@ -295,6 +295,8 @@ def file_settings(path: str, what: str) -> dict:
     if not path:
         raise DataError(f"data.path must name {what}")
     full = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(full):
+        raise DataError(f"{path}: is a folder; data.path must name {what}")
     if not os.path.isfile(full):
         raise DataError(f"{path}: no such file (data.path)")
     with open(full, "rb") as f:
