@@ -10,16 +10,30 @@ from __future__ import annotations
 import errno
 import os
 import re
+import signal
 import sys
 
-from absl import app, flags
-from ml_collections import config_flags
 
-from dualjax import train
-from dualjax.metrics_log import setup_logging
-from dualjax.config_lib import ConfigError
-from dualjax.data.pairs_file import DataError
-from dualjax.workdir import WorkdirError
+def _stopped_while_starting(signum, _frame):
+    """Until the run installs its own handlers (imports, flags) there is nothing to save.
+    A hard exit: SystemExit raised inside an import can be swallowed by a bare except."""
+    print(f"dualjax: {signal.Signals(signum).name}: stopped while starting; nothing was "
+          "saved; run the same command again", file=sys.stderr, flush=True)
+    os._exit(143)
+
+
+if __name__ == "__main__":  # before the slow imports below
+    for _sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(_sig, _stopped_while_starting)
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from dualjax import train  # noqa: E402
+from dualjax.metrics_log import setup_logging  # noqa: E402
+from dualjax.config_lib import ConfigError  # noqa: E402
+from dualjax.data.pairs_file import DataError  # noqa: E402
+from dualjax.workdir import WorkdirError  # noqa: E402
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, as a process killed by it (also after SIGINT)
 

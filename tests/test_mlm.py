@@ -25,7 +25,7 @@ TRANSFORMER = {"model.tower": "transformer", "model.transformer.num_layers": 1,
 def tiny(**overrides):
     cfg = load_config("tiny")
     cfg.eval.untrained, cfg.eval.baselines, cfg.eval.index = False, "", "exact"
-    cfg.update_from_flattened_dict({**TRANSFORMER, **overrides})
+    cfg.update_from_flattened_dict({**TRANSFORMER, "mesh.num_devices": 8, **overrides})
     return cfg
 
 

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -191,3 +192,15 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_earlier_ones_resume(tmp
     monkeypatch.setattr(checkpoints.ocp.CheckpointManager, "save", save)
     train.train_and_evaluate(cfg, str(run))
     assert sorted(os.listdir(run / "checkpoints")) == ["2", "4", "6"]
+
+
+def test_a_signal_while_the_command_starts_is_one_line_and_exit_143(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "dualjax.main", f"--workdir={tmp_path / 'w'}",
+                             "--config=configs/tiny.py"], stderr=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    time.sleep(0.5)  # importing jax takes longer: the signal lands among the imports
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[:3000]
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("dualjax: SIGTERM: stopped")
