@@ -166,6 +166,8 @@ def get_config() -> ml_collections.ConfigDict:
                                     # row's positive's id is not one of its negatives
     c.loss.remove_query_hits = True # ... nor a column whose document is the row's own query
                                     # text (a pairs file with both (a, b) and (b, a))
+    c.loss.remove_cluster_hits = True  # ... nor a document of the row's cluster (transitive
+                                    # closure of the training pairs: its paraphrases)
     c.loss.num_mixed_negatives = 0  # U documents drawn uniformly from the training pairs'
                                     # documents per step, added as negatives of every row
                                     # (Yang et al. 2020's mixed negative sampling; a multiple

@@ -12,13 +12,17 @@ columns [the B positives in batch order, then the B*k hard negatives in row orde
 0's k, row 1's k, ...), then the U mixed negatives]. Row i's positive is column i;
 every other column is a negative of row i unless it is an accidental hit: a column
 whose document id equals row i's positive's id, or (with "query_ids") row i's own query's
-id, as when a pairs file holds both (a, b) and (b, a). Layout P P ... P N N ... N, never
-the interleaved P N N P N N.
+id, as when a pairs file holds both (a, b) and (b, a), or (with "cluster_ids") a positive
+or mixed column of row i's cluster of paraphrases. Layout P P ... P N N ... N, never the
+interleaved P N N P N N.
 
 `extras` (every key optional; None values are dropped):
     "doc_ids"            [B] int      id of each row's positive document (sharded)
     "query_ids"          [B] int      id of each row's query text, in the ids' numbering
                                       (sharded; needs doc_ids)
+    "cluster_ids"        [B] int      each pair's cluster (sharded; needs doc_ids); the
+                                      hard negatives are of other clusters by construction
+    "mixed_negative_clusters" [U] int the mixed negatives' clusters (replicated)
     "hard_negatives"     [B, k, dim]  k explicit negatives per query (sharded)
     "hard_negative_ids"  [B, k] int   their document ids (sharded)
     "mixed_negatives"    [U, dim]     extra negatives shared by every row (replicated),
@@ -42,7 +46,7 @@ every unmasked negative (by the loss's own score, before any logQ correction).
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -62,9 +66,10 @@ DEFAULT_MARGINS = {"cosine": 0.3, "euclidean": 0.5, "squared_euclidean": 0.5}
 TRIPLET_HARDEST_MARGIN = 0.5  # Gillick et al. 2018
 _EPS = 1e-12  # floor of a squared distance under the square root
 
-SHARDED_EXTRAS = ("doc_ids", "query_ids", "hard_negatives", "hard_negative_ids", "log_q_pos",
+SHARDED_EXTRAS = ("doc_ids", "query_ids", "cluster_ids", "hard_negatives", "hard_negative_ids", "log_q_pos",
                   "log_q_hard", "labels")
-REPLICATED_EXTRAS = ("mixed_negatives", "mixed_negative_ids", "log_q_mixed")
+REPLICATED_EXTRAS = ("mixed_negatives", "mixed_negative_ids", "mixed_negative_clusters",
+                     "log_q_mixed")
 EXTRAS = SHARDED_EXTRAS + REPLICATED_EXTRAS
 
 
@@ -113,6 +118,22 @@ def reference_columns(d: jnp.ndarray, extras: Extras, with_ids: bool
     return jnp.concatenate(cols), col_ids, log_q
 
 
+def column_clusters(cluster_ids, extras, num_hard: int) -> jnp.ndarray:
+    """The clusters of the columns [C]: the positives', -1 for the hard negatives (of
+    other clusters by construction) and the mixed negatives' (-1 when not given)."""
+    parts = [cluster_ids, jnp.full((num_hard,), -1, cluster_ids.dtype)]
+    if "mixed_negatives" in extras:
+        u = extras["mixed_negatives"].shape[0]
+        parts.append(extras.get("mixed_negative_clusters",
+                                jnp.full((u,), -1, cluster_ids.dtype)))
+    return jnp.concatenate(parts)
+
+
+def _num_hard(extras) -> int:
+    h = extras.get("hard_negatives")
+    return 0 if h is None else h.shape[0] * h.shape[1]
+
+
 def _reference_matrix(q, d, extras, remove_hits):
     """Full M pieces: dots [B, C], columns [C, dim], positive and negative masks, log q."""
     with_ids = remove_hits and "doc_ids" in extras
@@ -124,6 +145,9 @@ def _reference_matrix(q, d, extras, remove_hits):
         neg = neg & (extras["doc_ids"][:, None] != col_ids[None, :])
         if "query_ids" in extras:
             neg = neg & (extras["query_ids"][:, None] != col_ids[None, :])
+        if "cluster_ids" in extras:
+            clusters = column_clusters(extras["cluster_ids"], extras, _num_hard(extras))
+            neg = neg & (extras["cluster_ids"][:, None] != clusters[None, :])
     return q @ cols.T, cols, is_pos, neg, log_q
 
 
@@ -154,6 +178,9 @@ def in_batch_softmax(q, d, scale, bias, extras=None, *, symmetric=False,
             neg_t = neg_t & (ids[:, None] != ids[None, :])
             if "query_ids" in extras:  # query i is document j's own text
                 neg_t = neg_t & (extras["query_ids"][:, None] != ids[None, :])
+            if "cluster_ids" in extras:
+                c = extras["cluster_ids"]
+                neg_t = neg_t & (c[:, None] != c[None, :])
         col_logp = jax.nn.log_softmax(_masked(square, neg_t | jnp.eye(b, dtype=bool), -jnp.inf),
                                       axis=0)
         loss = 0.5 * (loss - jnp.mean(jnp.diagonal(col_logp)))
@@ -289,17 +316,17 @@ def gather_columns(d: jnp.ndarray, extras: Extras, with_ids: bool
 def local_block(rows: jnp.ndarray, cols: jnp.ndarray, pos: jnp.ndarray,
                 row_ids: jnp.ndarray | None = None, col_ids: jnp.ndarray | None = None,
                 log_q: jnp.ndarray | None = None,
-                more_ids: tuple[jnp.ndarray, jnp.ndarray] | None = None) -> Block:
+                more_ids: Sequence[tuple[jnp.ndarray, jnp.ndarray]] = ()) -> Block:
     """The rows [b, dim] of M against all columns [C, dim]; row r's positive is column
     pos[r]. With ids ([b], [C]), a column sharing the row's id is not a negative; nor,
-    with `more_ids` (row ids [b], column ids [C]), one sharing the row's id there."""
+    for each (row ids [b], column ids [C]) of `more_ids`, one sharing the row's id there."""
     dots = rows @ cols.T
     is_pos = jnp.arange(cols.shape[0])[None, :] == pos[:, None]
     neg = ~is_pos
     if row_ids is not None:
         neg = neg & (col_ids[None, :] != row_ids[:, None])
-        if more_ids is not None:
-            neg = neg & (more_ids[1][None, :] != more_ids[0][:, None])
+        for rows_of, cols_of in more_ids:
+            neg = neg & (cols_of[None, :] != rows_of[:, None])
     return Block(dots, _sq_dist_from_dots(rows, cols, dots), is_pos, neg, log_q,
                  masked=row_ids is not None)
 
@@ -443,14 +470,16 @@ def _check_extras(name: str, opts: dict, extras: Extras | None) -> Extras:
     if name == "pointwise_logistic":
         if "labels" not in extras:
             raise ValueError("pointwise_logistic needs extras['labels'] ([B] 0/1 per pair)")
-        other = sorted(set(extras) - {"labels", "doc_ids", "query_ids"})
+        other = sorted(set(extras) - {"labels", "doc_ids", "query_ids", "cluster_ids"})
         if other:
-            raise ValueError(f"pointwise_logistic takes only labels, doc_ids and query_ids, "
-                             f"not {other}")
+            raise ValueError(f"pointwise_logistic takes only labels and the ids, not {other}")
     elif "labels" in extras:
         raise ValueError(f"extras['labels'] are for pointwise_logistic, not {name}")
-    if "query_ids" in extras and "doc_ids" not in extras:
-        raise ValueError("extras['query_ids'] need extras['doc_ids'] (the columns' ids)")
+    for key in ("query_ids", "cluster_ids"):
+        if key in extras and "doc_ids" not in extras:
+            raise ValueError(f"extras[{key!r}] need extras['doc_ids'] (the columns' ids)")
+    if "mixed_negative_clusters" in extras and "cluster_ids" not in extras:
+        raise ValueError("extras['mixed_negative_clusters'] need extras['cluster_ids']")
     for group, ids, lq in (("hard_negatives", "hard_negative_ids", "log_q_hard"),
                            ("mixed_negatives", "mixed_negative_ids", "log_q_mixed")):
         for key in (ids, lq):
@@ -493,15 +522,22 @@ def _device_body(name, opts, q, d, scale, bias, extras):
     with_ids = opts.get("remove_accidental_hits", False) and "doc_ids" in extras
     row_ids = extras["doc_ids"] if with_ids else None
     cols, col_ids, log_q = gather_columns(d, extras, with_ids)
-    query_ids = extras.get("query_ids") if with_ids else None
+    more, more_t = [], []  # (row ids, column ids) that also remove a column
+    if with_ids and "query_ids" in extras:  # the row's own query text
+        more.append((extras["query_ids"], col_ids))
+        more_t.append((row_ids, _gather(extras["query_ids"])))
+    if with_ids and "cluster_ids" in extras:  # the row's cluster
+        rows_c, all_c = extras["cluster_ids"], _gather(extras["cluster_ids"])
+        num_hard = cols.shape[0] - all_c.shape[0] - (
+            extras["mixed_negatives"].shape[0] if "mixed_negatives" in extras else 0)
+        more.append((rows_c, column_clusters(all_c, extras, num_hard)))
+        more_t.append((rows_c, all_c))
     sums = LOSSES[name].sums
-    parts = [sums(local_block(q, cols, pos, row_ids, col_ids, log_q,
-                              None if query_ids is None else (query_ids, col_ids)),
+    parts = [sums(local_block(q, cols, pos, row_ids, col_ids, log_q, more),
                   scale, bias, opts, extras.get("labels"))]
     if opts.get("symmetric"):  # each local document against every query of the batch
         all_ids = _gather(row_ids) if with_ids else None
-        own_text = None if query_ids is None else (row_ids, _gather(query_ids))
-        parts.append(sums(local_block(d, _gather(q), pos, row_ids, all_ids, None, own_text),
+        parts.append(sums(local_block(d, _gather(q), pos, row_ids, all_ids, None, more_t),
                           scale, bias, opts, None))
     total = lambda x: jax.lax.psum(x, DATA_AXIS)
     loss = sum(total(p.loss_sum) / total(p.count) for p in parts) / len(parts)

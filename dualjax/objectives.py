@@ -40,10 +40,11 @@ class Objective:
 
 
 def dual_encoder_objective(model: dual_encoder.DualEncoder, loss_fn, max_len: int,
-                           remove_query_hits: bool = True) -> Objective:
+                           remove_query_hits: bool = True,
+                           remove_cluster_hits: bool = True) -> Objective:
     """The towers and an in-batch loss (`losses.sharded(...)`) over the global batch; a
-    column holding the row's own query is not a negative unless `remove_query_hits` is
-    off."""
+    column holding the row's own query, or a document of the row's cluster, is not a
+    negative unless `remove_query_hits` / `remove_cluster_hits` is off."""
 
     def loss(params, batch, rng, extras):
         # A batch comes from one task (batch["task"]: its index on every row), whose own
@@ -55,6 +56,10 @@ def dual_encoder_objective(model: dual_encoder.DualEncoder, loss_fn, max_len: in
         more = {}
         if remove_query_hits and "query_ids" in batch and "doc_ids" in extras:
             more["query_ids"] = batch["query_ids"]
+        if remove_cluster_hits and "cluster_ids" in batch and "doc_ids" in extras:
+            more["cluster_ids"] = batch["cluster_ids"]
+            if "m_cluster_ids" in batch:
+                more["mixed_negative_clusters"] = batch["m_cluster_ids"]
         if "m_ids" in batch:  # mixed negatives: uniformly drawn documents, same tower
             more["mixed_negatives"] = model.apply(
                 {"params": params}, batch["m_ids"], batch["m_mask"], batch.get("m_cats"),
@@ -172,4 +177,5 @@ def from_config(config, model: dual_encoder.DualEncoder, mesh: jax.sharding.Mesh
         return mlm_objective(model, d_len, width)
     loss_fn = losses.sharded(config.loss.name, mesh, **losses.config_options(config.loss))
     return dual_encoder_objective(model, loss_fn, max(q_len, d_len),
-                                  config.loss.remove_query_hits)
+                                  config.loss.remove_query_hits,
+                                  config.loss.remove_cluster_hits)

@@ -23,7 +23,8 @@ Suites:
   CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8), same number of steps.
 - hits: in_batch_softmax on configs/quora_gillick.py without accidental-hit removal, with
   a column removed when it holds the row's own document (loss.remove_accidental_hits),
-  and also when it holds the row's own query text (loss.remove_query_hits).
+  also when it holds the row's own query text (loss.remove_query_hits), and also when it
+  is of the row's cluster of paraphrases (loss.remove_cluster_hits).
 - towers: bow, bow_mlp, cnn and a small transformer on words, and bow and cnn on words +
   character trigrams, all with AdamW (lr 1e-3, warmup 100, linear decay; the
   transformer would not train with the Gillick SGD setting), batch 256, each with the
@@ -103,8 +104,10 @@ def towers_suite() -> list[tuple[str, dict]]:
 def hits_suite() -> list[tuple[str, dict]]:
     return [
         ("no accidental-hit removal", {"loss.remove_accidental_hits": False}),
-        ("a column with the row's document removed", {"loss.remove_query_hits": False}),
-        ("... and a column holding the row's own query", {}),
+        ("a column with the row's document removed", {"loss.remove_query_hits": False,
+                                                      "loss.remove_cluster_hits": False}),
+        ("... and a column holding the row's own query", {"loss.remove_cluster_hits": False}),
+        ("... and every document of the row's cluster", {}),
     ]
 
 

@@ -297,7 +297,8 @@ def _differ(a, b):
 
 def test_batch_shapes_and_dtypes(train_src, tokenizer):
     batch = next(_iterator(train_src, tokenizer))
-    assert set(batch) == {"q_ids", "q_mask", "d_ids", "d_mask", "doc_ids", "query_ids"}
+    assert set(batch) == {"q_ids", "q_mask", "d_ids", "d_mask", "doc_ids", "query_ids",
+                          "cluster_ids"}
     assert batch["doc_ids"].shape == (32,) and batch["doc_ids"].dtype == np.int32
     for side in ("q", "d"):
         ids, mask = batch[f"{side}_ids"], batch[f"{side}_mask"]

@@ -289,6 +289,8 @@ def _batch(b=64, dim=16, k=2, u=8, seed=0):
     hard_ids = rng.integers(0, 40, (b, k))
     hard_ids[::4, 0] = doc_ids[::4]  # mined false negatives: the row's own document
     ids = {"doc_ids": doc_ids.astype(np.int32), "query_ids": rng.integers(0, 40, b).astype(np.int32),
+           "cluster_ids": rng.integers(0, 24, b).astype(np.int32),
+           "mixed_negative_clusters": rng.integers(0, 24, u).astype(np.int32),
            "hard_negative_ids": hard_ids.astype(np.int32),
            "mixed_negative_ids": rng.integers(0, 40, u).astype(np.int32)}
     log_q = {"log_q_pos": rng.uniform(-6, -1, b).astype(np.float32),
@@ -308,9 +310,12 @@ def test_test_batch_has_accidental_hits():
     assert (doc[:, None] == doc[None, :]).sum() - len(doc) >= 20
     assert (hard == doc[:, None]).sum() >= 16
     assert (IDS["query_ids"][:, None] == doc[None, :]).sum() >= 20  # own query as a column
+    c = IDS["cluster_ids"]
+    assert (c[:, None] == c[None, :]).sum() - len(c) >= 100  # paraphrases in the batch
+    assert (c[:, None] == IDS["mixed_negative_clusters"][None, :]).sum() >= 10
 
 
-def test_a_column_holding_the_rows_own_query_is_not_a_negative():
+def test_a_column_holding_the_rows_own_query_or_a_paraphrase_is_not_a_negative():
     # q = d = I, logit = 2 cos + .5; doc_ids [5, 6, 7], query_ids [6, 9, 9]: row 0's query
     # text is row 1's document, so column 1 leaves row 0's softmax (and, symmetric, query
     # 0 leaves document 1's): row 0 log(1 + e^-2), rows 1 and 2 log(1 + 2 e^-2).
@@ -321,7 +326,14 @@ def test_a_column_holding_the_rows_own_query_is_not_a_negative():
         for fn in both("in_batch_softmax", 3, symmetric=symmetric).values():
             loss, _ = fn(Q3, Q3, jnp.float32(2.0), jnp.float32(0.5), extras)
             assert float(loss) == pytest.approx(expected, rel=1e-6)
-    with pytest.raises(ValueError, match="query_ids'] need extras\['doc_ids"):
+    # cluster_ids [0, 0, 1]: rows 0 and 1 are paraphrases, each leaves the other's column.
+    extras = {"doc_ids": jnp.array([5, 6, 7]), "cluster_ids": jnp.array([0, 0, 1])}
+    expected = (2 * math.log(1 + e(-2)) + math.log(1 + 2 * e(-2))) / 3
+    for symmetric in (False, True):
+        for fn in both("in_batch_softmax", 3, symmetric=symmetric).values():
+            loss, _ = fn(Q3, Q3, jnp.float32(2.0), jnp.float32(0.5), extras)
+            assert float(loss) == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(ValueError, match=r"query_ids'\] need extras\['doc_ids"):
         losses.reference("in_batch_softmax")(Q3, Q3, 2.0, 0.5, {"query_ids": jnp.array([1, 2, 3])})
 
 

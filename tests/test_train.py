@@ -355,3 +355,27 @@ def test_log_q_correction_keeps_its_frequency_estimate_in_the_checkpoint(tmp_pat
     with pytest.raises(config_lib.ConfigError, match="logQ correction applies to"):
         train.train_and_evaluate(tiny(**{"loss.log_q_buckets": 512, "loss.name": "in_batch_sigmoid"}),
                                  str(tmp_path / "bad"))
+
+
+def test_paraphrases_of_the_row_are_masked_as_accidental_hits(tmp_path):
+    # Chains (variant v, variant v + 1) of 10 topics: 10 clusters of 21 questions by
+    # transitive closure, so a batch of 32 holds ~3 paraphrases of each row's pair as
+    # other columns; with remove_cluster_hits they leave the row's softmax.
+    lines = [f"how to fix topic {t} variant {v}\thow to fix topic {t} variant {v + 1}"
+             for t in range(10) for v in range(20)]
+    (tmp_path / "p.tsv").write_text("\n".join(lines) + "\n")
+    first_loss = {}
+    for remove in (True, False):
+        cfg = tiny(**{"data.name": "pairs", "data.path": str(tmp_path / "p.tsv"),
+                      "num_train_steps": 1, "loss.remove_cluster_hits": remove,
+                      "eval.index": "exact", "eval.baselines": "", "eval.untrained": False,
+                      "data.test_fraction": 0.2, "data.val_fraction": 0.1})
+        workdir = tmp_path / f"run_{remove}"
+        train.train_and_evaluate(cfg, str(workdir))
+        first_loss[remove] = train_rows(workdir)[0]["loss"]
+    from dualjax.data import builders
+    source = builders.train_source(cfg.data, cfg.seed, str(tmp_path / "run_False" / "tfds"))
+    seen = {(r["query"].decode().split()[4], int(r["cluster"]))
+            for r in (source[i] for i in range(len(source)))}
+    assert len(seen) == len({t for t, _ in seen}) == len({c for _, c in seen}) == 7
+    assert first_loss[True] < first_loss[False] - 0.05

@@ -50,7 +50,8 @@ _FEATURES = {
     "pairs": lambda: {"query": tfds.features.Text(), "document": tfds.features.Text(),
                       "query_fields": tfds.features.Text(),
                       "document_fields": tfds.features.Text(),
-                      "hard_negatives": tfds.features.Sequence(tfds.features.Text())},
+                      "hard_negatives": tfds.features.Sequence(tfds.features.Text()),
+                      "cluster": np.int64},
     "corpus": lambda: {"id": np.int64, "text": tfds.features.Text(),
                        "fields": tfds.features.Text()},
     "queries": lambda: {"id": np.int64, "text": tfds.features.Text(),
@@ -72,7 +73,8 @@ _last_load: dict = {}  # one RawData, shared by the three tables of one dataset
 class _RetrievalBuilder(tfds.core.GeneratorBasedBuilder):
     """Shared writing logic; subclasses implement `_load` from their settings."""
 
-    VERSION = tfds.core.Version("2.2.0")  # 2.1.0: categorical fields; 2.2.0: hard negatives
+    # 2.1.0: categorical fields; 2.2.0: hard negatives; 2.3.0: each pair's cluster
+    VERSION = tfds.core.Version("2.3.0")
 
     def _load(self, settings: dict) -> RawData:
         raise NotImplementedError
@@ -115,9 +117,14 @@ class _RetrievalBuilder(tfds.core.GeneratorBasedBuilder):
                 raise DataError(f"{type(self).__name__}: no training pairs in this dataset")
             fields = data.train_fields or [({}, {})] * len(data.train_pairs)
             negatives = data.train_negatives or [[]] * len(data.train_pairs)
+            # Clusters by transitive closure of the training pairs (normalised texts):
+            # paraphrases for Quora-like data; a passage and its questions otherwise.
+            cluster_of = clusters.cluster_pairs([(normalize(q), normalize(d))
+                                                 for q, d in data.train_pairs])
             return {"train": self._generate_examples(
                 {"query": q, "document": d, "query_fields": _json(qf),
-                 "document_fields": _json(df), "hard_negatives": n}
+                 "document_fields": _json(df), "hard_negatives": n,
+                 "cluster": cluster_of[normalize(q)]}
                 for (q, d), (qf, df), n in zip(data.train_pairs, fields, negatives))}
         if table == "corpus":
             return {s: self._generate_examples(

@@ -51,11 +51,14 @@ def encode_records(records: Sequence[dict], key: str, side: Side, prefix: str
 def encode_pairs(records: Sequence[dict], inputs: Inputs) -> dict[str, np.ndarray]:
     """Pairs records {"query", "document": bytes, ...} -> {q_ids, q_mask} [batch, query
     max_len], {d_ids, d_mask} [batch, document max_len], q_cats / d_cats [batch, fields]
-    for a side with categorical fields, and doc_ids, query_ids [batch] (`text_ids` of the
-    documents and of the queries, for masking accidental hits)."""
+    for a side with categorical fields, doc_ids, query_ids [batch] (`text_ids` of the
+    documents and of the queries) and, when the records have them, cluster_ids [batch],
+    for masking accidental hits."""
     out, queries = encode_records(records, "query", inputs.query, "q")
     documents, texts = encode_records(records, "document", inputs.document, "d")
     out.update(documents, doc_ids=text_ids(texts), query_ids=text_ids(queries))
+    if records and "cluster" in records[0]:
+        out["cluster_ids"] = np.asarray([r["cluster"] for r in records], np.int32)
     return out
 
 
@@ -138,7 +141,9 @@ class MixedNegatives(grain.transforms.RandomMap):
         picks = self._documents[rng.integers(0, len(self._documents), self._count)]
         records = read_records(self._source, picks.tolist())
         mixed, texts = encode_records(records, "document", self._side, "m")
-        return {**batch, **mixed, "m_doc_ids": text_ids(texts)}
+        clusters = ({"m_cluster_ids": np.asarray([r["cluster"] for r in records], np.int32)}
+                    if records and "cluster" in records[0] else {})
+        return {**batch, **mixed, "m_doc_ids": text_ids(texts), **clusters}
 
 
 def _iterate(ds: grain.MapDataset, worker_count: int, prefetch_batches: int
