@@ -14,6 +14,8 @@ from dualjax.data import builders, pipeline, synthetic
 from dualjax.data.pairs_file import DataError
 from dualjax.text import WordTokenizer, build_word_tokenizer, normalize
 
+VERSION = str(builders._RetrievalBuilder.VERSION)
+
 SEED = 0
 
 
@@ -43,8 +45,8 @@ def train_src(tiny_data, synthetic_dir):
 def test_synthetic_array_record_files_exist(tiny_data, synthetic_dir, train_src):
     builders.eval_task(tiny_data, SEED, synthetic_dir, "val")
     root = os.path.join(synthetic_dir, "synthetic_paraphrase")
-    pairs = glob.glob(os.path.join(root, "pairs-*", "2.2.0", "*-train.array_record-*"))
-    evals = [glob.glob(os.path.join(root, f"{table}-*", "2.2.0", f"*-{split}.array_record-*"))
+    pairs = glob.glob(os.path.join(root, "pairs-*", VERSION, "*-train.array_record-*"))
+    evals = [glob.glob(os.path.join(root, f"{table}-*", VERSION, f"*-{split}.array_record-*"))
              for table in ("corpus", "queries") for split in ("val", "test")]
     assert len(pairs) == 1 and all(len(files) == 1 for files in evals)
     assert all(os.path.getsize(f) > 0 for f in pairs + sum(evals, []))
@@ -55,7 +57,11 @@ def test_synthetic_train_records_match_generate(tiny_data, train_src):
     assert len(train_src) == len(data.train_pairs) > 100
     records = [train_src[i] for i in range(len(train_src))]
     assert set(records[0]) == {"query", "document", "query_fields", "document_fields",
-                               "hard_negatives"}
+                               "hard_negatives", "cluster"}
+    clusters = {}  # query's cluster by closure: the generator's paraphrase cluster
+    for r in records:
+        clusters.setdefault(int(r["cluster"]), set()).update((r["query"], r["document"]))
+    assert sum(map(len, clusters.values())) == len(set().union(*clusters.values()))
     assert len(records[0]["hard_negatives"]) == 0  # not mined
     assert records[0]["query_fields"] == records[0]["document_fields"] == b""  # none
     got = sorted((r["query"].decode(), r["document"].decode()) for r in records)
@@ -157,7 +163,7 @@ def test_pairs_builder_splits_by_cluster(tmp_path):
     cfg = _pairs_cfg(_write_pairs(tmp_path / "pairs.tsv"))
     tfds_dir = str(tmp_path / "tfds")
     src = builders.train_source(cfg, SEED, tfds_dir)
-    assert glob.glob(os.path.join(tfds_dir, "pairs_file", "pairs-*", "2.2.0",
+    assert glob.glob(os.path.join(tfds_dir, "pairs_file", "pairs-*", VERSION,
                                   "*-train.array_record-*"))
     train = [(src[i]["query"].decode(), src[i]["document"].decode()) for i in range(len(src))]
     tasks = {s: builders.eval_task(cfg, SEED, tfds_dir, s) for s in ("val", "test")}
