@@ -65,8 +65,9 @@ class _OwnInfoOnly(std_logging.Filter):
         if "Using custom data configuration" in message:
             return False  # TFDS says this for every builder config dualjax makes
         failure = message + (str(record.exc_info[1]) if record.exc_info else "")
-        if "orbax" in record.pathname and any(s in failure for s in DISK_STATUS):
-            return False  # a failed save, said once by checkpoints.SaveError
+        if (("orbax" in record.pathname or "asyncio" in record.pathname)
+                and any(s in failure for s in DISK_STATUS)):
+            return False  # a failed save (and its orphaned writes), said once by SaveError
         if (record.levelno >= std_logging.ERROR and "orbax" in record.pathname
                 and "Save Finalize thread" in message):
             return False  # ... and Orbax's own summary of that failure
