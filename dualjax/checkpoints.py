@@ -16,12 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from dualjax.workdir import DISK_STATUS, WorkdirError
-
-
-# A full disk, a quota or a read-only file system: from Python (OSError) or from Orbax /
-# TensorStore (a ValueError carrying the status, workdir.DISK_STATUS).
-_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
+from dualjax.workdir import DISK_ERRNOS, DISK_STATUS, WorkdirError
 
 
 class SaveError(WorkdirError):
@@ -30,7 +25,7 @@ class SaveError(WorkdirError):
 
 
 def _is_disk_error(e: BaseException) -> bool:
-    return ((isinstance(e, OSError) and e.errno in _DISK_ERRNOS)
+    return ((isinstance(e, OSError) and e.errno in DISK_ERRNOS)
             or any(status in str(e) for status in DISK_STATUS))
 
 

@@ -66,8 +66,8 @@ DEFAULT_MARGINS = {"cosine": 0.3, "euclidean": 0.5, "squared_euclidean": 0.5}
 TRIPLET_HARDEST_MARGIN = 0.5  # Gillick et al. 2018
 _EPS = 1e-12  # floor of a squared distance under the square root
 
-SHARDED_EXTRAS = ("doc_ids", "query_ids", "cluster_ids", "hard_negatives", "hard_negative_ids", "log_q_pos",
-                  "log_q_hard", "labels")
+SHARDED_EXTRAS = ("doc_ids", "query_ids", "cluster_ids", "hard_negatives", "hard_negative_ids",
+                  "log_q_pos", "log_q_hard", "labels")
 REPLICATED_EXTRAS = ("mixed_negatives", "mixed_negative_ids", "mixed_negative_clusters",
                      "log_q_mixed")
 EXTRAS = SHARDED_EXTRAS + REPLICATED_EXTRAS
@@ -118,10 +118,12 @@ def reference_columns(d: jnp.ndarray, extras: Extras, with_ids: bool
     return jnp.concatenate(cols), col_ids, log_q
 
 
-def column_clusters(cluster_ids, extras, num_hard: int) -> jnp.ndarray:
-    """The clusters of the columns [C]: the positives', -1 for the hard negatives (of
-    other clusters by construction) and the mixed negatives' (-1 when not given)."""
-    parts = [cluster_ids, jnp.full((num_hard,), -1, cluster_ids.dtype)]
+def column_clusters(cluster_ids, extras) -> jnp.ndarray:
+    """The clusters of the columns [C] from the clusters of all B positives: theirs, -1
+    for the B*k hard negatives (of other clusters by construction) and the mixed
+    negatives' (-1 when not given)."""
+    k = extras["hard_negatives"].shape[1] if "hard_negatives" in extras else 0
+    parts = [cluster_ids, jnp.full((cluster_ids.shape[0] * k,), -1, cluster_ids.dtype)]
     if "mixed_negatives" in extras:
         u = extras["mixed_negatives"].shape[0]
         parts.append(extras.get("mixed_negative_clusters",
@@ -129,9 +131,16 @@ def column_clusters(cluster_ids, extras, num_hard: int) -> jnp.ndarray:
     return jnp.concatenate(parts)
 
 
-def _num_hard(extras) -> int:
-    h = extras.get("hard_negatives")
-    return 0 if h is None else h.shape[0] * h.shape[1]
+def other_hits(extras, col_ids, all_clusters) -> list[tuple[jnp.ndarray, jnp.ndarray]]:
+    """(row ids, column ids) pairs beyond the positives' ids that remove a column from a
+    row's negatives: the row's own query text, the row's cluster (`all_clusters`: the
+    clusters of every positive of the batch)."""
+    hits = []
+    if "query_ids" in extras:
+        hits.append((extras["query_ids"], col_ids))
+    if "cluster_ids" in extras:
+        hits.append((extras["cluster_ids"], column_clusters(all_clusters, extras)))
+    return hits
 
 
 def _reference_matrix(q, d, extras, remove_hits):
@@ -142,12 +151,10 @@ def _reference_matrix(q, d, extras, remove_hits):
     is_pos = jnp.eye(b, c, dtype=bool)
     neg = ~is_pos
     if with_ids:
-        neg = neg & (extras["doc_ids"][:, None] != col_ids[None, :])
-        if "query_ids" in extras:
-            neg = neg & (extras["query_ids"][:, None] != col_ids[None, :])
-        if "cluster_ids" in extras:
-            clusters = column_clusters(extras["cluster_ids"], extras, _num_hard(extras))
-            neg = neg & (extras["cluster_ids"][:, None] != clusters[None, :])
+        hits = [(extras["doc_ids"], col_ids),
+                *other_hits(extras, col_ids, extras.get("cluster_ids"))]
+        for rows_of, cols_of in hits:
+            neg = neg & (rows_of[:, None] != cols_of[None, :])
     return q @ cols.T, cols, is_pos, neg, log_q
 
 
@@ -522,16 +529,13 @@ def _device_body(name, opts, q, d, scale, bias, extras):
     with_ids = opts.get("remove_accidental_hits", False) and "doc_ids" in extras
     row_ids = extras["doc_ids"] if with_ids else None
     cols, col_ids, log_q = gather_columns(d, extras, with_ids)
-    more, more_t = [], []  # (row ids, column ids) that also remove a column
-    if with_ids and "query_ids" in extras:  # the row's own query text
-        more.append((extras["query_ids"], col_ids))
+    all_clusters = _gather(extras["cluster_ids"]) if "cluster_ids" in extras else None
+    more = other_hits(extras, col_ids, all_clusters) if with_ids else []
+    more_t = []  # the symmetric direction: a document row against every query column
+    if with_ids and "query_ids" in extras:  # a query that is the row's document's text
         more_t.append((row_ids, _gather(extras["query_ids"])))
-    if with_ids and "cluster_ids" in extras:  # the row's cluster
-        rows_c, all_c = extras["cluster_ids"], _gather(extras["cluster_ids"])
-        num_hard = cols.shape[0] - all_c.shape[0] - (
-            extras["mixed_negatives"].shape[0] if "mixed_negatives" in extras else 0)
-        more.append((rows_c, column_clusters(all_c, extras, num_hard)))
-        more_t.append((rows_c, all_c))
+    if with_ids and all_clusters is not None:
+        more_t.append((extras["cluster_ids"], all_clusters))
     sums = LOSSES[name].sums
     parts = [sums(local_block(q, cols, pos, row_ids, col_ids, log_q, more),
                   scale, bias, opts, extras.get("labels"))]

@@ -7,7 +7,6 @@ SIGTERM or SIGINT saves a checkpoint and exits with status 143.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import signal
@@ -33,7 +32,7 @@ from dualjax import train  # noqa: E402
 from dualjax.metrics_log import setup_logging  # noqa: E402
 from dualjax.config_lib import ConfigError  # noqa: E402
 from dualjax.data.pairs_file import DataError  # noqa: E402
-from dualjax.workdir import WorkdirError  # noqa: E402
+from dualjax.workdir import DISK_ERRNOS, WorkdirError  # noqa: E402
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, as a process killed by it (also after SIGINT)
 
@@ -70,7 +69,7 @@ def main(argv: list[str]) -> None:
     except (ConfigError, DataError, WorkdirError, train.NonFiniteLossError) as e:
         sys.exit(f"dualjax: {e}")
     except OSError as e:  # the machine's: a full disk, a quota, a read-only file system
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+        if e.errno not in DISK_ERRNOS:
             raise
         sys.exit(f"dualjax: {e.filename or _WORKDIR.value}: {e.strerror}; the checkpoints "
                  "saved before are kept: free some space and run the same command again")

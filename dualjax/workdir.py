@@ -14,6 +14,7 @@ is touched, listing old and new values. Cadences, the number of steps, the mesh 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -30,7 +31,9 @@ RESUMABLE = ("num_train_steps", "checkpoint_every_steps", "keep_checkpoints",
              "data.worker_count", "data.prefetch_batches", "data.tfds_dir")
 
 
-# How a full disk, a quota or a read-only file system shows in Orbax / TensorStore errors.
+# A full disk, a quota, a read-only or unwritable file system: Python's errnos, and how
+# it shows in Orbax / TensorStore errors (a ValueError carrying the status).
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
 DISK_STATUS = ("RESOURCE_EXHAUSTED", "No space left", "PERMISSION_DENIED", "Read-only file")
 
 

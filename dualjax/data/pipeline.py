@@ -33,6 +33,14 @@ def text_ids(texts: Sequence[str]) -> np.ndarray:
     return np.asarray([zlib.crc32(normalize(t).encode()) & 0x7FFFFFFF for t in texts], np.int32)
 
 
+def record_clusters(records: Sequence[dict], key: str) -> dict[str, np.ndarray]:
+    """{key: int32 [n]} the clusters of pairs records that carry them (stored pairs);
+    {} for records without (generated pairs)."""
+    if not records or "cluster" not in records[0]:
+        return {}
+    return {key: np.asarray([r["cluster"] for r in records], np.int32)}
+
+
 def record_fields(record: dict, key: str) -> dict | None:
     """The categorical fields stored (as JSON) under `key` of a pairs record, or None."""
     raw = record.get(key)
@@ -57,8 +65,7 @@ def encode_pairs(records: Sequence[dict], inputs: Inputs) -> dict[str, np.ndarra
     out, queries = encode_records(records, "query", inputs.query, "q")
     documents, texts = encode_records(records, "document", inputs.document, "d")
     out.update(documents, doc_ids=text_ids(texts), query_ids=text_ids(queries))
-    if records and "cluster" in records[0]:
-        out["cluster_ids"] = np.asarray([r["cluster"] for r in records], np.int32)
+    out.update(record_clusters(records, "cluster_ids"))
     return out
 
 
@@ -141,9 +148,8 @@ class MixedNegatives(grain.transforms.RandomMap):
         picks = self._documents[rng.integers(0, len(self._documents), self._count)]
         records = read_records(self._source, picks.tolist())
         mixed, texts = encode_records(records, "document", self._side, "m")
-        clusters = ({"m_cluster_ids": np.asarray([r["cluster"] for r in records], np.int32)}
-                    if records and "cluster" in records[0] else {})
-        return {**batch, **mixed, "m_doc_ids": text_ids(texts), **clusters}
+        return {**batch, **mixed, "m_doc_ids": text_ids(texts),
+                **record_clusters(records, "m_cluster_ids")}
 
 
 def _iterate(ds: grain.MapDataset, worker_count: int, prefetch_batches: int
