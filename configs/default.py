@@ -38,6 +38,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.val_fraction = 0.05      # pairs/quora: clusters (reqa_squad: articles) for "val"
     c.data.test_fraction = 0.1      # pairs/quora: clusters (reqa_squad: articles) for "test"
     c.data.candidate_context = False  # reqa_squad: candidate = sentence + its paragraph
+    c.data.candidate_unit = "sentence"  # reqa_squad: candidates are "sentence"s (ReQA) or
+                                    # whole "paragraph"s (a question's own is relevant)
     c.data.num_train_clusters = 3000  # synthetic: paraphrase clusters to train on
     c.data.num_val_clusters = 200   # synthetic: clusters in the "val" split
     c.data.num_test_clusters = 500  # synthetic: clusters in the "test" split
@@ -51,6 +53,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.ignore_identical_ids = True  # beir: a document with the query's id is not a
                                     # candidate for it (BEIR's evaluation; right for BEIR's
                                     # quora); False where the numberings are unrelated (NPL)
+    c.data.pseudo_labels = 0        # weak supervision: k > 0 replaces the training pairs
+                                    # by (query, each of BM25's top k documents) for the
+                                    # training queries (their labels unused), over every
+                                    # document of the dataset (Dehghani et al. 2017)
+    c.data.pseudo_label_queries = ""  # with pseudo_labels: a file of queries (one per line)
+                                    # to label instead of the training queries
     c.data.worker_count = 0         # grain worker processes (0: read in the main process)
     c.data.prefetch_batches = 4     # training batches built ahead, by as many threads
     c.data.split_by = "article"     # reqa_squad: split "article"s into train/val/test
@@ -74,6 +82,8 @@ def get_config() -> ml_collections.ConfigDict:
                                     # set, c.data is not used (configs/multitask.py)
 
     c.model = ml_collections.ConfigDict()
+    c.model.name = "dual_encoder"   # "dual_encoder" (two towers) | "pses" (partially shared
+                                    # embedding spaces, Li & Jia 2018: model.pses, loss.pses)
     c.model.tokenizer = "word"      # "word" (unigrams) | "char_trigram" | "word+char_trigram" |
                                     # "bigram" (unigrams + word bigrams) | "sentencepiece"
                                     # (trained on the training texts); all + hashed OOV buckets
@@ -131,6 +141,15 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.transformer.dtype = "float32"  # activations: "float32" | "bfloat16" (params stay
                                     # float32; the tower's output is float32)
     c.model.transformer.init_std = 0.02  # stddev of the normal init of every weight (BERT)
+    c.model.pses = ml_collections.ConfigDict()  # model.name="pses": model.tower (the trunk,
+                                    # the paper's "bow") gives x; NN_s, NN_q, NN_d map x to
+                                    # the shared and specific codes; decoders rebuild x
+    c.model.pses.hidden_layers = 1  # tanh hidden layers of each encoder and decoder (paper: 1-3)
+    c.model.pses.hidden_dim = 256   # their width
+    c.model.pses.shared_dim = 128   # size of z_s, the shared space
+    c.model.pses.specific_dim = 64  # size of z_q and z_d, the query and document spaces
+    c.model.pses.score = "concat"   # retrieval vector: unit [z_s; z_q] / [z_s; z_d] ("concat")
+                                    # or unit z_s ("shared")
     c.model.similarity = "cosine_affine"  # "cosine_affine": alpha*cos+beta, learned |
                                     # "cosine_temperature": cos/temperature, fixed |
                                     # "cosine_learned_temperature": cos/tau, log tau learned
@@ -176,6 +195,24 @@ def get_config() -> ml_collections.ConfigDict:
                                     # sdml: subtract log of each document's estimated sampling
                                     # probability; buckets of its streaming estimate (0: off)
     c.loss.log_q_alpha = 0.01       # logQ: moving-average rate of the estimated sampling gap
+
+    c.loss.pses = ml_collections.ConfigDict()  # model.name="pses": loss = pairwise + the
+                                    # weighted terms below (Li & Jia 2018 eq. 6)
+    c.loss.pses.pairwise = "hinge"  # "hinge": max(0, margin - (cos(q,d+) - cos(q,d-))), d- a
+                                    # random document of the batch (the paper) | "in_batch":
+                                    # loss.name over the global batch
+    c.loss.pses.margin = 0.5        # hinge margin (beta)
+    c.loss.pses.orthogonality_weight = 1e-3  # ||Z_sQ^T Z_Q||_F^2 + ||Z_sD^T Z_D||_F^2 over the
+                                    # global batch (a sum: it grows with the batch squared)
+    c.loss.pses.adversarial_weight = 1.0  # the critic's Wasserstein estimate, minimised
+    c.loss.pses.reconstruction_weight = 0.01  # squared L2 error of rebuilding x, both sides
+    c.loss.pses.regularization_weight = 1e-5  # squared Frobenius norms of the dense weights
+    c.loss.pses.critic_hidden_dim = 64  # the critic: z_s -> hidden (ReLU) -> {query, document}
+    c.loss.pses.critic_steps = 5    # critic updates per encoder update (WGAN, ADAN: 5)
+    c.loss.pses.critic_clip = 0.01  # critic weights clipped to [-c, c] after each update
+    c.loss.pses.critic_learning_rate = 5e-5  # the critic's RMSProp (WGAN)
+    c.loss.pses.trainable = "all"   # params that train: "all" | "shared" (NN_s and the
+                                    # similarity only: fine-tuning as the paper does)
 
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.name = "adamw"      # "sgd" (with momentum) | "adam" | "adamw"

@@ -7,10 +7,10 @@ import math
 
 import ml_collections
 
-from dualjax import baselines, features, index, losses, tokenizers
+from dualjax import baselines, features, index, losses, models, tokenizers
 from dualjax import tasks as tasks_lib
 from dualjax.data import builders, pretraining, reqa
-from dualjax.models import dual_encoder, towers
+from dualjax.models import dual_encoder, pses, towers
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 DECAYS = ("linear", "constant")
@@ -100,6 +100,30 @@ def _check_towers(model: ml_collections.ConfigDict) -> None:
                           "model.transformer.width for a transformer)")
 
 
+def _check_pses(config: ml_collections.ConfigDict, pretraining: bool) -> None:
+    """model.name="pses": its sizes and loss settings, and no input it does not read."""
+    m, p = config.model.pses, config.loss.pses
+    _one_of("model.pses.score", m.score, pses.SCORES)
+    _one_of("loss.pses.pairwise", p.pairwise, pses.PAIRWISE)
+    _one_of("loss.pses.trainable", p.trainable, pses.TRAINABLE)
+    _positive(config, "model.pses.hidden_dim", "model.pses.shared_dim", "model.pses.specific_dim",
+              "loss.pses.critic_hidden_dim", "loss.pses.critic_steps",
+              "loss.pses.critic_learning_rate")
+    _positive(config, "model.pses.hidden_layers", "loss.pses.margin", "loss.pses.critic_clip",
+              *(f"loss.pses.{k}_weight" for k in ("orthogonality", "adversarial",
+                                                  "reconstruction", "regularization")),
+              allow_zero=True)
+    if pretraining:
+        raise ConfigError("config.model.name='pses' trains on (query, document) pairs with "
+                          "labels or pseudo-labels; pre-train a dual encoder instead")
+    for key in ("query_features", "doc_features"):
+        if config.model[key]:
+            raise ConfigError(f"config.model.{key}: model.name='pses' reads text only")
+    if config.loss.num_mixed_negatives or config.loss.log_q_buckets:
+        raise ConfigError("config.loss.num_mixed_negatives and loss.log_q_buckets are in-batch "
+                          "sampling options of the dual encoder; model.name='pses' uses neither")
+
+
 def max_lens(model: ml_collections.ConfigDict) -> tuple[int, int]:
     """(query, document) max lengths in tokens: model.query_max_len / doc_max_len where
     set (> 0), else model.max_len (Chang et al. 2020: 64 and 288)."""
@@ -145,6 +169,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
         if not weight > 0:
             raise ConfigError(f"config.tasks.{name}.weight={weight} must be > 0")
     _one_of("model.tokenizer", config.model.tokenizer, tokenizers.TOKENIZERS)
+    _one_of("model.name", config.model.name, models.MODELS)
     _check_towers(config.model)
     _check_features(config.model)
     _one_of("model.similarity", config.model.similarity, dual_encoder.SIMILARITIES)
@@ -170,6 +195,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
         raise ConfigError("config.loss.num_mixed_negatives: mixed negatives are drawn from a "
                           "table of training pairs, which data.name='pretrain' does not have")
     _check_loss(config.loss)
+    if config.model.name == "pses":
+        _check_pses(config, bool(pretrain))
+        if any(d.get("hard_negatives", 0) for _, d, _ in task_list):
+            raise ConfigError("config.data.hard_negatives: model.name='pses' draws its "
+                              "negatives from the batch; set data.hard_negatives=0")
     _one_of("optimizer.name", config.optimizer.name, OPTIMIZERS)
     _one_of("optimizer.decay", config.optimizer.decay, DECAYS)
     _one_of("eval.index", config.eval.index, index.INDEXES)
@@ -189,6 +219,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     if mixed < 0 or mixed % num_devices:
         raise ConfigError(f"config.loss.num_mixed_negatives={mixed} must be a multiple of the "
                           f"{num_devices} devices of the mesh (0: off)")
+    if any(d.get("pseudo_labels", 0) for _, d, _ in task_list) and any(feature_specs(config.model)):
+        raise ConfigError("config.data.pseudo_labels: pseudo-labelled pairs carry no categorical "
+                          "fields; unset model.query_features / model.doc_features")
     if any(d.get("hard_negatives", 0) for _, d, _ in task_list):
         if config.loss.log_q_buckets:
             raise ConfigError("config.data.hard_negatives does not combine with "
@@ -222,13 +255,24 @@ def _check_data(data: ml_collections.ConfigDict, key: str) -> None:
             raise ConfigError(f"config.{key.removesuffix('data')}{e}") from None
         if not 0 <= data.ict_mask_rate <= 1:
             raise ConfigError(f"config.{key}.ict_mask_rate={data.ict_mask_rate} must be in [0, 1]")
-        if data.get("hard_negatives", 0):
-            raise ConfigError(f"config.{key}.hard_negatives: pre-training pairs are generated, "
-                              "there is nothing to mine negatives for; set it to 0")
+        for option in ("hard_negatives", "pseudo_labels"):
+            if data.get(option, 0):
+                raise ConfigError(f"config.{key}.{option}: pre-training pairs are generated, "
+                                  "there are no training queries to mine for; set it to 0")
         return
     if data.name == "pairs" and not data.path:
         raise ConfigError(f"config.{key}.path must name a TSV or JSONL pairs file when "
                           f"config.{key}.name='pairs'")
+    _one_of(f"{key}.candidate_unit", data.get("candidate_unit", "sentence"), reqa.UNITS)
+    if data.get("pseudo_labels", 0) < 0:
+        raise ConfigError(f"config.{key}.pseudo_labels={data.pseudo_labels} must be >= 0")
+    if data.get("pseudo_label_queries", "") and not data.get("pseudo_labels", 0):
+        raise ConfigError(f"config.{key}.pseudo_label_queries is read only with "
+                          f"config.{key}.pseudo_labels > 0 (the top k documents to label)")
+    if data.get("pseudo_labels", 0) and data.get("hard_negatives", 0):
+        raise ConfigError(f"config.{key}.pseudo_labels and config.{key}.hard_negatives: BM25's "
+                          "top documents are the pseudo-positives, so they cannot also be "
+                          "mined as negatives; set one of them to 0")
     if data.get("hard_negatives", 0) < 0:
         raise ConfigError(f"config.{key}.hard_negatives={data.hard_negatives} must be >= 0")
     if data.name == "reqa_squad" and data.split_by == "question":

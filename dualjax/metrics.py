@@ -63,18 +63,20 @@ def _ranks(n: int) -> np.ndarray:
 def retrieval_metrics(ranked: np.ndarray, relevant: Sequence[Collection[int]],
                       ks_recall: Sequence[int] = (1, 5, 10, 50, 100),
                       ks_success: Sequence[int] = (1, 10),
-                      map_k: int = 100, mrr_k: int = 10, ndcg_k: int = 10
-                      ) -> dict[str, float]:
+                      map_k: int = 100, mrr_k: int = 10, ndcg_ks: Sequence[int] = (10, 20),
+                      ks_precision: Sequence[int] = (10, 20)) -> dict[str, float]:
     """Mean retrieval metrics over queries.
 
     Args:
       ranked: int array [nq, K] of corpus ids, best first; ``-1`` means "no result".
       relevant: per query, the relevant corpus ids (must be non-empty).
-      ks_recall, ks_success, map_k, mrr_k, ndcg_k: metric cutoffs.
+      ks_recall, ks_success, map_k, mrr_k, ndcg_ks, ks_precision: metric cutoffs.
 
     Returns:
       Dict with keys ``map@{map_k}``, ``recall@{k}``, ``mrr@{mrr_k}``, ``success@{k}``,
-      ``ndcg@{ndcg_k}`` (Python floats, means over queries) and ``num_queries`` (int).
+      ``ndcg@{k}``, ``p@{k}`` (Python floats, means over queries) and ``num_queries``
+      (int). P@k = relevant in the top k / k (trec_eval's P_k: a query with fewer than k
+      relevant items cannot reach 1).
     """
     hits, num_rel = _hits_and_counts(ranked, relevant)
     nq, k_avail = hits.shape
@@ -102,11 +104,14 @@ def retrieval_metrics(ranked: np.ndarray, relevant: Sequence[Collection[int]],
     for k in ks_success:
         out[f"success@{k}"] = float(np.mean(cum0[:, top(k)] > 0))
     # nDCG@K, binary gains; IDCG over min(R, K) with the nominal cutoff K.
-    n = top(ndcg_k)
-    dcg = (h[:, :n] / np.log2(_ranks(n) + 1)).sum(axis=1)
-    disc = np.concatenate([[0.0], np.cumsum(1.0 / np.log2(_ranks(ndcg_k) + 1))])
-    idcg = disc[np.minimum(num_rel, ndcg_k).astype(int)]
-    out[f"ndcg@{ndcg_k}"] = float(np.mean(dcg / idcg))
+    for ndcg_k in ndcg_ks:
+        n = top(ndcg_k)
+        dcg = (h[:, :n] / np.log2(_ranks(n) + 1)).sum(axis=1)
+        disc = np.concatenate([[0.0], np.cumsum(1.0 / np.log2(_ranks(ndcg_k) + 1))])
+        idcg = disc[np.minimum(num_rel, ndcg_k).astype(int)]
+        out[f"ndcg@{ndcg_k}"] = float(np.mean(dcg / idcg))
+    for k in ks_precision:  # the nominal k: fewer results than k are not rewarded
+        out[f"p@{k}"] = float(np.mean(cum0[:, top(k)] / k))
     out["num_queries"] = int(nq)
     return out
 

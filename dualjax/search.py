@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import ml_collections
@@ -23,7 +23,7 @@ from absl import app, flags, logging
 from dualjax import checkpoints, evaluate, features, index, sharding, train
 from dualjax import tasks as tasks_lib
 from dualjax.metrics_log import setup_logging
-from dualjax.models import dual_encoder
+from dualjax import models
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A trained dualjax workdir.")
 _QUERY = flags.DEFINE_multi_string("query", [], "A query (repeatable).")
@@ -39,7 +39,7 @@ class Trained(NamedTuple):
     categorical fields), model and latest params."""
     config: ml_collections.ConfigDict
     inputs: features.Inputs
-    model: dual_encoder.DualEncoder
+    model: Any  # models.make_model's: a DualEncoder or Pses
     params: dict
     step: int
 
@@ -58,7 +58,7 @@ def load_trained(workdir: str, config: ml_collections.ConfigDict | None = None) 
     # The saved vocabularies: nothing is built here (the texts and fields are not read).
     inputs = train.load_inputs(config, workdir, lambda: not_saved("vocab.json"),
                                lambda: not_saved("features.json"))
-    model = dual_encoder.make_model(config.model, inputs.query.tokenizer.vocab_size,
+    model = models.make_model(config.model, inputs.query.tokenizer.vocab_size,
                                     inputs.feature_sizes(),
                                     num_tasks=len(tasks_lib.task_configs(config)))
     step, params = checkpoints.latest_params(workdir)  # the params alone, as numpy arrays

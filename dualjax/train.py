@@ -29,10 +29,10 @@ from dualjax import workdir as workdir_lib
 from dualjax import tasks as tasks_lib
 from dualjax.data import pipeline
 from dualjax.metrics_log import MetricsLog
-from dualjax.models import dual_encoder
+from dualjax import models
 from dualjax.tokenizers import Tokenizer
 
-State = dict[str, Any]  # {"params", "opt_state", "step", "rng"}
+State = dict[str, Any]  # {"params", "opt_state", "step", "rng"[, "critic", "frequency"]}
 Hook = Callable[[int, dict], None]  # called after every step with (step, device metrics)
 
 
@@ -106,12 +106,16 @@ def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int
 def make_init_state(objective: objectives.Objective, tx: optax.GradientTransformation,
                     log_q_buckets: int = 0) -> Callable[[int], State]:
     """seed -> the initial train state {"params", "opt_state", "step", "rng"}, plus
+    "critic" ({"params", "opt_state", "step"}) for an objective with a second player and
     "frequency" (the streaming document-frequency estimate) when `log_q_buckets` > 0."""
 
     def init_state(seed: int) -> State:
         params = objective.init(jax.random.PRNGKey(seed))
         state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
                  "rng": jax.random.PRNGKey(seed + 1)}
+        if objective.critic is not None:
+            state["critic"] = objectives.init_critic_state(objective.critic,
+                                                           jax.random.PRNGKey(seed + 2))
         if log_q_buckets:
             state["frequency"] = frequency.init_frequency(log_q_buckets)
         return state
@@ -186,12 +190,19 @@ def make_train_step(objective: objectives.Objective, tx, schedule, state_shardin
                 state["frequency"], batch["doc_ids"], state["step"] + 1, log_q_alpha)
             extras["log_q_pos"] = frequency.log_q(new_state["frequency"], batch["doc_ids"])
 
+        critic_metrics = {}
+        if objective.critic is not None:  # the second player moves first, on this batch
+            rng, critic_rng = jax.random.split(rng)
+            new_state["critic"], critic_metrics = objectives.update_critic(
+                objective.critic, state["critic"], state["params"], batch, critic_rng)
+            extras["critic"] = new_state["critic"]["params"]
+
         (loss, aux), grads = jax.value_and_grad(objective.loss, has_aux=True)(
             state["params"], batch, rng, extras)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         new_state.update(params=params, opt_state=opt_state)
-        metrics = {"loss": loss, **aux, "grad_norm": optax.tree.norm(grads),
+        metrics = {"loss": loss, **aux, **critic_metrics, "grad_norm": optax.tree.norm(grads),
                    "param_norm": optax.tree.norm(params),
                    "learning_rate": schedule(state["step"])}
         return new_state, metrics
@@ -265,11 +276,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         data_iters = []
 
     # Model, optimizer and the sharded state.
-    model = dual_encoder.make_model(config.model, inputs.query.tokenizer.vocab_size,
-                                    inputs.feature_sizes(), num_tasks=len(tasks))
-    tx, schedule = make_optimizer(config.optimizer, config.num_train_steps)
-
+    model = models.make_model(config.model, inputs.query.tokenizer.vocab_size,
+                              inputs.feature_sizes(), num_tasks=len(tasks))
     objective = objectives.from_config(config, model, mesh)
+    tx, schedule = make_optimizer(config.optimizer, config.num_train_steps)
+    tx = objectives.restrict(tx, objective)  # params the objective keeps fixed get no update
     init_state = make_init_state(objective, tx, config.loss.log_q_buckets)
     replicated = sharding.replicated(mesh)
     state_sharding = jax.tree.map(lambda _: replicated, jax.eval_shape(init_state, config.seed))
@@ -305,6 +316,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
             return done
 
     encoders = make_encoders(model)
+    system = config.model.name  # the trained model's rows: "dual_encoder" or "pses"
 
     def towers_of(systems: dict[str, Any]) -> dict[str, tuple[Callable, Callable]]:
         """name -> params  to  name -> (encode_queries, encode_documents) with those params."""
@@ -320,7 +332,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         where = os.path.join(workdir, "index", *([task.name] if task.name else []), split)
         rows, ranked = evaluate.evaluate_split(
             data, towers_of(systems), inputs, config.eval, mesh, baselines=baselines,
-            index_dir=where if final else None, ann_systems=("dual_encoder",) if final else (),
+            index_dir=where if final else None, ann_systems=(system,) if final else (),
             index_extra=f"step {step}")
         for row in rows:
             log.write(step, split, row, **task.fields())
@@ -385,7 +397,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                                  f"during the evaluation at step {step}; nothing was saved")
                 for task in tasks:
                     if "val" in splits[task.name]:
-                        run_eval(task, {"dual_encoder": state["params"]}, "val", step)
+                        run_eval(task, {system: state["params"]}, "val", step)
                 since = (step, time.perf_counter())  # evaluation time is not training time
                 signals.deferring = True
     finally:  # also on errors: the saves already started finish before we leave
@@ -397,7 +409,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
     step = config.num_train_steps
     signals.stage = (f"during the final evaluation; training is finished and saved at step "
                      f"{step}, and running again evaluates it")
-    systems = {"dual_encoder": state["params"]}
+    systems = {system: state["params"]}
     if config.eval.untrained:
         systems["untrained"] = jax.jit(init_state, static_argnums=0)(config.seed)["params"]
     baselines = config_lib.baseline_names(config)

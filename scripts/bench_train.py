@@ -120,7 +120,7 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
     # Schedule long enough that warmup/decay never reach zero during the benchmark.
     tx, schedule = train.make_optimizer(config.optimizer, 100 * (args.steps + args.warmup))
 
-    objective = objectives.dual_encoder_objective(
+    objective = objectives.dual_encoder.objective(
         model, losses.sharded(config.loss.name, mesh), args.seq_len)
     init_state = train.make_init_state(objective, tx)
     replicated = sharding.replicated(mesh)

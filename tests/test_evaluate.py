@@ -146,6 +146,13 @@ def test_evaluate_split_hand_computed(mesh, cfg_overrides):
         "ndcg@10": (1 / math.log2(3)
                     + (1 + 1 / math.log2(5)) / (1 + 1 / math.log2(3))
                     + 1.0) / 3,
+        # Every relevant item is within the top 5 returned: nDCG@20 = nDCG@10.
+        "ndcg@20": (1 / math.log2(3)
+                    + (1 + 1 / math.log2(5)) / (1 + 1 / math.log2(3))
+                    + 1.0) / 3,
+        # P@k: 1, 2 and 1 hits over the nominal k.
+        "p@10": (1 + 2 + 1) / 10 / 3,
+        "p@20": (1 + 2 + 1) / 20 / 3,
         "num_queries": 3,
     }
     assert got.keys() == expected.keys()

@@ -7,7 +7,7 @@ import pytest
 from dualjax.metrics import recall_curve, retrieval_metrics
 
 KEYS = {"map@100", "recall@1", "recall@5", "recall@10", "recall@50", "recall@100", "mrr@10",
-        "success@1", "success@10", "ndcg@10", "num_queries"}
+        "success@1", "success@10", "ndcg@10", "ndcg@20", "p@10", "p@20", "num_queries"}
 
 
 def test_single_query_hand_computed():
@@ -48,14 +48,19 @@ def test_multiple_queries_average():
     assert m["success@1"] == pytest.approx(1 / 3)
     assert m["success@10"] == pytest.approx(2 / 3)
     assert m["ndcg@10"] == pytest.approx((ndcg0 + 1 + 0) / 3)
+    # P@k over the nominal k, hits counted in the top k: 2, 1 and 0 hits in the top 10.
+    assert m["p@10"] == pytest.approx((2 / 10 + 1 / 10 + 0) / 3)
+    assert m["p@20"] == pytest.approx((2 / 20 + 1 / 20 + 0) / 3)
+    assert m["ndcg@20"] == pytest.approx(m["ndcg@10"])  # no relevant item past rank 10
 
 
 def test_custom_cutoffs_and_truncation():
     # hits [0,1,0,1], R = 3; cutoff 2 sees only [0,1].
     m = retrieval_metrics(np.array([[5, 3, 9, 1]]), [{3, 1, 7}], ks_recall=(2, 3),
-                          ks_success=(2,), map_k=2, mrr_k=1, ndcg_k=2)
+                          ks_success=(2,), map_k=2, mrr_k=1, ndcg_ks=(2,), ks_precision=(2, 3))
     assert set(m) == {"map@2", "recall@2", "recall@3", "mrr@1", "success@2",
-                      "ndcg@2", "num_queries"}
+                      "ndcg@2", "p@2", "p@3", "num_queries"}
+    assert m["p@2"] == pytest.approx(1 / 2) and m["p@3"] == pytest.approx(1 / 3)
     assert m["map@2"] == pytest.approx(0.5 / 3)         # P@2 * 1 / R
     assert m["recall@2"] == pytest.approx(1 / 3)
     assert m["recall@3"] == pytest.approx(1 / 3)        # rank 3 is a miss
@@ -96,8 +101,9 @@ def test_perfect_ranking_is_one():
     relevant = [{1, 2, 3}, {7}, {4, 5, 6, 9}]
     m = retrieval_metrics(ranked, relevant, ks_recall=(4, 10, 100))
     for key, value in m.items():
-        if key != "num_queries":
+        if key != "num_queries" and not key.startswith("p@"):  # P@k: R / k at best
             assert value == pytest.approx(1.0), key
+    assert m["p@10"] == pytest.approx((3 / 10 + 1 / 10 + 4 / 10) / 3)
 
 
 def test_repeated_id_counts_once():

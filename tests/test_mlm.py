@@ -34,7 +34,7 @@ def test_mask_tokens_statistics():
     lengths = rng.integers(0, 41, 4000)
     mask = np.arange(40)[None] < lengths[:, None]
     ids = np.where(mask, rng.integers(1, 1000, mask.shape), 0).astype(np.int32)
-    m = objectives.mask_tokens(jax.random.key(0), jnp.asarray(ids), jnp.asarray(mask),
+    m = objectives.mlm.mask_tokens(jax.random.key(0), jnp.asarray(ids), jnp.asarray(mask),
                                rate=0.15, vocab_size=1000, k=12)
     positions, weights = np.asarray(m.positions), np.asarray(m.weights)
     predicted = np.zeros_like(mask)
@@ -53,7 +53,7 @@ def test_mask_tokens_statistics():
 
 
 def test_mlm_head_logits_through_the_tied_table():
-    head = objectives.MlmHead(width=4, vocab_size=7)
+    head = objectives.mlm.MlmHead(width=4, vocab_size=7)
     table = jax.random.normal(jax.random.key(1), (7, 4))
     states = jax.random.normal(jax.random.key(2), (3, 4))
     params = head.init(jax.random.key(0), states, table)["params"]
@@ -69,17 +69,17 @@ def test_mlm_head_logits_through_the_tied_table():
 def test_mlm_loss_is_the_mean_nll_of_the_predicted_tokens():
     cfg = tiny(**{"data.name": "pretrain", "data.tasks": "mlm", "data.path": "x.jsonl"})
     model = dual_encoder.make_model(cfg.model, 50)
-    objective = objectives.mlm_objective(model, max_len=16, width=16)
+    objective = objectives.mlm.objective(model, max_len=16, width=16)
     params = jax.jit(objective.init)(jax.random.key(0))  # jitted: eager ops compile one by one
     ids = jax.random.randint(jax.random.key(1), (6, 16), 1, 50)
     mask = jnp.arange(16)[None] < jnp.array([[16], [9], [3], [12], [1], [7]])
     batch = {"d_ids": jnp.where(mask, ids, 0), "d_mask": mask}
     loss, aux = jax.jit(objective.loss)(params, batch, jax.random.key(5), {})
-    m = jax.jit(objectives.mask_tokens, static_argnums=(3, 4, 5))(
+    m = jax.jit(objectives.mlm.mask_tokens, static_argnums=(3, 4, 5))(
         jax.random.key(5), batch["d_ids"], mask, 0.15, 50, 3)
     states = jax.jit(functools.partial(model.apply, method="document_token_states"))(
         {"params": params}, m.ids, mask, m.replace, params["mlm"]["mask_embed"])
-    logits = jax.jit(objectives.MlmHead(16, 50).apply)(
+    logits = jax.jit(objectives.mlm.MlmHead(16, 50).apply)(
         {"params": params["mlm"]}, np.take_along_axis(np.asarray(states),
                                                       np.asarray(m.positions)[..., None], 1),
         params["tower"]["embed"]["embedding"])

@@ -85,6 +85,8 @@ class _RetrievalBuilder(tfds.core.GeneratorBasedBuilder):
             _last_load.clear()
             settings = json.loads(self.builder_config.settings)
             data = self._load(settings)
+            if settings.get("pseudo_labels", 0):
+                data = pseudo_labelled(data, settings)
             k = settings.get("hard_negatives", 0)
             if k and data.train_pairs:
                 data.train_negatives = mining.mine_hard_negatives(
@@ -119,13 +121,16 @@ class _RetrievalBuilder(tfds.core.GeneratorBasedBuilder):
             negatives = data.train_negatives or [[]] * len(data.train_pairs)
             # Clusters by transitive closure of the training pairs (normalised texts):
             # paraphrases for Quora-like data; a passage and its questions otherwise.
-            cluster_of = clusters.cluster_pairs([(normalize(q), normalize(d))
-                                                 for q, d in data.train_pairs])
+            pair_clusters = data.train_clusters
+            if pair_clusters is None:
+                cluster_of = clusters.cluster_pairs([(normalize(q), normalize(d))
+                                                     for q, d in data.train_pairs])
+                pair_clusters = [cluster_of[normalize(q)] for q, _ in data.train_pairs]
             return {"train": self._generate_examples(
                 {"query": q, "document": d, "query_fields": _json(qf),
-                 "document_fields": _json(df), "hard_negatives": n,
-                 "cluster": cluster_of[normalize(q)]}
-                for (q, d), (qf, df), n in zip(data.train_pairs, fields, negatives))}
+                 "document_fields": _json(df), "hard_negatives": n, "cluster": c}
+                for (q, d), (qf, df), n, c in zip(data.train_pairs, fields, negatives,
+                                                  pair_clusters))}
         if table == "corpus":
             return {s: self._generate_examples(
                 {"id": i, "text": t, "fields": _json(task.corpus_fields[i]
@@ -141,6 +146,27 @@ class _RetrievalBuilder(tfds.core.GeneratorBasedBuilder):
 
     def _generate_examples(self, records) -> Iterator[tuple[int, dict]]:
         yield from enumerate(records)
+
+
+def pseudo_labelled(data: RawData, settings: dict) -> RawData:
+    """`data` with its training pairs replaced by BM25 pseudo-labels (weak supervision,
+    `data.pseudo_labels` = k): the queries are the training pairs' queries (their
+    documents, the labels, are not used) or the lines of `data.pseudo_label_queries`;
+    the corpus is every document the dataset has: the training pairs' documents and the
+    evaluation candidates (their texts, as BM25 indexes them; no evaluation query or
+    label is read)."""
+    if settings.get("pseudo_label_queries"):
+        queries = pairs_file.read_lines(settings["pseudo_label_queries"]["path"])
+    else:
+        queries = [q for q, _ in data.train_pairs]
+    corpus = [d for _, d in data.train_pairs] + [t for task in data.tasks.values()
+                                                 for t in task.corpus]
+    pairs, pair_clusters = mining.pseudo_label_pairs(queries, corpus, settings["pseudo_labels"])
+    if not pairs:
+        raise DataError(f"data.pseudo_labels: BM25 matched no document for any of the "
+                        f"{len(set(queries))} queries")
+    return dataclasses.replace(data, train_pairs=pairs, train_fields=None,
+                               train_clusters=pair_clusters)
 
 
 def cluster_tasks(items: list[tuple[str, int, str]], candidates: str) -> dict[str, RetrievalTask]:
@@ -287,9 +313,17 @@ def _common(cfg: ml_collections.ConfigDict, seed: int) -> dict:
 
 
 def _negatives(cfg: ml_collections.ConfigDict) -> dict:
-    """The mining setting, only when on (so the data of runs without it keeps its hash)."""
-    k = cfg.get("hard_negatives", 0)
-    return {"hard_negatives": k} if k else {}
+    """The mining and pseudo-label settings, only when on (so the data of runs without
+    them keeps its hash)."""
+    out = {}
+    if cfg.get("hard_negatives", 0):
+        out["hard_negatives"] = cfg.hard_negatives
+    if cfg.get("pseudo_labels", 0):
+        out["pseudo_labels"] = cfg.pseudo_labels
+        if cfg.get("pseudo_label_queries", ""):
+            out.update(pseudo_label_queries=file_settings(cfg.pseudo_label_queries,
+                                                          "a file of queries, one per line"))
+    return out
 
 
 def _synthetic_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
@@ -343,7 +377,9 @@ def _reqa_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
             "val_fraction": cfg.val_fraction, "test_fraction": cfg.test_fraction,
             "context": cfg.candidate_context,
             **({"split_by": "question", "train_fraction": cfg.train_fraction}
-               if cfg.get("split_by", "article") == "question" else {})}
+               if cfg.get("split_by", "article") == "question" else {}),
+            **({"unit": "paragraph"} if cfg.get("candidate_unit", "sentence") == "paragraph"
+               else {})}
 
 
 # data.name -> (builder class, settings from the data config and the run's seed)

@@ -220,3 +220,6 @@ class RawData:
     train_fields: list[tuple[dict, dict]] | None = None
     # Per training pair, its hard negative documents (data.hard_negatives), when mined.
     train_negatives: list[list[str]] | None = None
+    # Per training pair, its cluster, when given (pseudo-labels: its query); else the
+    # transitive closure of the training pairs.
+    train_clusters: list[int] | None = None

@@ -1,5 +1,8 @@
-"""Hard negatives mined with BM25 for training pairs that come without labelled ones.
+"""BM25 over the training data: hard negatives for pairs that come without labelled
+ones (`mine_hard_negatives`), and pseudo-labels for queries without any labels
+(`pseudo_label_pairs`, weak supervision).
 
+Hard negatives:
 For each training pair, the k documents of the training set that BM25 (the `bm25s`
 weights of `baselines`) ranks highest for its query, skipping every document of the
 query's own cluster: pairs joined by transitive closure (a~b, b~c) are positives of one
@@ -60,3 +63,28 @@ def mine_hard_negatives(pairs: Sequence[tuple[str, str]], k: int, seed: int,
         logging.info("Hard negatives: %d of %d drawn at random (too few BM25 matches)",
                      fallback, k * len(queries))
     return [mined[q] for q, _ in pairs]
+
+
+def pseudo_label_pairs(queries: Sequence[str], corpus: Sequence[str], k: int
+                       ) -> tuple[list[tuple[str, str]], list[int]]:
+    """Weak supervision (Dehghani et al. 2017; Li & Jia 2018): each query's k documents
+    of `corpus` that BM25 ranks highest are its positives; the batch's other documents
+    are its negatives. Returns the (query, document) pairs, best first per query, and
+    each pair's cluster: the index of its query among the distinct `queries` (so a query
+    twice in a batch does not count its other document as a negative). A query sharing
+    no word with the corpus has fewer (or no) pairs."""
+    queries = list(dict.fromkeys(queries))
+    docs = list(dict.fromkeys(corpus))
+    task = RetrievalTask(corpus=docs, queries=queries, relevant=[frozenset()] * len(queries),
+                         query_corpus_index=np.full(len(queries), -1, np.int64))
+    ranked = baselines.rank("bm25", task, min(k, len(docs)))
+    pairs, cluster = [], []
+    for i, (q, row) in enumerate(zip(queries, ranked)):
+        for j in row[row >= 0]:
+            pairs.append((q, docs[int(j)]))
+            cluster.append(i)
+    short = int((ranked < 0).any(axis=1).sum())
+    logging.info("Pseudo-labels: BM25's top %d of %d documents for %d queries: %d pairs%s",
+                 k, len(docs), len(queries), len(pairs),
+                 f" ({short} queries with fewer matches)" if short else "")
+    return pairs, cluster

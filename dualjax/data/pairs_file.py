@@ -184,3 +184,20 @@ def read_pair_records(
                     f"(first: line {bad[0][0]}: {bad[0][1]})")
         raise DataError(f"{path}: no pairs: the file is empty")
     return pairs
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """The non-blank lines of a UTF-8 text file (one query per line), stripped;
+    DataError naming the file and line for bad UTF-8, or for a file with none."""
+    lines = []
+    for lineno, raw in enumerate(_read_bytes(path).split(b"\n"), start=1):
+        try:
+            line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8").strip()
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}:{lineno}: invalid UTF-8 (byte "
+                            f"{raw[e.start:e.start + 1]!r} at column {e.start + 1})") from None
+        if line:
+            lines.append(line)
+    if not lines:
+        raise DataError(f"{path}: no queries: the file has no non-blank line")
+    return lines

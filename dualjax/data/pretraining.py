@@ -9,7 +9,7 @@ Three paragraph-level tasks, each making (query, document) pairs from a `Collect
   document is a random passage of the same article outside its lead.
 - WLP, Wiki Link Prediction: the query is a random sentence of article A's lead; the
   document is a passage of another article B that links to A (`Collection.links`).
-And for MLM (`objectives.mlm_objective`, alone): the document is a passage, the query
+And for MLM (`objectives.mlm.objective`, alone): the document is a passage, the query
 empty.
 
 Every document is "title. passage" (`beir.document_text`). Sentences of fewer than

@@ -40,9 +40,10 @@ from dualjax.text import sentence_spans
 
 CANDIDATES = ("split", "all")
 SPLIT_BY = ("article", "question")
+UNITS = ("sentence", "paragraph")  # what a candidate is
 DEFAULTS = {"seed": 0, "val_fraction": 0.1, "test_fraction": 0.1,
             "candidates": "all", "context": False, "split_by": "article",
-            "train_fraction": 0.8}
+            "train_fraction": 0.8, "unit": "sentence"}
 
 def _sentence_of(ends: list[int], position: int) -> int:
     """The sentence (given the sentences' ends) holding character `position`; in
@@ -86,8 +87,10 @@ class Squad(NamedTuple):
     questions: list[tuple[int, str, list[int]]]
 
 
-def read_squad(path: str, context: bool = False) -> Squad:
-    """Candidates and answered questions of a SQuAD v1.1 file (see `Squad`)."""
+def read_squad(path: str, context: bool = False, paragraphs: bool = False) -> Squad:
+    """Candidates and answered questions of a SQuAD v1.1 file (see `Squad`); with
+    `paragraphs`, the candidates are whole paragraphs (a question's relevant candidate
+    is its paragraph) instead of sentences."""
     data = _get(_read_json(path), "data", list, "top level", path)
     candidates, questions, unanswered = [], [], 0
     for a, article in enumerate(data):
@@ -99,8 +102,11 @@ def read_squad(path: str, context: bool = False) -> Squad:
             spans = sentence_spans(text)
             ends = [e for _, e in spans]
             first = len(candidates)
-            for s, e in spans:
-                candidates.append((a, f"{text[s:e]} {text}" if context else text[s:e]))
+            if paragraphs:
+                candidates.append((a, text))
+            else:
+                for s, e in spans:
+                    candidates.append((a, f"{text[s:e]} {text}" if context else text[s:e]))
             for q, qa in enumerate(_get(paragraph, "qas", list, where_p, path)):
                 where_q = f"{where_p} qas[{q}]"
                 question = _get(qa, "question", str, where_q, path)
@@ -112,7 +118,7 @@ def read_squad(path: str, context: bool = False) -> Squad:
                         raise DataError(f"{path}: {where}: answer_start {start} is outside "
                                         f"its context ({len(text.strip())} non-blank "
                                         f"of {len(text)} characters)")
-                    sentence = first + _sentence_of(ends, start)
+                    sentence = first + (0 if paragraphs else _sentence_of(ends, start))
                     if sentence not in sentences:
                         sentences.append(sentence)
                 if sentences:
@@ -146,7 +152,7 @@ def load_reqa_squad(settings: dict) -> RawData:
         settings: ``{"path": the SQuAD JSON file, "seed": int, "val_fraction":
             float, "test_fraction": float, "candidates": "split" | "all",
             "context": bool, "split_by": "article" | "question",
-            "train_fraction": float}``; all but the path default to `DEFAULTS`.
+            "train_fraction": float, "unit": "sentence" | "paragraph"}``; all but the path default to `DEFAULTS`.
             Articles (or questions) are split by ``clusters.split_clusters``; a
             zero val_fraction gives no "val" task. Each split's questions are its
             queries; its corpus is the candidates of its own articles ("split")
@@ -165,7 +171,8 @@ def load_reqa_squad(settings: dict) -> RawData:
     if settings["candidates"] not in CANDIDATES:
         raise DataError(f"candidates={settings['candidates']!r} is not one of: "
                         f"{', '.join(CANDIDATES)}")
-    num_articles, candidates, questions = read_squad(path, context=bool(settings["context"]))
+    num_articles, candidates, questions = read_squad(
+        path, context=bool(settings["context"]), paragraphs=settings["unit"] == "paragraph")
     val = float(settings["val_fraction"])
     if settings["split_by"] == "question":  # every candidate in every split
         train = float(settings["train_fraction"])

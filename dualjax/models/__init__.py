@@ -1,1 +1,19 @@
-"""Flax towers and the dual encoder that composes them."""
+"""Models: `dual_encoder` (two towers) and `pses` (partially shared spaces), chosen by
+`model.name`; both give encode_queries / encode_documents and the similarity's scale and
+bias, so evaluation and search treat them alike."""
+
+from __future__ import annotations
+
+import ml_collections
+
+from dualjax.models import dual_encoder, pses
+
+MODELS = ("dual_encoder", "pses")
+
+
+def make_model(model_config: ml_collections.ConfigDict, vocab_size: int,
+               feature_sizes: dict | None = None, num_tasks: int = 1):
+    """The model `model_config.name` names (see `dual_encoder.make_model`)."""
+    if model_config.get("name", "dual_encoder") == "pses":
+        return pses.make_model(model_config, vocab_size, num_tasks)
+    return dual_encoder.make_model(model_config, vocab_size, feature_sizes, num_tasks)

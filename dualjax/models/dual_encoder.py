@@ -36,6 +36,33 @@ def tower_names(cfg: ml_collections.ConfigDict) -> tuple[str, str]:
     return cfg.get("query_tower", "") or cfg.tower, cfg.get("doc_tower", "") or cfg.tower
 
 
+def similarity_params(module: nn.Module, cfg: ml_collections.ConfigDict, num_tasks: int
+                      ) -> dict[str, jnp.ndarray]:
+    """The similarity's own params, made in `module`'s setup (top-level names in
+    SIMILARITY_PARAMS; one per task when num_tasks > 1)."""
+    shape = () if num_tasks == 1 else (num_tasks,)
+    if cfg.similarity == "cosine_affine":
+        return {"alpha": module.param("alpha", nn.initializers.constant(cfg.init_scale), shape),
+                "beta": module.param("beta", nn.initializers.constant(cfg.init_bias), shape)}
+    if cfg.similarity == "cosine_learned_temperature":
+        return {"log_temperature": module.param(
+            "log_temperature", nn.initializers.constant(math.log(cfg.temperature)), shape)}
+    return {}
+
+
+def scale_and_bias(cfg: ml_collections.ConfigDict, params: dict[str, jnp.ndarray],
+                   task: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """(scale, bias) such that logits = scale * cosine + bias, from `similarity_params`
+    (of task `task` when there is one per task; None: task 0)."""
+    pick = lambda x: x if x.ndim == 0 else x[0 if task is None else task]
+    if cfg.similarity == "cosine_affine":
+        return pick(params["alpha"]), pick(params["beta"])
+    if cfg.similarity == "cosine_learned_temperature":
+        log_tau = jnp.clip(pick(params["log_temperature"]), *LOG_TEMPERATURE_RANGE)
+        return jnp.exp(-log_tau), jnp.float32(0.0)
+    return jnp.float32(1.0 / cfg.temperature), jnp.float32(0.0)
+
+
 class DualEncoder(nn.Module):
     """Two towers over token ids; embeddings are unit vectors [batch, dim].
 
@@ -75,13 +102,7 @@ class DualEncoder(nn.Module):
                 embed = self.embed
             self.query_tower = TOWERS[q_tower](cfg, self.vocab_size, "query_tower", embed)
             self.doc_tower = TOWERS[d_tower](cfg, self.vocab_size, "doc_tower", embed)
-        shape = () if self.num_tasks == 1 else (self.num_tasks,)
-        if cfg.similarity == "cosine_affine":
-            self.alpha = self.param("alpha", nn.initializers.constant(cfg.init_scale), shape)
-            self.beta = self.param("beta", nn.initializers.constant(cfg.init_bias), shape)
-        elif cfg.similarity == "cosine_learned_temperature":
-            self.log_temperature = self.param(
-                "log_temperature", nn.initializers.constant(math.log(cfg.temperature)), shape)
+        self.similarity = similarity_params(self, cfg, self.num_tasks)
 
     def _feature_table(self, rows: int, dim: int, name: str) -> nn.Embed:
         init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.1),
@@ -116,13 +137,7 @@ class DualEncoder(nn.Module):
     def scale_and_bias(self, task: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
         """(scale, bias) such that logits = scale * cosine + bias (of task `task`, an int
         scalar, when the model has several; None: task 0)."""
-        pick = lambda x: x if self.num_tasks == 1 else x[0 if task is None else task]
-        if self.config.similarity == "cosine_affine":
-            return pick(self.alpha), pick(self.beta)
-        if self.config.similarity == "cosine_learned_temperature":
-            log_tau = jnp.clip(pick(self.log_temperature), *LOG_TEMPERATURE_RANGE)
-            return jnp.exp(-log_tau), jnp.float32(0.0)
-        return jnp.float32(1.0 / self.config.temperature), jnp.float32(0.0)
+        return scale_and_bias(self.config, self.similarity, task)
 
     def __call__(self, q_ids, q_mask, d_ids, d_mask, q_cats=None, d_cats=None, task=None):
         """Both towers and the similarity (used to create every parameter at init)."""

@@ -1,0 +1,40 @@
+"""Training objectives: each a parameter init and a pure loss (`core.Objective`), so the
+train step is one whatever the objective.
+
+- `dual_encoder`: both towers, then an in-batch loss of `losses` over the global batch;
+- `mlm`: masked language modelling for a Transformer document tower (pre-training);
+- `pses`: partially shared embedding spaces (Li & Jia 2018), with a WGAN critic as a
+  second player (`core.Critic`).
+"""
+
+from __future__ import annotations
+
+import jax
+
+from dualjax import config_lib, losses, tasks
+from dualjax.models import towers
+from dualjax.objectives import dual_encoder, mlm, pses
+from dualjax.objectives.core import (Critic, Objective, init_critic_state, restrict,
+                                     update_critic)
+
+PRETRAINING_HEADS = ("mlm",)  # params a fine-tuning run does not take over
+
+
+def is_mlm(config) -> bool:
+    """Whether the run pre-trains with MLM (data.name="pretrain", data.tasks="mlm")."""
+    return any(d.name == tasks.PRETRAIN and d.tasks.strip() == "mlm"
+               for _, d, _ in tasks.task_configs(config))
+
+
+def from_config(config, model, mesh: jax.sharding.Mesh) -> Objective:
+    """The run's objective: MLM when data.tasks="mlm", PSES when model.name="pses", else
+    the dual encoder with `config.loss`."""
+    q_len, d_len = config_lib.max_lens(config.model)
+    if is_mlm(config):
+        width = towers.transformer_settings(config.model)["width"]
+        return mlm.objective(model, d_len, width)
+    loss_fn = losses.sharded(config.loss.name, mesh, **losses.config_options(config.loss))
+    hits = config.loss.remove_query_hits, config.loss.remove_cluster_hits
+    if config.model.name == "pses":
+        return pses.objective(model, config.loss.pses, mesh, max(q_len, d_len), loss_fn, *hits)
+    return dual_encoder.objective(model, loss_fn, max(q_len, d_len), *hits)

@@ -1,0 +1,291 @@
+"""PSES (Li & Jia 2018): each loss term by hand, the sharded terms equal to one device,
+the critic (clipped after every update, actually trained), two-player exact resume,
+fine-tuning NN_s alone, and the BM25 pseudo-labels it trains on."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from dualjax import config_lib, objectives, sharding, train
+from dualjax.data import mining, reqa
+from dualjax.models import pses as pses_model
+from dualjax.objectives import pses
+from test_train import final_params, preempt_at, tiny, train_rows  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SQUAD = os.path.join(HERE, "..", "..", "shared", "data", "squad", "dev-v1.1.json")
+
+
+def tiny_pses(**overrides):
+    return tiny(**{"model.name": "pses", "model.tower": "bow", "model.pses.hidden_dim": 16,
+                   "model.pses.shared_dim": 8, "model.pses.specific_dim": 4,
+                   "loss.pses.critic_hidden_dim": 8, "loss.pses.critic_steps": 2,
+                   "eval.index": "exact", **overrides})
+
+
+# ----------------------------------------------------------------------------- terms
+def test_pairwise_hinge_by_hand():
+    q = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+    d = jnp.array([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])
+    # shift 1: row i's negative is row i-1's document: d2, d0, d1.
+    # row 0: q.d+ = 1, q.d- = 0    -> max(0, 0.5 - 1) = 0
+    # row 1: q.d+ = 0.8, q.d- = 0  -> 0
+    # row 2: q.d+ = 0, q.d- = 0.6  -> 0.5 + 0.6 = 1.1
+    assert float(pses.pairwise_hinge(q, d, 1, 0.5)) == pytest.approx(1.1 / 3)
+    # Row 2's negative is one of its positives (same cluster): only rows 0 and 1 count.
+    same = jnp.array([False, False, True])
+    assert float(pses.pairwise_hinge(q, d, 1, 0.5, same)) == pytest.approx(0.0)
+    batch = {"doc_ids": jnp.array([4, 5, 4]), "cluster_ids": jnp.array([0, 1, 2])}
+    np.testing.assert_array_equal(pses.same_as_rolled(batch, 1), [True, False, False])
+
+
+def test_orthogonality_reconstruction_and_weights_by_hand():
+    shared = jnp.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
+    specific = jnp.array([[1.0], [1.0], [0.0]])
+    # Z_s^T Z = [[1], [2]]: squared Frobenius norm 5.
+    assert float(pses.orthogonality_reference(shared, specific)) == pytest.approx(5.0)
+    c = pses_model.Codes(x=jnp.array([[1.0, 2.0], [0.0, 0.0]]), shared=None, specific=None,
+                         reconstruction=jnp.array([[0.0, 2.0], [3.0, 4.0]]))
+    assert float(pses.reconstruction(c)) == pytest.approx((1 + 25) / 2)
+    # x is a target: the reconstruction's gradient reaches the decoder side only.
+    grad_x = jax.grad(lambda x: pses.reconstruction(c._replace(x=x)))(c.x)
+    np.testing.assert_array_equal(grad_x, 0)
+    params = {"trunk": {"embed": {"embedding": jnp.ones((5, 2))}},
+              "shared": {"hidden_0": {"kernel": jnp.full((2, 2), 2.0), "bias": jnp.ones(2)},
+                         "output": {"kernel": jnp.ones((2, 1))}}}
+    assert float(pses.weight_penalty(params)) == pytest.approx(4 * 4 + 2)
+
+
+def test_wasserstein_estimate_and_critic_accuracy_by_hand():
+    f_q, f_d = jnp.array([0.3, 0.1, 0.2, -0.4]), jnp.array([-0.1, 0.0])
+    assert float(pses.wasserstein(f_q, f_d)) == pytest.approx(0.05 - (-0.05))
+    # Midpoint of the means 0: queries above it 3 of 4, documents at or below 2 of 2.
+    assert float(pses.critic_accuracy(f_q, f_d)) == pytest.approx((0.75 + 1.0) / 2)
+    # f is the log-odds of "query" under the critic's softmax over {query, document}.
+    net = pses.CriticNet(3)
+    params = net.init(jax.random.key(0), jnp.zeros((1, 2)))["params"]
+    z = jnp.array([[0.5, -1.0]])
+    logits = net.apply({"params": params}, z)
+    p = jax.nn.softmax(logits)[0]
+    assert float(pses.critic_value(net, params, z)[0]) == pytest.approx(
+        float(jnp.log(p[0] / p[1])), rel=1e-5)
+
+
+def _sharded(x, mesh):
+    return jax.device_put(x, NamedSharding(mesh, P("data")))
+
+
+def test_sharded_orthogonality_and_critic_terms_equal_one_device():
+    mesh = sharding.make_mesh()
+    assert mesh.devices.size == 8
+    rng = np.random.default_rng(0)
+    shared = jnp.asarray(rng.normal(size=(16, 5)), jnp.float32)
+    specific = jnp.asarray(rng.normal(size=(16, 3)), jnp.float32)
+    ref = jax.value_and_grad(pses.orthogonality_reference, argnums=(0, 1))(shared, specific)
+    got = jax.jit(jax.value_and_grad(pses.orthogonality(mesh), argnums=(0, 1)))(
+        _sharded(shared, mesh), _sharded(specific, mesh))
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5)
+    for a, b in zip(got[1], ref[1]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+    net = pses.CriticNet(6)
+    cparams = net.init(jax.random.key(1), jnp.zeros((1, 5)))["params"]
+    z_d = shared[::-1] * 0.5 + 0.3
+
+    def terms(cparams, z_q, z_d):
+        f_q, f_d = pses.critic_value(net, cparams, z_q), pses.critic_value(net, cparams, z_d)
+        return pses.wasserstein(f_q, f_d), pses.critic_accuracy(f_q, f_d)
+
+    def critic_grads(cparams, z_q, z_d):
+        return jax.grad(lambda c: terms(c, z_q, z_d)[0])(cparams)
+
+    one = (terms(cparams, shared, z_d), critic_grads(cparams, shared, z_d))
+    many = jax.jit(lambda c, a, b: (terms(c, a, b), critic_grads(c, a, b)))(
+        cparams, _sharded(shared, mesh), _sharded(z_d, mesh))
+    for a, b in zip(jax.tree.leaves(many), jax.tree.leaves(one)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- critic
+def _separable_critic(steps: int, clip: float, lr: float = 1e-2):
+    """A critic on shared codes where queries and documents differ by a shift."""
+    net = pses.CriticNet(8)
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(64, 4)).astype(np.float32)
+    z_q, z_d = jnp.asarray(base[:32] + 1.0), jnp.asarray(base[32:] - 1.0)
+
+    def loss(cparams, inputs):
+        f_q, f_d = (pses.critic_value(net, cparams, z) for z in inputs)
+        w = pses.wasserstein(f_q, f_d)
+        return -w, {"wasserstein": w, "critic_accuracy": pses.critic_accuracy(f_q, f_d)}
+
+    critic = objectives.Critic(init=lambda r: net.init(r, jnp.zeros((1, 4)))["params"],
+                               inputs=lambda params, batch, rng: (z_q, z_d), loss=loss,
+                               tx=optax.rmsprop(lr), steps=steps, clip=clip)
+    return critic
+
+
+def test_critic_weights_are_clipped_after_every_update():
+    critic = _separable_critic(steps=1, clip=0.01)
+    state = objectives.init_critic_state(critic, jax.random.key(0))
+    update = jax.jit(lambda s: objectives.update_critic(critic, s, {}, {}, jax.random.key(1)))
+    for _ in range(5):
+        state, _ = update(state)
+        bound = max(float(jnp.abs(w).max()) for w in jax.tree.leaves(state["params"]))
+        assert bound <= 0.01 + 1e-9
+    assert int(state["step"]) == 5
+    # Unclipped, the same updates leave [-0.01, 0.01] (the clip is what holds them).
+    free = _separable_critic(steps=5, clip=0.0)
+    s, _ = objectives.update_critic(free, objectives.init_critic_state(free, jax.random.key(0)),
+                                    {}, {}, jax.random.key(1))
+    assert max(float(jnp.abs(w).max()) for w in jax.tree.leaves(s["params"])) > 0.02
+
+
+def test_critic_learns_to_tell_queries_from_documents():
+    critic = _separable_critic(steps=1, clip=0.01)
+    state = objectives.init_critic_state(critic, jax.random.key(3))
+    _, before = critic.loss(state["params"], critic.inputs({}, {}, None))
+    state, after = jax.jit(lambda s: objectives.update_critic(
+        dataclasses_replace(critic, steps=50), s, {}, {}, jax.random.key(1)))(state)
+    assert int(state["step"]) == 50
+    assert float(after["wasserstein"]) > float(before["wasserstein"]) + 1e-3
+    assert float(after["critic_accuracy"]) > 0.9 > float(before["critic_accuracy"])
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+    return dataclasses.replace(obj, **changes)
+
+
+# ----------------------------------------------------------------------------- model
+def test_retrieval_vectors_concatenate_or_keep_the_shared_code():
+    c = pses_model.Codes(x=None, shared=jnp.array([[3.0, 0.0]]), specific=jnp.array([[4.0]]),
+                         reconstruction=None)
+    np.testing.assert_allclose(pses_model.retrieval_vector(c, "concat"), [[0.6, 0.0, 0.8]])
+    np.testing.assert_allclose(pses_model.retrieval_vector(c, "shared"), [[1.0, 0.0]])
+
+
+def test_objective_loss_is_the_weighted_sum_of_its_terms():
+    cfg = tiny_pses(**{"loss.pses.orthogonality_weight": 0.5, "loss.pses.adversarial_weight": 2.0,
+                       "loss.pses.reconstruction_weight": 0.25,
+                       "loss.pses.regularization_weight": 0.125})
+    mesh = sharding.make_mesh()
+    from dualjax import models
+    model = models.make_model(cfg.model, 60)
+    objective = objectives.from_config(cfg, model, mesh)
+    params = objective.init(jax.random.key(0))
+    assert set(params) == {"trunk", "shared", "query_specific", "doc_specific", "query_decoder",
+                           "doc_decoder", "alpha", "beta"}
+    critic = objectives.init_critic_state(objective.critic, jax.random.key(1))["params"]
+    rng = np.random.default_rng(0)
+    batch = {k: jnp.asarray(rng.integers(1, 60, (16, 16)), jnp.int32) for k in ("q_ids", "d_ids")}
+    batch.update(q_mask=jnp.ones((16, 16), bool), d_mask=jnp.ones((16, 16), bool))
+    loss, m = objective.loss(params, batch, jax.random.key(2), {"critic": critic})
+    expected = (m["pairwise"] + 0.5 * m["orthogonality"] + 2.0 * m["adversarial"]
+                + 0.25 * m["reconstruction"] + 0.125 * m["regularization"])
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)
+    assert float(m["orthogonality"]) > 0 and float(m["reconstruction"]) > 0
+
+
+# ----------------------------------------------------------------------------- training
+def test_pses_trains_both_players_and_resumes_exactly(tmp_path):
+    cfg = tiny_pses(**{"loss.pses.critic_learning_rate": 1e-3})
+    whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
+    results = train.train_and_evaluate(cfg, whole)
+    assert "pses [exact]" in results
+    rows = train_rows(whole)
+    for key in ("pairwise", "orthogonality", "adversarial", "reconstruction", "regularization",
+                "wasserstein", "critic_accuracy", "critic_loss"):
+        assert all(np.isfinite(r[key]) for r in rows), key
+    assert len({round(r["critic_accuracy"], 6) for r in rows}) > 1  # the critic moves
+
+    with pytest.raises(train.Preempted):
+        train.train_and_evaluate(cfg, split, hooks=[preempt_at(7)])
+    train.train_and_evaluate(cfg, split)
+    path = lambda w: os.path.join(w, "checkpoints", "20", "state")
+    import orbax.checkpoint as ocp
+    a, b = (ocp.PyTreeCheckpointer().restore(path(w)) for w in (whole, split))
+    assert int(a["critic"]["step"]) == 20 * cfg.loss.pses.critic_steps
+    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(leaves_a) == len(leaves_b) > 0
+    for x, y in zip(leaves_a, leaves_b):  # towers, critic, both optimizers, both counts
+        np.testing.assert_array_equal(x, y)
+    for w in jax.tree.leaves(a["critic"]["params"]):
+        assert np.abs(w).max() <= cfg.loss.pses.critic_clip + 1e-9
+
+
+def test_fine_tuning_the_shared_encoder_alone(tmp_path):
+    weak = str(tmp_path / "weak")
+    train.train_and_evaluate(tiny_pses(**{"num_train_steps": 5}), weak)
+    tuned = str(tmp_path / "tuned")
+    train.train_and_evaluate(tiny_pses(**{"num_train_steps": 5, "init_from": weak,
+                                          "loss.pses.trainable": "shared"}), tuned)
+    before, after = final_params(weak, 5), final_params(tuned, 5)
+    changed = {k for k in before
+               if any(not np.array_equal(x, y) for x, y in
+                      zip(jax.tree.leaves(before[k]), jax.tree.leaves(after[k])))}
+    assert changed == {"shared"}  # (alpha and beta may train too; the hinge reads neither)
+
+
+def test_pses_config_errors():
+    for overrides, match in (
+            ({"model.pses.score": "sum"}, "model.pses.score"),
+            ({"loss.pses.pairwise": "listwise"}, "loss.pses.pairwise"),
+            ({"loss.pses.critic_steps": 0}, "loss.pses.critic_steps"),
+            ({"loss.pses.adversarial_weight": -1.0}, "loss.pses.adversarial_weight"),
+            ({"model.tower": "bow_mlp", "model.query_features": "brand",
+              "model.doc_features": "brand"}, "reads text only"),
+            ({"data.hard_negatives": 2}, "hard_negatives"),
+            ({"data.pseudo_labels": 2, "data.hard_negatives": 2}, "pseudo_labels"),
+            ({"data.pseudo_label_queries": "q.txt"}, "pseudo_labels > 0")):
+        with pytest.raises(config_lib.ConfigError, match=match):
+            config_lib.validate(tiny_pses(**overrides), 8)
+
+
+# ----------------------------------------------------------------------------- weak labels
+def test_pseudo_labels_are_bm25_top_k_clustered_by_query():
+    corpus = ["red apples grow on trees", "green pears", "apples and pears", "blue sky"]
+    pairs, clusters = mining.pseudo_label_pairs(
+        ["apples", "pears", "apples", "sky"], corpus, 2)
+    # "apples": the short "apples and pears" outranks the longer document (BM25 length
+    # normalisation); "pears": likewise; "sky": one match only. The repeated query once.
+    assert pairs == [("apples", "apples and pears"), ("apples", "red apples grow on trees"),
+                     ("pears", "green pears"), ("pears", "apples and pears"),
+                     ("sky", "blue sky")]
+    assert clusters == [0, 0, 1, 1, 2]
+
+
+def test_weakly_supervised_run_trains_on_pseudo_labels(tmp_path):
+    queries = tmp_path / "queries.txt"
+    queries.write_text("how do i learn python\n\nwhat is the capital of france\n")
+    cfg = tiny(**{"data.pseudo_labels": 3, "num_train_steps": 2, "global_batch_size": 8,
+                  "data.pseudo_label_queries": str(queries), "eval.index": "exact"})
+    train.train_and_evaluate(cfg, str(tmp_path / "run"))
+    from dualjax import tasks as tasks_lib
+    task = tasks_lib.make_tasks(cfg, str(tmp_path / "run"))[0]
+    source = task.train_source
+    records = [source[i] for i in range(len(source))]
+    assert {r["query"].decode() for r in records} <= {"how do i learn python",
+                                                      "what is the capital of france"}
+    assert 1 <= len(records) <= 6
+    by_query = {}
+    for r in records:  # one cluster per query
+        by_query.setdefault(r["query"], set()).add(int(r["cluster"]))
+    assert all(len(c) == 1 for c in by_query.values())
+    assert len({next(iter(c)) for c in by_query.values()}) == len(by_query)
+
+
+@pytest.mark.skipif(not os.path.exists(SQUAD), reason="needs ../shared/data/squad")
+def test_squad_paragraphs_as_candidates():
+    squad = reqa.read_squad(SQUAD, paragraphs=True)
+    assert len(squad.candidates) == 2067  # SQuAD v1.1 dev's paragraphs
+    a, question, relevant = squad.questions[0]
+    assert len(relevant) == 1 and squad.candidates[relevant[0]][0] == a
+    # Every answer of the first question lies in its paragraph.
+    sentences = reqa.read_squad(SQUAD)
+    assert sentences.candidates[sentences.questions[0][2][0]][1] in squad.candidates[relevant[0]][1]
