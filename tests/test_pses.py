@@ -170,10 +170,11 @@ def test_retrieval_vectors_concatenate_or_keep_the_shared_code():
     np.testing.assert_allclose(pses_model.retrieval_vector(c, "shared"), [[1.0, 0.0]])
 
 
-def test_objective_loss_is_the_weighted_sum_of_its_terms():
+@pytest.mark.parametrize("pairwise", ["hinge", "in_batch"])
+def test_objective_loss_is_the_weighted_sum_of_its_terms(pairwise):
     cfg = tiny_pses(**{"loss.pses.orthogonality_weight": 0.5, "loss.pses.adversarial_weight": 2.0,
                        "loss.pses.reconstruction_weight": 0.25,
-                       "loss.pses.regularization_weight": 0.125})
+                       "loss.pses.regularization_weight": 0.125, "loss.pses.pairwise": pairwise})
     mesh = sharding.make_mesh()
     from dualjax import models
     model = models.make_model(cfg.model, 60)
@@ -185,11 +186,21 @@ def test_objective_loss_is_the_weighted_sum_of_its_terms():
     rng = np.random.default_rng(0)
     batch = {k: jnp.asarray(rng.integers(1, 60, (16, 16)), jnp.int32) for k in ("q_ids", "d_ids")}
     batch.update(q_mask=jnp.ones((16, 16), bool), d_mask=jnp.ones((16, 16), bool))
-    loss, m = objective.loss(params, batch, jax.random.key(2), {"critic": critic})
+    batch["doc_ids"] = jnp.arange(16)
+    loss, m = objective.loss(params, batch, jax.random.key(2),
+                             {"critic": critic, "doc_ids": batch["doc_ids"]})
     expected = (m["pairwise"] + 0.5 * m["orthogonality"] + 2.0 * m["adversarial"]
                 + 0.25 * m["reconstruction"] + 0.125 * m["regularization"])
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)
     assert float(m["orthogonality"]) > 0 and float(m["reconstruction"]) > 0
+    if pairwise == "in_batch":  # the in-batch softmax over the retrieval vectors, scale 10
+        q = model.apply({"params": params}, batch["q_ids"], batch["q_mask"],
+                        method="encode_queries")
+        d = model.apply({"params": params}, batch["d_ids"], batch["d_mask"],
+                        method="encode_documents")
+        logits = 10.0 * np.asarray(q) @ np.asarray(d).T
+        ref = -np.mean(np.diag(jax.nn.log_softmax(logits, axis=1)))
+        assert float(m["pairwise"]) == pytest.approx(float(ref), rel=1e-5)
 
 
 # ----------------------------------------------------------------------------- training

@@ -142,6 +142,8 @@ def objective(model: Pses, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Me
         return -w, {"wasserstein": w, "critic_accuracy": critic_accuracy(f_q, f_d)}
 
     def loss(params, batch, rng, extras):
+        extras = dict(extras)
+        critic = extras.pop("critic")  # the critic's params after this step's updates
         q, d, scale, bias = codes(params, batch)
         qv, dv = retrieval_vector(q, score), retrieval_vector(d, score)
         if cfg.pairwise == "hinge":
@@ -151,7 +153,6 @@ def objective(model: Pses, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Me
         else:
             more = hit_extras(batch, extras, remove_query_hits, remove_cluster_hits)
             pairwise, metrics = in_batch_loss(qv, dv, scale, bias, {**extras, **more} or None)
-        critic = extras["critic"]
         terms = {
             "pairwise": pairwise,
             "orthogonality": ortho(q.shared, q.specific) + ortho(d.shared, d.specific),
