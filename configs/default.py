@@ -202,9 +202,9 @@ def get_config() -> ml_collections.ConfigDict:
                                     # random document of the batch (the paper) | "in_batch":
                                     # loss.name over the global batch
     c.loss.pses.margin = 0.5        # hinge margin (beta)
-    c.loss.pses.orthogonality_weight = 1e-3  # ||Z_sQ^T Z_Q||_F^2 + ||Z_sD^T Z_D||_F^2 over the
+    c.loss.pses.orthogonality_weight = 1e-5  # ||Z_sQ^T Z_Q||_F^2 + ||Z_sD^T Z_D||_F^2 over the
                                     # global batch (a sum: it grows with the batch squared)
-    c.loss.pses.adversarial_weight = 1.0  # the critic's Wasserstein estimate, minimised
+    c.loss.pses.adversarial_weight = 10.0  # the critic's Wasserstein estimate, minimised
     c.loss.pses.reconstruction_weight = 0.01  # squared L2 error of rebuilding x, both sides
     c.loss.pses.regularization_weight = 1e-5  # squared Frobenius norms of the dense weights
     c.loss.pses.critic_hidden_dim = 64  # the critic: z_s -> hidden (ReLU) -> {query, document}

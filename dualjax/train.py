@@ -27,7 +27,6 @@ from dualjax import (checkpoints, config_lib, evaluate, features, frequency, obj
                      report, sharding, tokenizers, warm_start)
 from dualjax import workdir as workdir_lib
 from dualjax import tasks as tasks_lib
-from dualjax.data import pipeline
 from dualjax.metrics_log import MetricsLog
 from dualjax import models
 from dualjax.tokenizers import Tokenizer

@@ -1,17 +1,19 @@
 """PSES (Li & Jia 2018): each loss term by hand, the sharded terms equal to one device,
 the critic (clipped after every update, actually trained), two-player exact resume,
 fine-tuning NN_s alone, and the BM25 pseudo-labels it trains on."""
-import json
+import dataclasses
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from dualjax import config_lib, objectives, sharding, train
+from dualjax import config_lib, models, objectives, sharding, train
+from dualjax import tasks as tasks_lib
 from dualjax.data import mining, reqa
 from dualjax.models import pses as pses_model
 from dualjax.objectives import pses
@@ -151,15 +153,10 @@ def test_critic_learns_to_tell_queries_from_documents():
     state = objectives.init_critic_state(critic, jax.random.key(3))
     _, before = critic.loss(state["params"], critic.inputs({}, {}, None))
     state, after = jax.jit(lambda s: objectives.update_critic(
-        dataclasses_replace(critic, steps=50), s, {}, {}, jax.random.key(1)))(state)
+        dataclasses.replace(critic, steps=50), s, {}, {}, jax.random.key(1)))(state)
     assert int(state["step"]) == 50
     assert float(after["wasserstein"]) > float(before["wasserstein"]) + 1e-3
     assert float(after["critic_accuracy"]) > 0.9 > float(before["critic_accuracy"])
-
-
-def dataclasses_replace(obj, **changes):
-    import dataclasses
-    return dataclasses.replace(obj, **changes)
 
 
 # ----------------------------------------------------------------------------- model
@@ -176,7 +173,6 @@ def test_objective_loss_is_the_weighted_sum_of_its_terms(pairwise):
                        "loss.pses.reconstruction_weight": 0.25,
                        "loss.pses.regularization_weight": 0.125, "loss.pses.pairwise": pairwise})
     mesh = sharding.make_mesh()
-    from dualjax import models
     model = models.make_model(cfg.model, 60)
     objective = objectives.from_config(cfg, model, mesh)
     params = objective.init(jax.random.key(0))
@@ -204,10 +200,19 @@ def test_objective_loss_is_the_weighted_sum_of_its_terms(pairwise):
 
 
 # ----------------------------------------------------------------------------- training
-def test_pses_trains_both_players_and_resumes_exactly(tmp_path):
-    cfg = tiny_pses(**{"loss.pses.critic_learning_rate": 1e-3})
-    whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
-    results = train.train_and_evaluate(cfg, whole)
+TRAINED = {"loss.pses.critic_learning_rate": 1e-3}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny PSES run of 20 steps: (its workdir, its results)."""
+    whole = str(tmp_path_factory.mktemp("pses") / "whole")
+    return whole, train.train_and_evaluate(tiny_pses(**TRAINED), whole)
+
+
+def test_pses_trains_both_players_and_resumes_exactly(tmp_path, trained):
+    cfg = tiny_pses(**TRAINED)
+    (whole, results), split = trained, str(tmp_path / "split")
     assert "pses [exact]" in results
     rows = train_rows(whole)
     for key in ("pairwise", "orthogonality", "adversarial", "reconstruction", "regularization",
@@ -219,7 +224,6 @@ def test_pses_trains_both_players_and_resumes_exactly(tmp_path):
         train.train_and_evaluate(cfg, split, hooks=[preempt_at(7)])
     train.train_and_evaluate(cfg, split)
     path = lambda w: os.path.join(w, "checkpoints", "20", "state")
-    import orbax.checkpoint as ocp
     a, b = (ocp.PyTreeCheckpointer().restore(path(w)) for w in (whole, split))
     assert int(a["critic"]["step"]) == 20 * cfg.loss.pses.critic_steps
     leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
@@ -230,13 +234,11 @@ def test_pses_trains_both_players_and_resumes_exactly(tmp_path):
         assert np.abs(w).max() <= cfg.loss.pses.critic_clip + 1e-9
 
 
-def test_fine_tuning_the_shared_encoder_alone(tmp_path):
-    weak = str(tmp_path / "weak")
-    train.train_and_evaluate(tiny_pses(**{"num_train_steps": 5}), weak)
-    tuned = str(tmp_path / "tuned")
+def test_fine_tuning_the_shared_encoder_alone(tmp_path, trained):
+    weak, tuned = trained[0], str(tmp_path / "tuned")
     train.train_and_evaluate(tiny_pses(**{"num_train_steps": 5, "init_from": weak,
                                           "loss.pses.trainable": "shared"}), tuned)
-    before, after = final_params(weak, 5), final_params(tuned, 5)
+    before, after = final_params(weak, 20), final_params(tuned, 5)
     changed = {k for k in before
                if any(not np.array_equal(x, y) for x, y in
                       zip(jax.tree.leaves(before[k]), jax.tree.leaves(after[k])))}
@@ -277,7 +279,6 @@ def test_weakly_supervised_run_trains_on_pseudo_labels(tmp_path):
     cfg = tiny(**{"data.pseudo_labels": 3, "num_train_steps": 2, "global_batch_size": 8,
                   "data.pseudo_label_queries": str(queries), "eval.index": "exact"})
     train.train_and_evaluate(cfg, str(tmp_path / "run"))
-    from dualjax import tasks as tasks_lib
     task = tasks_lib.make_tasks(cfg, str(tmp_path / "run"))[0]
     source = task.train_source
     records = [source[i] for i in range(len(source))]

@@ -17,6 +17,8 @@ from dualjax.objectives import dual_encoder, mlm, pses
 from dualjax.objectives.core import (Critic, Objective, init_critic_state, restrict,
                                      update_critic)
 
+__all__ = ["Critic", "Objective", "PRETRAINING_HEADS", "dual_encoder", "from_config",
+           "init_critic_state", "is_mlm", "mlm", "pses", "restrict", "update_critic"]
 PRETRAINING_HEADS = ("mlm",)  # params a fine-tuning run does not take over
 
 

@@ -170,12 +170,10 @@ def objective(model: Pses, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Me
         tx=optax.rmsprop(cfg.critic_learning_rate), steps=cfg.critic_steps,
         clip=cfg.critic_clip)
 
-    def trainable(params):
-        if cfg.trainable == "all":
-            return jax.tree.map(lambda _: True, params)
+    def shared_only(params):  # NN_s and the similarity train; every other param is kept
         keep = ("shared",) + dual_encoder.SIMILARITY_PARAMS
         return {k: jax.tree.map(lambda _, t=k in keep: t, v) for k, v in params.items()}
 
     return Objective(lambda rng: dual_encoder.init_params(model, rng, max_len), loss,
-                     trainable=None if cfg.trainable == "all" else trainable, critic=critic)
+                     trainable=shared_only if cfg.trainable == "shared" else None, critic=critic)
 

@@ -1,0 +1,149 @@
+"""PSES (Li & Jia 2018) against the single-space dual encoder and BM25: Table 2's shape.
+
+    python scripts/bench_pses.py --out=runs/bench_pses [--seeds=0,1,2]
+        [--weak_steps=500] [--tune_steps=200] [--json=out.json]
+
+SQuAD v1.1 dev questions against its 2,067 paragraphs (configs/pses.py: a random 70% of
+the questions train, 10% validate, 20% test; every paragraph a candidate). Each model is trained
+in two steps, each one `python -m dualjax.main` call with its own workdir under --out (a
+finished workdir is reused, so an interrupted benchmark resumes where it stopped):
+
+1. weak supervision: BM25's top 5 paragraphs of each training question are its
+   positives (data.pseudo_labels=5; the questions' labels are not read), --weak_steps;
+2. fine-tuning on the labelled training pairs from step 1's model, --tune_steps.
+
+Rows: BM25; the single-space bow dual encoder (model.name=dual_encoder); PSES; M_Pa (no
+orthogonality), M_Pb (no adversary), M_Pc (neither); and, for reference, the dual
+encoder trained on the labels alone for weak_steps + tune_steps. Every model uses the
+in-batch softmax over the global batch (configs/pses.py), so the models differ only in
+their spaces and PSES's terms. Columns: MAP (map@100), P@20 and nDCG@20 on the test
+questions, mean and standard deviation over the seeds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+from bench_variants import read_rows, slug  # scripts/ is on the path of a script
+
+SQUAD = "../shared/data/squad/dev-v1.1.json"
+METRICS = ("map@100", "p@20", "ndcg@20")
+SYSTEMS = {  # label -> config overrides
+    "dual encoder (one space)": {"model.name": "dual_encoder"},
+    "PSES": {},
+    "M_Pa (no orthogonality)": {"loss.pses.orthogonality_weight": 0.0},
+    "M_Pb (no adversary)": {"loss.pses.adversarial_weight": 0.0},
+    "M_Pc (neither)": {"loss.pses.orthogonality_weight": 0.0,
+                       "loss.pses.adversarial_weight": 0.0},
+}
+
+
+def run(args, name: str, flags: dict, steps: int) -> str:
+    """Runs (or reuses) one workdir of configs/pses.py; returns it."""
+    workdir = os.path.abspath(os.path.join(args.out, slug(name)))
+    if any(r["split"] == "test" and r["step"] == steps for r in read_rows(workdir)):
+        return workdir
+    cmd = [sys.executable, "-m", "dualjax.main", "--config=configs/pses.py",
+           f"--workdir={workdir}", f"--config.num_train_steps={steps}",
+           f"--config.data.tfds_dir={args.tfds_dir}",
+           f"--config.data.path={os.path.abspath(args.squad)}",
+           f"--config.checkpoint_every_steps={steps}",
+           *(f"--config.{k}={v}" for k, v in flags.items())]
+    print("$", " ".join(cmd), flush=True)
+    start = time.time()
+    with open(workdir + ".log", "w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    print(f"  {time.time() - start:.0f} s", flush=True)
+    return workdir
+
+
+def test_row(workdir: str, steps: int, system: str) -> dict:
+    return next(r for r in read_rows(workdir) if r["split"] == "test" and r["step"] == steps
+                and r.get("system") == system and r.get("index") == "exact")
+
+
+def last_train_row(workdir: str) -> dict:
+    return [r for r in read_rows(workdir) if r["split"] == "train"][-1]
+
+
+def cell(values: list[float]) -> str:
+    mean = statistics.mean(values)
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{mean:.3f} ± {sd:.3f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="runs/bench_pses")
+    parser.add_argument("--tfds_dir", default="", help="default: OUT/tfds (shared by the runs)")
+    parser.add_argument("--squad", default=SQUAD)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--weak_steps", type=int, default=500)
+    parser.add_argument("--tune_steps", type=int, default=200)
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    args.tfds_dir = os.path.abspath(args.tfds_dir or os.path.join(args.out, "tfds"))
+    os.makedirs(args.out, exist_ok=True)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    start = time.time()
+
+    results: dict = {"weak": {}, "tuned": {}, "train": {}}
+    bm25 = None
+    for label, overrides in SYSTEMS.items():
+        system = overrides.get("model.name", "pses")
+        for seed in seeds:
+            weak = run(args, f"weak {label} {seed}", {**overrides, "seed": seed},
+                       args.weak_steps)
+            tuned = run(args, f"tuned {label} {seed}",
+                        {**overrides, "seed": seed, "data.pseudo_labels": 0,
+                         "init_from": weak}, args.tune_steps)
+            results["weak"].setdefault(label, []).append(test_row(weak, args.weak_steps, system))
+            results["tuned"].setdefault(label, []).append(
+                test_row(tuned, args.tune_steps, system))
+            results["train"].setdefault(label, []).append(last_train_row(weak))
+            bm25 = bm25 or test_row(weak, args.weak_steps, "bm25")
+    label = "dual encoder, labels only"
+    for seed in seeds:
+        steps = args.weak_steps + args.tune_steps
+        w = run(args, f"labels only {seed}", {"model.name": "dual_encoder", "seed": seed,
+                                              "data.pseudo_labels": 0}, steps)
+        results["tuned"].setdefault(label, []).append(test_row(w, steps, "dual_encoder"))
+
+    head = ("| system | weak: MAP | P@20 | nDCG@20 | fine-tuned: MAP | P@20 | nDCG@20 |\n"
+            "|---|---:|---:|---:|---:|---:|---:|")
+    lines = [head, "| BM25 | " + " | ".join(f"{bm25[k]:.3f}" for k in METRICS) + " | "
+             + " | ".join(f"{bm25[k]:.3f}" for k in METRICS) + " |"]
+    for label in [*SYSTEMS, "dual encoder, labels only"]:
+        weak = results["weak"].get(label)
+        tuned = results["tuned"][label]
+        lines.append(f"| {label} | "
+                     + " | ".join(cell([r[k] for r in weak]) if weak else "" for k in METRICS)
+                     + " | " + " | ".join(cell([r[k] for r in tuned]) for k in METRICS) + " |")
+    critic = ["", "| system (weak step, last logged) | critic accuracy | Wasserstein | "
+                  "orthogonality | reconstruction |", "|---|---:|---:|---:|---:|"]
+    for label in SYSTEMS:
+        rows = results["train"][label]
+        if "critic_accuracy" in rows[0]:
+            critic.append(f"| {label} | " + " | ".join(
+                cell([r[k] for r in rows]) for k in ("critic_accuracy", "wasserstein",
+                                                     "orthogonality", "reconstruction")) + " |")
+    per_seed = ["", "Per seed (fine-tuned MAP): " + "; ".join(
+        f"{label}: " + ", ".join(f"{r['map@100']:.3f}" for r in results["tuned"][label])
+        for label in results["tuned"])]
+    text = "\n".join(lines + critic + per_seed)
+    print(text)
+    print(f"\n{platform.node()}, {os.cpu_count()} CPUs, {time.time() - start:.0f} s, seeds {seeds}, "
+          f"{args.weak_steps} weak + {args.tune_steps} fine-tuning steps")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bm25": bm25, **results, "table": text}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
