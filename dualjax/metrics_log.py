@@ -1,11 +1,12 @@
-"""WORKDIR/metrics.jsonl (one JSON object per line with "step" and "split") and the
-console log."""
+"""WORKDIR/metrics.jsonl (one JSON object per line with "step" and "split"), the same
+rows as TensorBoard scalars under WORKDIR/tensorboard/, and the console log."""
 
 from __future__ import annotations
 
 import json
 import logging as std_logging
 import os
+import re
 from typing import Any
 
 import tensorflow_datasets as tfds
@@ -21,14 +22,56 @@ def row_key(row: dict) -> tuple:
     return tuple(row.get(k) for k in KEY_FIELDS)
 
 
+def scalar_tag(row: dict, metric: str) -> tuple[str, int]:
+    """(TensorBoard tag, step) of one metric of a row: "train/loss", "test/dual_encoder/
+    exact/map_100" (a task's rows under "TASK/"; characters other than letters, digits,
+    "_", "-", "." and "/" become "_", as tensorboardX writes them); the typo sweep's
+    rows are "test/typo_robustness/SYSTEM/..." with the typo probability in % as the
+    step."""
+    parts = [row["task"]] if row.get("task") else []
+    parts.append(row["split"])
+    if "typo_p" in row:
+        parts.append("typo_robustness")
+    parts += [row[k] for k in ("system", "index") if row.get(k)]
+    step = round(100 * row["typo_p"]) if "typo_p" in row else row["step"]
+    return re.sub(r"[^-/\w.]", "_", "/".join(parts + [metric])), step
+
+
 class MetricsLog:
     """Appends rows; a row whose (step, split, system, index, task, typo_p) is already
     in the file replaces the old one, so an interrupted or repeated evaluation never
-    leaves a row twice."""
+    leaves a row twice. metrics.jsonl is the record; with `tensorboard`, every numeric
+    value of a row is also a scalar in WORKDIR/tensorboard/ (`scalar_tag`), written with
+    tensorboardX (no TensorFlow), once `start_events` has opened the writer."""
 
-    def __init__(self, workdir: str):
+    def __init__(self, workdir: str, tensorboard: bool = False):
         self.path = os.path.join(workdir, "metrics.jsonl")
+        self.events_dir = os.path.join(workdir, "tensorboard") if tensorboard else None
         self._keys = {row_key(r) for r in self.read()}
+        self._events = None
+
+    def start_events(self, first_step: int, config_text: str = "") -> None:
+        """Opens the event writer for a run that logs from `first_step` on: events an
+        earlier run wrote at that step or later are purged when TensorBoard reads them (a
+        resumed run logs those steps again). `config_text` is shown under "config"."""
+        if self.events_dir is None or self._events is not None:
+            return
+        from tensorboardX import SummaryWriter  # only runs that write events import it
+        self._events = SummaryWriter(self.events_dir, purge_step=first_step or None,
+                                     flush_secs=30)
+        if config_text:
+            self._events.add_text("config", f"<pre>{config_text}</pre>", first_step)
+
+    def close(self) -> None:
+        if self._events is not None:
+            self._events.close()
+            self._events = None
+
+    def __enter__(self) -> MetricsLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def write(self, step: int, split: str, values: dict[str, Any], **fields: Any) -> None:
         row = {"step": int(step), "split": split, **fields,
@@ -39,6 +82,11 @@ class MetricsLog:
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         self._keys.add(key)
+        if self._events is not None:
+            for metric, value in row.items():
+                if metric not in KEY_FIELDS and isinstance(value, (int, float)):
+                    tag, at = scalar_tag(row, metric)
+                    self._events.add_scalar(tag, float(value), at)
 
     def truncate_after(self, step: int) -> None:
         """Drops rows logged after `step` (by a run killed after its last checkpoint, or

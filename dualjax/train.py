@@ -240,13 +240,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     except ValueError as e:
         raise config_lib.ConfigError(f"config.{e}") from None
     config_lib.validate(config, mesh.devices.size)
-    with workdir_lib.guard(workdir, config), Signals() as signals:  # one run per workdir
-        return _train_and_evaluate(config, workdir, mesh, hooks, signals)
+    with (workdir_lib.guard(workdir, config), Signals() as signals,  # one run per workdir
+          MetricsLog(workdir, tensorboard=jax.process_index() == 0) as log):
+        return _train_and_evaluate(config, workdir, mesh, hooks, signals, log)
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
-                        hooks: Sequence[Hook], signals: Signals) -> dict[str, dict]:
-    log = MetricsLog(workdir)
+                        hooks: Sequence[Hook], signals: Signals,
+                        log: MetricsLog) -> dict[str, dict]:
     tasks = tasks_lib.make_tasks(config, workdir)
     splits = {t.name: t.splits() for t in tasks}
     if config.init_from:  # pre-trained elsewhere: its vocabularies (and, below, its towers)
@@ -304,6 +305,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         state["params"] = warm_start.tower_params(config.init_from, state["params"],
                                                   config.model, replicated)
     log.truncate_after(last_saved or 0)  # rows of steps this run will do (again)
+    log.start_events((last_saved or 0) + 1, config.to_json_best_effort(indent=2))
     start = int(state["step"])
     if last_saved is not None:
         signals.stage = f"before training; the checkpoint of step {last_saved} is kept"

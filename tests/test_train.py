@@ -92,6 +92,33 @@ def test_tiny_run_writes_the_workdir_contract(tmp_path):
     assert losses[-1] < losses[0]
 
 
+def read_events(workdir) -> tuple[dict[str, dict[int, float]], list[str]]:
+    """WORKDIR/tensorboard's scalars {tag: {step: value}} as TensorBoard shows them (a
+    SessionLog START at step s drops what earlier files logged at s or later), and its
+    text summaries. Read from the TFRecord files with tensorboardX's protos (no TF)."""
+    import struct
+    from tensorboardX.proto import event_pb2
+    scalars, texts = {}, []
+    folder = os.path.join(workdir, "tensorboard")
+    for name in sorted(os.listdir(folder)):  # events.out.tfevents.<time>...: in write order
+        data = open(os.path.join(folder, name), "rb").read()
+        at = 0
+        while at < len(data):
+            (length,) = struct.unpack("<Q", data[at:at + 8])
+            event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+            at += 12 + length + 4
+            if event.HasField("session_log") and event.session_log.status == 1:  # START
+                for values in scalars.values():
+                    for step in [s for s in values if s >= event.step]:
+                        del values[step]
+            for v in event.summary.value:
+                if v.HasField("simple_value"):
+                    scalars.setdefault(v.tag, {})[event.step] = v.simple_value
+                elif v.tag.startswith("config"):
+                    texts.append(v.tensor.string_val[0].decode())
+    return scalars, texts
+
+
 def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
     whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
     train.train_and_evaluate(tiny(), whole)
@@ -112,6 +139,18 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
                 for r in rows if r["step"] >= 10]
 
     assert later(train_rows(whole)) == later(train_rows(split))
+
+    # TensorBoard shows what metrics.jsonl holds: the steps the killed run logged after
+    # its checkpoint are purged, each scalar once per step.
+    scalars, texts = read_events(split)
+    for r in train_rows(split):
+        assert scalars["train/loss"][r["step"]] == pytest.approx(r["loss"])
+    assert sorted(scalars["train/loss"]) == [r["step"] for r in train_rows(split)] == [5, 7, 10, 15, 20]
+    final = {r["system"]: r for r in map(json.loads, open(os.path.join(split, "metrics.jsonl")))
+             if r["split"] == "test"}
+    assert scalars["test/dual_encoder/exact/map_100"] == {
+        20: pytest.approx(final["dual_encoder"]["map@100"])}
+    assert texts and '"global_batch_size": 32' in texts[0]
 
 
 def test_ctrl_c_saves_like_sigterm_and_a_second_one_stops_at_once(tmp_path):
