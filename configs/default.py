@@ -233,6 +233,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.corpus_chunk = 4096      # corpus rows scored at once (memory: query_chunk x corpus_chunk)
     c.eval.untrained = True         # also evaluate the model at initialisation (system "untrained")
     c.eval.baselines = "bm25,tfidf,identity"  # lexical baselines on the same task ("": none)
+    c.eval.hybrid = ""              # hybrid search: each trained model's ranking fused with
+                                    # this lexical system's ("bm25", "tfidf") by reciprocal
+                                    # rank fusion, evaluated as "<model>+bm25" ("": off)
+    c.eval.hybrid_rrf_k = 60.0      # RRF constant: score = sum of 1 / (k + rank) (Cormack
+                                    # et al. 2009 use 60)
     c.eval.typo_probs = ""          # typo robustness (Moscicki 2022, 4.4): after the final
                                     # evaluation, rerun the test queries with typos at each of
                                     # these probabilities, e.g. "0,0.25,0.5,0.75" (rows with

@@ -205,6 +205,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     _one_of("eval.index", config.eval.index, index.INDEXES)
     for name in baseline_names(config):
         _one_of("eval.baselines", name, baselines.BASELINES)
+    if config.eval.get("hybrid", ""):
+        _one_of("eval.hybrid", config.eval.hybrid,
+                [n for n in baselines.BASELINES if n != "identity"])
+        _positive(config, "eval.hybrid_rrf_k", allow_zero=True)
     typo_probs(config)
     _positive(config, "global_batch_size", "model.vocab_size", "model.max_len",
               "model.embed_dim", "model.hidden_dim", "model.output_dim", "model.temperature",

@@ -72,7 +72,8 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
                    inputs: Inputs, eval_cfg: ml_collections.ConfigDict,
                    mesh: jax.sharding.Mesh, baselines: Sequence[str] = (),
                    index_dir: str | None = None, ann_systems: Sequence[str] = ("dual_encoder",),
-                   index_extra: str = "") -> tuple[list[dict], dict[str, np.ndarray]]:
+                   index_extra: str = "", hybrid_systems: Sequence[str] | None = None
+                   ) -> tuple[list[dict], dict[str, np.ndarray]]:
     """Every system's metrics on one retrieval task (a query never retrieves itself).
 
     towers: system name -> (encode_queries, encode_documents), reading `inputs` (each
@@ -80,7 +81,10 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
     with eval.index = "scann", the systems in `ann_systems` are also searched with a
     ScaNN index (saved under `index_dir`), whose row adds `ann_recall@10` (overlap with
     the exact top 10) and `map@100_gap` (exact minus ScaNN). Lexical `baselines` run on
-    the same task. Returns (rows {"system", "index", metrics...}, {label: ranked ids}).
+    the same task. With eval.hybrid (a lexical system, e.g. "bm25"), each tower's (of
+    `hybrid_systems`; None: all) exact ranking fused with that system's by reciprocal rank fusion (`fuse_rrf`,
+    eval.hybrid_rrf_k) is the system "<tower>+<lexical>" (hybrid search). Returns (rows
+    {"system", "index", metrics...}, {label: ranked ids}).
     """
     enc = dict(batch_size=eval_cfg.batch_size, mesh=mesh)
     k = min(eval_cfg.top_k, len(task.corpus))
@@ -114,13 +118,40 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
                          info["settings"], info["build_seconds"], info["bytes_on_disk"] / 2**20)
     for name in baselines:
         add(name, "exact", baselines_lib.rank(name, task, k))
+    lexical = eval_cfg.get("hybrid", "")
+    if lexical:  # each tower's exact ranking fused with the lexical one
+        words = ranked.get(f"{lexical} [exact]")
+        if words is None:
+            words = baselines_lib.rank(lexical, task, k)
+        for system in towers if hybrid_systems is None else hybrid_systems:
+            add(f"{system}+{lexical}", "exact",
+                fuse_rrf([ranked[f"{system} [exact]"], words], k, eval_cfg.hybrid_rrf_k))
     return rows, ranked
+
+
+def fuse_rrf(rankings: Sequence[np.ndarray], k: int, rrf_k: float = 60.0) -> np.ndarray:
+    """Reciprocal rank fusion (Cormack et al. 2009): each id's score is the sum over the
+    rankings of 1 / (rrf_k + its rank there), rank 1 first; an id absent from a ranking
+    adds nothing. rankings: int [nq, K_i] each, -1 padding. Returns int [nq, k], best
+    first, ties broken by the first ranking's order, then the next; -1 padding."""
+    nq = rankings[0].shape[0]
+    out = np.full((nq, k), metrics.PAD_ID, np.int64)
+    for q in range(nq):
+        score: dict[int, float] = {}
+        for ids in rankings:
+            for rank, doc in enumerate(ids[q].tolist(), start=1):
+                if doc >= 0:
+                    score[doc] = score.get(doc, 0.0) + 1.0 / (rrf_k + rank)
+        best = sorted(score, key=score.get, reverse=True)[:k]  # stable: insertion order
+        out[q, :len(best)] = best
+    return out
 
 
 def typo_sweep(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]],
                inputs: Inputs, eval_cfg: ml_collections.ConfigDict,
                mesh: jax.sharding.Mesh, probs: Sequence[float], seed: int,
-               baselines: Sequence[str] = ()) -> list[dict]:
+               baselines: Sequence[str] = (), hybrid_systems: Sequence[str] | None = None
+               ) -> list[dict]:
     """Typo robustness (Moscicki 2022, section 4.4): every system's metrics with typos in
     the queries, at each typo probability of `probs`.
 
@@ -134,8 +165,8 @@ def typo_sweep(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]]
     rows = []
     for p in probs:
         noisy = dataclasses.replace(task, queries=typos.typo_texts(task.queries, p, seed))
-        p_rows, _ = evaluate_split(noisy, towers, inputs, eval_cfg, mesh,
-                                   baselines=baselines, ann_systems=())
+        p_rows, _ = evaluate_split(noisy, towers, inputs, eval_cfg, mesh, baselines=baselines,
+                                   ann_systems=(), hybrid_systems=hybrid_systems)
         rows += [{"system": r["system"], "index": r["index"], "typo_p": float(p),
                   **{k: v for k, v in r.items() if k not in ("system", "index")}}
                  for r in p_rows]

@@ -334,7 +334,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         rows, ranked = evaluate.evaluate_split(
             data, towers_of(systems), inputs, config.eval, mesh, baselines=baselines,
             index_dir=where if final else None, ann_systems=(system,) if final else (),
-            index_extra=f"step {step}")
+            index_extra=f"step {step}", hybrid_systems=(system,))
         for row in rows:
             log.write(step, split, row, **task.fields())
             evaluate.log_metrics(f"eval {task.name + ' ' if task.name else ''}{split} step {step} "
@@ -433,7 +433,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         name = f"task {task.name}, " if task.name else ""
         typo_rows = evaluate.typo_sweep(task.eval_task(last), towers_of(systems), inputs,
                                         config.eval, mesh, typo_probs,
-                                        config.eval.typo_seed, baselines)
+                                        config.eval.typo_seed, baselines, (system,))
         for row in typo_rows:
             log.write(step, last, row, **task.fields())
             evaluate.log_metrics(f"eval {last} typo_p={row['typo_p']} {evaluate.row_label(row)}",

@@ -162,6 +162,33 @@ def test_evaluate_split_hand_computed(mesh, cfg_overrides):
     assert got["map@100"] == pytest.approx(0.75)
 
 
+def test_reciprocal_rank_fusion_by_hand():
+    dense = np.array([[3, 1, 2, -1], [5, 6, -1, -1]])
+    words = np.array([[2, 4, 3, -1], [-1, -1, -1, -1]])
+    fused = evaluate.fuse_rrf([dense, words], k=4, rrf_k=1.0)
+    # q0: 3: 1/2 + 1/4 = 0.75; 2: 1/4 + 1/2 = 0.75 (tie: the first ranking's order);
+    #     1: 1/3; 4: 1/3 (tie: 1 came first, from the first ranking).
+    np.testing.assert_array_equal(fused[0], [3, 2, 1, 4])
+    # q1: only the first ranking has results: its order, then padding.
+    np.testing.assert_array_equal(fused[1], [5, 6, -1, -1])
+    np.testing.assert_array_equal(evaluate.fuse_rrf([dense, words], k=2)[0], [3, 2])
+
+
+def test_hybrid_search_fuses_each_tower_with_bm25(mesh):
+    enc = _lookup_encoder(ANGLES)
+    cfg = _eval_cfg(hybrid="bm25", hybrid_rrf_k=60.0)
+    rows, ranked = evaluate.evaluate_split(TASK, {"dual_encoder": (enc, enc)}, INPUTS, cfg,
+                                           mesh, baselines=("bm25",))
+    assert [r["system"] for r in rows] == ["dual_encoder", "bm25", "dual_encoder+bm25"]
+    np.testing.assert_array_equal(
+        ranked["dual_encoder+bm25 [exact]"],
+        evaluate.fuse_rrf([ranked["dual_encoder [exact]"], ranked["bm25 [exact]"]],
+                          min(100, len(TASK.corpus)), 60.0))
+    # Without bm25 among the baselines, the fusion ranks with it all the same.
+    rows, _ = evaluate.evaluate_split(TASK, {"dual_encoder": (enc, enc)}, INPUTS, cfg, mesh)
+    assert [r["system"] for r in rows] == ["dual_encoder", "dual_encoder+bm25"]
+
+
 def test_evaluate_split_uses_query_and_document_towers(mesh):
     """Queries go through encode_queries, the corpus through encode_documents."""
     documents = _lookup_encoder(ANGLES)

@@ -200,7 +200,7 @@ def test_objective_loss_is_the_weighted_sum_of_its_terms(pairwise):
 
 
 # ----------------------------------------------------------------------------- training
-TRAINED = {"loss.pses.critic_learning_rate": 1e-3}
+TRAINED = {"loss.pses.critic_learning_rate": 1e-3, "eval.hybrid": "bm25"}
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +213,7 @@ def trained(tmp_path_factory):
 def test_pses_trains_both_players_and_resumes_exactly(tmp_path, trained):
     cfg = tiny_pses(**TRAINED)
     (whole, results), split = trained, str(tmp_path / "split")
-    assert "pses [exact]" in results
+    assert {"pses [exact]", "pses+bm25 [exact]"} <= set(results)  # and its hybrid search
     rows = train_rows(whole)
     for key in ("pairwise", "orthogonality", "adversarial", "reconstruction", "regularization",
                 "wasserstein", "critic_accuracy", "critic_loss"):
