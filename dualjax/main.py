@@ -8,6 +8,7 @@ SIGTERM or SIGINT saves a checkpoint and exits with status 143.
 from __future__ import annotations
 
 import os
+import pathlib
 import re
 import signal
 import sys
@@ -28,7 +29,7 @@ if __name__ == "__main__":  # before the slow imports below
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from dualjax import train  # noqa: E402
+from dualjax import config_lib, train  # noqa: E402
 from dualjax.metrics_log import setup_logging  # noqa: E402
 from dualjax.config_lib import ConfigError  # noqa: E402
 from dualjax.data.pairs_file import DataError  # noqa: E402
@@ -39,7 +40,17 @@ PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, as a process killed by it (also afte
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Training config file (a get_config() module).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and artifacts.")
-flags.mark_flags_as_required(["config", "workdir"])
+_KEYS = flags.DEFINE_bool("keys", False, "List every config key with its value (after any "
+                          "--config.KEY=VALUE) and what it means, then exit.")
+flags.mark_flags_as_required(["config"])
+
+
+def key_sources() -> list[tuple[str, str]]:
+    """The files whose comments say what each config key means, with their key prefix."""
+    here = pathlib.Path(__file__).resolve().parent
+    defaults = here.parent / "configs" / "default.py"  # a checkout (pip install -e)
+    return ([(str(defaults), "")] if defaults.exists() else []) + [
+        (str(here / "index.py"), "eval.scann.")]
 
 
 def _quiet_closed_loops(hook):
@@ -55,6 +66,12 @@ def _quiet_closed_loops(hook):
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    if _KEYS.value:  # the meanings are the comments of configs/default.py and index.py
+        print(config_lib.describe_keys(_CONFIG.value, *key_sources()))
+        return
+    if not _WORKDIR.value:
+        raise app.UsageError("--workdir is required (a directory for checkpoints, metrics "
+                             "and artifacts)")
     setup_logging()
     sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
     try:
@@ -99,6 +116,13 @@ def parse_flags(argv: list[str]) -> list[str]:
         where = f" (line {e.lineno})" if isinstance(e, SyntaxError) else ""
         sys.exit(f"dualjax: --config={config}: cannot load it{where}: {type(e).__name__}: "
                  f"{getattr(e, 'msg', None) or e}")
+
+
+def run() -> None:
+    """The `dualjax-train` console script: the same as `python -m dualjax.main`."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stopped_while_starting)
+    app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

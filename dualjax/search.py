@@ -124,6 +124,11 @@ def main(argv: list[str]) -> None:
             print(f"{rank:3d}. {score:+.4f}  {text}")
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The `dualjax-search` console script: the same as `python -m dualjax.search`."""
     flags.mark_flag_as_required("workdir")
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()
