@@ -11,19 +11,16 @@ matches, and rebuilt and saved again otherwise.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from typing import Any, NamedTuple, Sequence
+from typing import Sequence
 
-import jax
-import ml_collections
 from absl import app, flags, logging
 
-from dualjax import checkpoints, evaluate, features, index, sharding, train
+from dualjax import evaluate, index, sharding, train
 from dualjax import tasks as tasks_lib
 from dualjax.metrics_log import setup_logging
-from dualjax import models
+from dualjax.trained import load_trained
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A trained dualjax workdir.")
 _QUERY = flags.DEFINE_multi_string("query", [], "A query (repeatable).")
@@ -32,38 +29,6 @@ _K = flags.DEFINE_integer("k", 10, "Results per query.")
 _SPLIT = flags.DEFINE_string("split", "test", "Evaluation split whose corpus is searched.")
 _TASK = flags.DEFINE_string("task", "", "Multi-task runs: the task whose corpus is searched "
                             "(default: the first).")
-
-
-class Trained(NamedTuple):
-    """What a trained workdir holds: its config, inputs (tokenizer, max lengths,
-    categorical fields), model and latest params."""
-    config: ml_collections.ConfigDict
-    inputs: features.Inputs
-    model: Any  # models.make_model's: a DualEncoder or Pses
-    params: dict
-    step: int
-
-
-def load_trained(workdir: str, config: ml_collections.ConfigDict | None = None) -> Trained:
-    """The latest checkpoint's params of `workdir`, replicated over all devices, with the
-    config (WORKDIR/config.json unless given), the saved tokenizer and categorical field
-    vocabularies."""
-    if config is None:
-        with open(os.path.join(workdir, "config.json")) as f:
-            config = ml_collections.ConfigDict(json.load(f))
-
-    def not_saved(name: str):
-        raise FileNotFoundError(f"{workdir}/{name}: not found; is this a trained workdir?")
-
-    # The saved vocabularies: nothing is built here (the texts and fields are not read).
-    inputs = train.load_inputs(config, workdir, lambda: not_saved("vocab.json"),
-                               lambda: not_saved("features.json"))
-    model = models.make_model(config.model, inputs.query.tokenizer.vocab_size,
-                                    inputs.feature_sizes(),
-                                    num_tasks=len(tasks_lib.task_configs(config)))
-    step, params = checkpoints.latest_params(workdir)  # the params alone, as numpy arrays
-    params = jax.device_put(params, sharding.replicated(sharding.make_mesh()))
-    return Trained(config, inputs, model, params, step)
 
 
 class Searcher:

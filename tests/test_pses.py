@@ -234,6 +234,20 @@ def test_pses_trains_both_players_and_resumes_exactly(tmp_path, trained):
         assert np.abs(w).max() <= cfg.loss.pses.critic_clip + 1e-9
 
 
+def test_exported_pses_encodes_as_the_model(tmp_path, trained):
+    from dualjax import export, trained as trained_lib
+    encoder = export.export(trained[0], str(tmp_path / "bundle"), platforms=("cpu",))
+    assert encoder.meta["model"] == "pses" and encoder.dim == 8 + 4  # [z_s; z_q]
+    model = trained_lib.load_trained(trained[0])
+    texts = ["how do i fix my car", "what is the best phone", ""]
+    encode_q, encode_d = train.make_encoders(model.model)
+    np.testing.assert_allclose(encoder.encode_queries(texts),
+                               encode_q(model.params, model.inputs.query.encode(texts)), atol=1e-6)
+    np.testing.assert_allclose(encoder.encode_documents(texts),
+                               encode_d(model.params, model.inputs.document.encode(texts)),
+                               atol=1e-6)
+
+
 def test_fine_tuning_the_shared_encoder_alone(tmp_path, trained):
     weak, tuned = trained[0], str(tmp_path / "tuned")
     train.train_and_evaluate(tiny_pses(**{"num_train_steps": 5, "init_from": weak,

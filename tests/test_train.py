@@ -241,6 +241,29 @@ def test_categorical_fields_and_side_lengths_train_evaluate_and_search(tmp_path)
     hits = search.Searcher(workdir, k=3).search(["how do i fix my bike 7 ?"])[0]
     assert len(hits) == 3 and all("bike" in text for _, text in hits[:1])
 
+    # The serving bundle encodes as the model does, fields included, from its own folder.
+    from dualjax import export
+    bundle = str(tmp_path / "bundle")
+    export.export(workdir, bundle, platforms=("cpu",))
+    import shutil
+    moved = str(tmp_path / "elsewhere")
+    shutil.move(bundle, moved)
+    import dualjax
+    encoder = dualjax.Encoder.load(moved)
+    assert sorted(os.listdir(moved)) == ["document.jax_export", "encoder.json", "features.json",
+                                         "params.msgpack", "query.jax_export", "vocab.json"]
+    docs = [line["document"] for line in lines[:7]]
+    fields = [line.get("document_fields") for line in lines[:7]]
+    encode_q, encode_d = train.make_encoders(trained.model)
+    want_d = encode_d(trained.params, trained.inputs.document.encode(docs, fields))
+    np.testing.assert_allclose(encoder.encode_documents(docs, fields, batch_size=4), want_d,
+                               atol=1e-6)
+    queries = [line["query"] for line in lines[:5]]
+    want_q = encode_q(trained.params, trained.inputs.query.encode(queries))
+    np.testing.assert_allclose(encoder.encode_queries(queries), want_q, atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(encoder.encode_queries(queries), axis=1), 1.0,
+                               rtol=1e-5)
+
 
 def _cli(*args):
     return subprocess.run(

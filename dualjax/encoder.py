@@ -1,0 +1,88 @@
+"""A trained model outside its workdir: the serving bundle `dualjax.export` writes, loaded.
+
+    encoder = dualjax.Encoder.load("runs/default/export")
+    q = encoder.encode_queries(["how do i fix my bike"])      # [1, dim] unit vectors
+    d = encoder.encode_documents(["..."])                    # [n, dim]
+    scores = q @ d.T
+
+A bundle holds the tokenizer (vocab.json), the categorical field vocabularies
+(features.json, when the model reads fields), the model's parameters (params.msgpack, no
+optimizer state), and each side's encoder as a serialised `jax.export` function
+(query.jax_export, document.jax_export): (params, ids [b, max_len], mask[, cats]) -> unit
+vectors [b, dim], with the pooling and the normalisation inside the graph and the batch
+size b symbolic. Loading it needs jax, numpy and flax's msgpack, not the model's code or
+config, and never the training workdir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+import jax
+import numpy as np
+from flax import serialization
+
+from dualjax import features, tokenizers
+
+FORMAT = 1  # encoder.json "format": bumped when a bundle's layout changes
+SIDES = ("query", "document")
+
+
+class Encoder:
+    """Encodes texts into the model's unit vectors, query side or document side."""
+
+    def __init__(self, directory: str):
+        path = os.path.join(directory, "encoder.json")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{directory}: no encoder.json; make a bundle with "
+                                    "python -m dualjax.export --workdir=WORKDIR --out=DIR")
+        with open(path) as f:
+            self.meta = json.load(f)
+        if self.meta.get("format") != FORMAT:
+            raise ValueError(f"{path}: bundle format {self.meta.get('format')}, this dualjax "
+                             f"reads {FORMAT}; export it again")
+        tokenizer = tokenizers.load_tokenizer(os.path.join(directory, "vocab.json"))
+        fields = (features.load(os.path.join(directory, "features.json"))
+                  if os.path.exists(os.path.join(directory, "features.json"))
+                  else (features.SideFeatures(), features.SideFeatures()))
+        self.sides = {side: features.Side(tokenizer, self.meta["max_len"][side], f)
+                      for side, f in zip(SIDES, fields)}
+        with open(os.path.join(directory, "params.msgpack"), "rb") as f:
+            self.params = jax.device_put(serialization.msgpack_restore(f.read()))
+        self._fns = {}
+        for side in SIDES:
+            with open(os.path.join(directory, f"{side}.jax_export"), "rb") as f:
+                self._fns[side] = jax.jit(jax.export.deserialize(bytearray(f.read())).call)
+
+    @classmethod
+    def load(cls, directory: str) -> Encoder:
+        return cls(directory)
+
+    @property
+    def dim(self) -> int:
+        return int(self.meta["dim"])
+
+    def encode_queries(self, texts: Sequence[str], fields: Sequence[dict] | None = None,
+                       batch_size: int = 256) -> np.ndarray:
+        """Unit vectors float32 [len(texts), dim] of queries (with their categorical
+        fields, one dict per text, when the model reads any)."""
+        return self._encode("query", texts, fields, batch_size)
+
+    def encode_documents(self, texts: Sequence[str], fields: Sequence[dict] | None = None,
+                         batch_size: int = 256) -> np.ndarray:
+        """Unit vectors float32 [len(texts), dim] of documents."""
+        return self._encode("document", texts, fields, batch_size)
+
+    def _encode(self, side: str, texts: Sequence[str], fields, batch_size: int) -> np.ndarray:
+        texts, out = list(texts), []
+        for start in range(0, len(texts), batch_size):  # full batches: one compilation
+            chunk = texts[start:start + batch_size]
+            pad = batch_size - len(chunk) if len(texts) > batch_size else 0
+            chunk_fields = None if fields is None else list(fields[start:start + batch_size])
+            x = self.sides[side].encode(chunk + [""] * pad,
+                                        None if chunk_fields is None else chunk_fields + [None] * pad)
+            args = [x["ids"], x["mask"]] + ([x["cats"]] if "cats" in x else [])
+            out.append(np.asarray(self._fns[side](self.params, *args))[:len(chunk)])
+        return np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)

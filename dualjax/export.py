@@ -1,0 +1,98 @@
+"""Export a trained workdir's latest checkpoint as a serving bundle (see `encoder.py`).
+
+    python -m dualjax.export --workdir=runs/default --out=runs/default/export
+    [--platforms=cpu,cuda,tpu]
+
+Then `dualjax.Encoder.load(DIR)` encodes texts anywhere jax runs, without the workdir,
+the config or the optimizer state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+from flax import serialization
+
+from dualjax import trained as trained_lib
+from dualjax.encoder import FORMAT, SIDES, Encoder
+from dualjax.metrics_log import setup_logging
+from dualjax.workdir import atomic_write
+
+
+
+def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "tpu")
+           ) -> Encoder:
+    """Writes the bundle of `workdir`'s latest checkpoint to `out` (replacing what is
+    there) and returns it loaded."""
+    trained = trained_lib.load_trained(workdir)
+    model, inputs = trained.model, trained.inputs
+    params = jax.device_get(trained.params)
+    batch = jax.export.symbolic_shape("b")[0]
+    tmp = f"{out.rstrip(os.sep)}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    dims = {}
+    for side, method in zip(SIDES, ("encode_queries", "encode_documents")):
+        s = getattr(inputs, side)
+
+        def encode(params, ids, mask, cats=None, method=method):
+            return model.apply({"params": params}, ids, mask, cats, method=method)
+
+        args = [jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params),
+                jax.ShapeDtypeStruct((batch, s.max_len), jnp.int32),
+                jax.ShapeDtypeStruct((batch, s.max_len), jnp.bool_)]
+        if s.features:
+            args.append(jax.ShapeDtypeStruct((batch, len(s.features.fields)), jnp.int32))
+        exported = jax.export.export(jax.jit(encode), platforms=tuple(platforms))(*args)
+        dims[side] = exported.out_avals[0].shape[-1]
+        with open(os.path.join(tmp, f"{side}.jax_export"), "wb") as f:
+            f.write(exported.serialize())
+    with open(os.path.join(tmp, "params.msgpack"), "wb") as f:
+        f.write(serialization.msgpack_serialize(jax.tree.map(np.asarray, params)))
+    for name in ("vocab.json", "features.json"):
+        if os.path.exists(os.path.join(workdir, name)):
+            shutil.copyfile(os.path.join(workdir, name), os.path.join(tmp, name))
+    meta = {"format": FORMAT, "model": trained.config.model.name, "step": trained.step,
+            "workdir": os.path.abspath(workdir), "dim": dims["query"],
+            "max_len": {side: getattr(inputs, side).max_len for side in SIDES},
+            "platforms": list(platforms), "jax": jax.__version__}
+    atomic_write(os.path.join(tmp, "encoder.json"), json.dumps(meta, indent=1) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return Encoder.load(out)
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    setup_logging()
+    f = flags.FLAGS
+    try:
+        encoder = export(f.workdir, f.out, f.platforms)
+    except FileNotFoundError as e:
+        sys.exit(f"dualjax.export: {e}")
+    size = sum(os.path.getsize(os.path.join(f.out, n)) for n in os.listdir(f.out))
+    print(f"{f.out}: {encoder.meta['model']} at step {encoder.meta['step']}, "
+          f"{encoder.dim}-d vectors, {size / 2**20:.1f} MB, for {', '.join(f.platforms)}")
+
+
+def run() -> None:
+    """The `dualjax-export` console script: the same as `python -m dualjax.export`. The
+    flags are defined here, not on import: `search` defines a --workdir of its own."""
+    flags.DEFINE_string("workdir", None, "A trained dualjax workdir.")
+    flags.DEFINE_string("out", None, "The bundle's folder (made or replaced).")
+    flags.DEFINE_list("platforms", ["cpu", "cuda", "tpu"],
+                      "Platforms the exported encoders run on.")
+    flags.mark_flags_as_required(["workdir", "out"])
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
