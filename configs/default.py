@@ -233,6 +233,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.corpus_chunk = 4096      # corpus rows scored at once (memory: query_chunk x corpus_chunk)
     c.eval.untrained = True         # also evaluate the model at initialisation (system "untrained")
     c.eval.baselines = "bm25,tfidf,identity"  # lexical baselines on the same task ("": none)
+    c.eval.select_by = ""           # a metric ("map@100", "ndcg@10", ...): keep the params of
+                                    # the step with the best val value (evaluations every
+                                    # eval_every_steps, and the last step) and evaluate them
+                                    # too, as "<model>_best" with its "selected_step" ("": off)
     c.eval.hybrid = ""              # hybrid search: each trained model's ranking fused with
                                     # this lexical system's ("bm25", "tfidf") by reciprocal
                                     # rank fusion, evaluated as "<model>+bm25" ("": off)

@@ -1,14 +1,17 @@
 """A thin wrapper on Orbax's CheckpointManager: the train state plus the data position.
 
 Layout: WORKDIR/checkpoints/<step>/{state,data}. Saves are asynchronous; `close()`
-(or `wait()`) blocks until the last one is on disk.
+(or `wait()`) blocks until the last one is on disk. With eval.select_by, WORKDIR/best/
+holds the params of the best validation step (`BestParams`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
+import shutil
 from typing import Any
 
 import jax
@@ -16,7 +19,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from dualjax.workdir import DISK_ERRNOS, DISK_STATUS, WorkdirError
+from dualjax.workdir import DISK_ERRNOS, DISK_STATUS, WorkdirError, atomic_write
 
 
 class SaveError(WorkdirError):
@@ -96,6 +99,14 @@ def abstract_like(tree: Any) -> Any:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
+def _restore_numpy(path: str) -> Any:
+    """The pytree saved at `path`, as numpy arrays (whatever mesh saved it)."""
+    metadata = ocp.PyTreeCheckpointHandler().metadata(epath.Path(path)).tree
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
+    return ocp.PyTreeCheckpointer().restore(path, args=ocp.args.PyTreeRestore(
+        restore_args=as_numpy))
+
+
 def latest_params(workdir: str) -> tuple[int, Any]:
     """(step, params) of the latest checkpoint of another run's `workdir`, as numpy arrays
     (whatever mesh saved them; no optimizer state is kept). FileNotFoundError if the
@@ -105,9 +116,42 @@ def latest_params(workdir: str) -> tuple[int, Any]:
     if not steps:
         raise FileNotFoundError(f"{workdir}: no checkpoint in {root}")
     step = max(steps)
-    path = os.path.join(root, str(step), "state")
-    metadata = ocp.PyTreeCheckpointHandler().metadata(epath.Path(path)).tree
-    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
-    state = ocp.PyTreeCheckpointer().restore(
-        path, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
-    return step, state["params"]
+    return step, _restore_numpy(os.path.join(root, str(step), "state"))["params"]
+
+
+class BestParams:
+    """The params of the step whose validation metric was highest so far (eval.select_by):
+    WORKDIR/best/<step>/ (Orbax, params only) and WORKDIR/best/best.json ({"metric",
+    "step", "value"}), replaced when a later step does better (a tie keeps the earlier
+    step). best.json is written after the params are on disk, so it never points at a
+    half-written step."""
+
+    def __init__(self, workdir: str, metric: str):
+        self.root, self.metric = os.path.join(os.path.abspath(workdir), "best"), metric
+        self.step: int | None = None
+        self.value = -float("inf")
+        meta = os.path.join(self.root, "best.json")
+        if os.path.exists(meta):
+            with open(meta) as f:
+                saved = json.load(f)
+            if saved["metric"] == metric:
+                self.step, self.value = saved["step"], saved["value"]
+
+    def offer(self, step: int, value: float, params: Any) -> bool:
+        """Keeps `params` if `value` beats the best so far; returns whether it did."""
+        if not value > self.value:
+            return False
+        path = os.path.join(self.root, str(step))
+        with ocp.PyTreeCheckpointer() as saver:
+            saver.save(path, jax.device_get(params), force=True)
+        atomic_write(os.path.join(self.root, "best.json"), json.dumps(
+            {"metric": self.metric, "step": step, "value": value}) + "\n")
+        for old in os.listdir(self.root):
+            if old.isdigit() and int(old) != step:
+                shutil.rmtree(os.path.join(self.root, old), ignore_errors=True)
+        self.step, self.value = step, value
+        return True
+
+    def params(self) -> Any:
+        """The best step's params, as numpy arrays."""
+        return _restore_numpy(os.path.join(self.root, str(self.step)))

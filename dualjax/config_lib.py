@@ -7,8 +7,9 @@ import math
 import re
 
 import ml_collections
+import numpy as np
 
-from dualjax import baselines, features, index, losses, models, tokenizers
+from dualjax import baselines, features, index, losses, metrics, models, tokenizers
 from dualjax import tasks as tasks_lib
 from dualjax.data import builders, pretraining, reqa
 from dualjax.models import dual_encoder, pses, towers
@@ -206,6 +207,13 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     _one_of("eval.index", config.eval.index, index.INDEXES)
     for name in baseline_names(config):
         _one_of("eval.baselines", name, baselines.BASELINES)
+    if config.eval.get("select_by", ""):
+        names = [k for k in metrics.retrieval_metrics(np.zeros((1, 1), int), [{0}])
+                 if k != "num_queries"]
+        _one_of("eval.select_by", config.eval.select_by, names)
+        if not config.eval_every_steps:
+            raise ConfigError(f"config.eval.select_by={config.eval.select_by!r} chooses among "
+                              "the validation evaluations: set config.eval_every_steps > 0")
     if config.eval.get("hybrid", ""):
         _one_of("eval.hybrid", config.eval.hybrid,
                 [n for n in baselines.BASELINES if n != "identity"])

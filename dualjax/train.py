@@ -325,8 +325,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                 for name, p in systems.items()}
 
     def run_eval(task: tasks_lib.Task, systems: dict[str, Any], split: str, step: int,
-                 baselines: Sequence[str] = (), final: bool = False) -> list[dict]:
-        """Evaluates towers (name -> params) and baselines on a task's split; logs every row."""
+                 baselines: Sequence[str] = (), final: bool = False,
+                 row_fields: dict[str, dict] | None = None) -> list[dict]:
+        """Evaluates towers (name -> params) and baselines on a task's split; logs every
+        row (with `row_fields[system]` added to that system's rows)."""
         data = task.eval_task(split)
         if final:
             evaluate.log_missing_fields(data, inputs)
@@ -336,6 +338,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
             index_dir=where if final else None, ann_systems=(system,) if final else (),
             index_extra=f"step {step}", hybrid_systems=(system,))
         for row in rows:
+            row.update((row_fields or {}).get(row["system"], {}))
             log.write(step, split, row, **task.fields())
             evaluate.log_metrics(f"eval {task.name + ' ' if task.name else ''}{split} step {step} "
                                  f"{evaluate.row_label(row)} ({len(data.queries)} queries, "
@@ -345,6 +348,21 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
             report.write_report(workdir, split, step, rows, ranked, data.relevant,
                                 len(data.corpus), task.name)
         return rows
+
+    # eval.select_by: the params of the best validation step so far (first task with val).
+    best = checkpoints.BestParams(workdir, config.eval.select_by) if config.eval.select_by else None
+    selecting = next((t for t in tasks if "val" in splits[t.name]), None)
+    if best and selecting is None:
+        logging.warning("eval.select_by=%s: no task has a val split; the last step is used",
+                        config.eval.select_by)
+
+    def offer(task: tasks_lib.Task, rows: list[dict], step: int) -> None:
+        if best and task is selecting:
+            value = next(r[config.eval.select_by] for r in rows
+                         if r["system"] == system and r["index"] == "exact")
+            if best.offer(step, value, state["params"]):
+                logging.info("eval.select_by: step %d is the best so far (val %s %.4f)", step,
+                             config.eval.select_by, value)
 
     def save(step: int) -> None:
         nonlocal last_saved
@@ -398,7 +416,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                                  f"during the evaluation at step {step}; nothing was saved")
                 for task in tasks:
                     if "val" in splits[task.name]:
-                        run_eval(task, {system: state["params"]}, "val", step)
+                        offer(task, run_eval(task, {system: state["params"]}, "val", step), step)
                 since = (step, time.perf_counter())  # evaluation time is not training time
                 signals.deferring = True
     finally:  # also on errors: the saves already started finish before we leave
@@ -415,9 +433,18 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         systems["untrained"] = jax.jit(init_state, static_argnums=0)(config.seed)["params"]
     baselines = config_lib.baseline_names(config)
     out = {}
+    row_fields = {}
     for task in (t for t in tasks if splits[t.name]):  # a pre-training collection has none
-        results = {split: run_eval(task, systems, split, step, baselines, final=True)
-                   for split in splits[task.name]}
+        results = {}
+        for split in splits[task.name]:
+            results[split] = run_eval(task, systems, split, step, baselines, final=True,
+                                      row_fields=row_fields)
+            if split == "val":
+                offer(task, results[split], step)
+                if best and best.step is not None and best.step != step and not row_fields:
+                    # the best validation step, beside the last one, on the splits to come
+                    systems[f"{system}_best"] = jax.device_put(best.params(), replicated)
+                    row_fields = {f"{system}_best": {"selected_step": best.step}}
         last = splits[task.name][-1]
         name = f"task {task.name}, " if task.name else ""
         print(f"\n{name}{last} split, step {step} ({workdir}):\n"

@@ -441,3 +441,31 @@ def test_paraphrases_of_the_row_are_masked_as_accidental_hits(tmp_path):
             for r in (source[i] for i in range(len(source)))}
     assert len(seen) == len({t for t, _ in seen}) == len({c for _, c in seen}) == 7
     assert first_loss[True] < first_loss[False] - 0.05
+
+
+def test_select_by_keeps_and_evaluates_the_best_validation_step(tmp_path):
+    """eval.select_by=map@100: WORKDIR/best holds the params of the step with the best val
+    MAP (the earliest on a tie), and the final evaluation scores them beside the last
+    step's. A learning rate of 0.3 overshoots after its best step here."""
+    cfg = tiny(**{"eval_every_steps": 5, "eval.select_by": "map@100", "eval.index": "exact",
+                  "optimizer.learning_rate": 0.3})
+    results = train.train_and_evaluate(cfg, str(tmp_path))
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    val = {r["step"]: r["map@100"] for r in rows
+           if r["split"] == "val" and r["system"] == "dual_encoder" and r["index"] == "exact"}
+    assert sorted(val) == [5, 10, 15, 20]
+    expected = max(sorted(val), key=lambda s: (val[s], -s))
+    saved = json.loads((tmp_path / "best" / "best.json").read_text())
+    assert saved == {"metric": "map@100", "step": expected, "value": val[expected]}
+    assert sorted(os.listdir(tmp_path / "best")) == sorted(["best.json", str(expected)])
+    assert expected != 20
+    best = results["dual_encoder_best [exact]"]
+    assert best["selected_step"] == expected
+    assert best["map@100"] != results["dual_encoder [exact]"]["map@100"]
+    test_rows = [r for r in rows if r["split"] == "test" and r["system"] == "dual_encoder_best"]
+    assert [r["selected_step"] for r in test_rows] == [expected]
+    for overrides, match in (({"eval.select_by": "map@5"}, "eval.select_by"),
+                             ({"eval_every_steps": 0}, "eval_every_steps")):
+        with pytest.raises(config_lib.ConfigError, match=match):
+            config_lib.validate(tiny(**{"eval.select_by": "map@100", "eval_every_steps": 5,
+                                        **overrides}), 8)
