@@ -4,6 +4,7 @@ work starts, and the message names the key and what would work."""
 from __future__ import annotations
 
 import math
+import pathlib
 import re
 
 import ml_collections
@@ -349,6 +350,15 @@ def key_comments(*sources: tuple[str, str]) -> dict[str, str]:
                 else:
                     key = None
     return out
+
+
+def key_sources() -> list[tuple[str, str]]:
+    """The files whose comments say what each config key means, with their key prefix:
+    configs/default.py (in a checkout, as `pip install -e` leaves it) and index.py."""
+    here = pathlib.Path(__file__).resolve().parent
+    defaults = here.parent / "configs" / "default.py"
+    return ([(str(defaults), "")] if defaults.exists() else []) + [
+        (str(here / "index.py"), "eval.scann.")]
 
 
 def describe_keys(config: ml_collections.ConfigDict, *sources: tuple[str, str]) -> str:

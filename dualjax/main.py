@@ -8,7 +8,6 @@ SIGTERM or SIGINT saves a checkpoint and exits with status 143.
 from __future__ import annotations
 
 import os
-import pathlib
 import re
 import signal
 import sys
@@ -45,13 +44,6 @@ _KEYS = flags.DEFINE_bool("keys", False, "List every config key with its value (
 flags.mark_flags_as_required(["config"])
 
 
-def key_sources() -> list[tuple[str, str]]:
-    """The files whose comments say what each config key means, with their key prefix."""
-    here = pathlib.Path(__file__).resolve().parent
-    defaults = here.parent / "configs" / "default.py"  # a checkout (pip install -e)
-    return ([(str(defaults), "")] if defaults.exists() else []) + [
-        (str(here / "index.py"), "eval.scann.")]
-
 
 def _quiet_closed_loops(hook):
     """An unraisable-exception hook that drops "Event loop is closed", which TensorStore
@@ -67,7 +59,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
     if _KEYS.value:  # the meanings are the comments of configs/default.py and index.py
-        print(config_lib.describe_keys(_CONFIG.value, *key_sources()))
+        print(config_lib.describe_keys(_CONFIG.value, *config_lib.key_sources()))
         return
     if not _WORKDIR.value:
         raise app.UsageError("--workdir is required (a directory for checkpoints, metrics "

@@ -15,9 +15,8 @@ def test_config_is_valid(name):
 def test_every_config_key_says_what_it_means():
     """`--keys` lists every key with a meaning: each key of configs/default.py has a
     comment there (or, for eval.scann, in index.py)."""
-    from dualjax import main
     cfg = load_config("default")
-    text = config_lib.describe_keys(cfg, *main.key_sources())
+    text = config_lib.describe_keys(cfg, *config_lib.key_sources())
     lines = text.splitlines()
     assert len(lines) > 100
     bare = [line.split(" = ")[0] for line in lines if "  # " not in line]
