@@ -32,7 +32,7 @@ from dualjax import config_lib, train  # noqa: E402
 from dualjax.metrics_log import setup_logging  # noqa: E402
 from dualjax.config_lib import ConfigError  # noqa: E402
 from dualjax.data.pairs_file import DataError  # noqa: E402
-from dualjax.workdir import DISK_ERRNOS, WorkdirError  # noqa: E402
+from dualjax.workdir import DISK_ERRNOS, Preempted, WorkdirError  # noqa: E402
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, as a process killed by it (also after SIGINT)
 
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> None:
     sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
     try:
         train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-    except train.Preempted as e:  # saved; a scheduler must not record the job as done
+    except Preempted as e:  # saved; a scheduler must not record the job as done
         print(f"dualjax: {e}", file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_CODE)
     except KeyboardInterrupt:  # a second signal while the first one's save was pending

@@ -10,8 +10,6 @@ from __future__ import annotations
 import functools
 import itertools
 import os
-import signal
-import threading
 import time
 from typing import Any, Callable, Iterable, Sequence
 
@@ -28,6 +26,7 @@ from dualjax import (checkpoints, config_lib, evaluate, features, frequency, obj
 from dualjax import workdir as workdir_lib
 from dualjax import tasks as tasks_lib
 from dualjax.metrics_log import MetricsLog
+from dualjax.workdir import Preempted, Signals  # noqa: F401 (train.Preempted)
 from dualjax import models
 from dualjax.tokenizers import Tokenizer
 
@@ -38,47 +37,6 @@ Hook = Callable[[int, dict], None]  # called after every step with (step, device
 class NonFiniteLossError(FloatingPointError):
     """Training produced a non-finite loss, gradient or parameter norm; nothing of that
     state was saved."""
-
-
-class Preempted(Exception):
-    """SIGTERM or SIGINT stopped the run (during training, after saving a checkpoint);
-    running the same command again resumes from the last checkpoint."""
-
-
-class Signals:
-    """SIGTERM and SIGINT (Ctrl-C) for the whole run. While `deferring` (the training
-    loop), the first one is only recorded (`received`): the loop saves at the end of the
-    step and stops; a second one stops at once (KeyboardInterrupt). Elsewhere (data
-    preparation, compilation, evaluation) one stops the run at once with `Preempted`,
-    saying what `stage` was interrupted. Handlers can only be set from the main thread;
-    from another thread the run simply has none."""
-
-    def __init__(self):
-        self.received: str | None = None
-        self.deferring = False
-        self.stage = "before training; nothing was saved"
-        self._previous: dict = {}
-
-    def __enter__(self) -> Signals:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._handle)
-                              for sig in (signal.SIGTERM, signal.SIGINT)}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum, _frame) -> None:
-        name = signal.Signals(signum).name
-        if not self.deferring:
-            raise Preempted(f"{name}: stopped {self.stage}; run the same command again "
-                            "to resume")
-        if self.received:  # asked twice: stop now, without saving
-            raise KeyboardInterrupt
-        self.received = name
-        logging.warning("%s: saving a checkpoint after this step (send it again to stop at "
-                        "once)", name)
 
 
 # ----------------------------------------------------------------------------- optimizer

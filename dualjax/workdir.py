@@ -1,4 +1,5 @@
-"""One workdir, one run, one config: the lock, the saved config and atomic writes.
+"""One workdir, one run, one config: the lock, the saved config, atomic writes, and the
+run's signal handling (`Signals`, `Preempted`).
 
 `guard(workdir, config)` wraps a run: it creates the workdir, takes its lock (a second run
 on the same workdir is refused, naming the holder; the lock is released on every exit
@@ -18,7 +19,9 @@ import errno
 import fcntl
 import json
 import os
+import signal
 import socket
+import threading
 import time
 from typing import Any, Iterator
 
@@ -155,3 +158,44 @@ def guard(workdir: str, config: ml_collections.ConfigDict) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+class Preempted(Exception):
+    """SIGTERM or SIGINT stopped the run (during training, after saving a checkpoint);
+    running the same command again resumes from the last checkpoint."""
+
+
+class Signals:
+    """SIGTERM and SIGINT (Ctrl-C) for the whole run. While `deferring` (the training
+    loop), the first one is only recorded (`received`): the loop saves at the end of the
+    step and stops; a second one stops at once (KeyboardInterrupt). Elsewhere (data
+    preparation, compilation, evaluation) one stops the run at once with `Preempted`,
+    saying what `stage` was interrupted. Handlers can only be set from the main thread;
+    from another thread the run simply has none."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self.deferring = False
+        self.stage = "before training; nothing was saved"
+        self._previous: dict = {}
+
+    def __enter__(self) -> Signals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle)
+                              for sig in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, _frame) -> None:
+        name = signal.Signals(signum).name
+        if not self.deferring:
+            raise Preempted(f"{name}: stopped {self.stage}; run the same command again "
+                            "to resume")
+        if self.received:  # asked twice: stop now, without saving
+            raise KeyboardInterrupt
+        self.received = name
+        logging.warning("%s: saving a checkpoint after this step (send it again to stop at "
+                        "once)", name)
