@@ -302,12 +302,12 @@ def test_pseudo_labels_are_bm25_top_k_clustered_by_query():
     assert clusters == [0, 0, 1, 1, 2]
 
 
-def test_weakly_supervised_run_trains_on_pseudo_labels(tmp_path):
+def test_weakly_supervised_pairs_table_from_a_query_file(tmp_path):
+    """data.pseudo_labels with data.pseudo_label_queries: the pairs table holds those
+    queries with BM25's documents, one cluster per query."""
     queries = tmp_path / "queries.txt"
     queries.write_text("how do i learn python\n\nwhat is the capital of france\n")
-    cfg = tiny(**{"data.pseudo_labels": 3, "num_train_steps": 2, "global_batch_size": 8,
-                  "data.pseudo_label_queries": str(queries), "eval.index": "exact"})
-    train.train_and_evaluate(cfg, str(tmp_path / "run"))
+    cfg = tiny(**{"data.pseudo_labels": 3, "data.pseudo_label_queries": str(queries)})
     task = tasks_lib.make_tasks(cfg, str(tmp_path / "run"))[0]
     source = task.train_source
     records = [source[i] for i in range(len(source))]
@@ -319,6 +319,11 @@ def test_weakly_supervised_run_trains_on_pseudo_labels(tmp_path):
         by_query.setdefault(r["query"], set()).add(int(r["cluster"]))
     assert all(len(c) == 1 for c in by_query.values())
     assert len({next(iter(c)) for c in by_query.values()}) == len(by_query)
+    # ... and a run trains on them (two steps, batch 8).
+    cfg.update_from_flattened_dict({"num_train_steps": 2, "global_batch_size": 8,
+                                    "eval.index": "exact"})
+    train.train_and_evaluate(cfg, str(tmp_path / "run"))
+    assert [r["step"] for r in train_rows(tmp_path / "run")] == [2]
 
 
 @pytest.mark.skipif(not os.path.exists(SQUAD), reason="needs ../shared/data/squad")
