@@ -448,7 +448,7 @@ def test_select_by_keeps_and_evaluates_the_best_validation_step(tmp_path):
     MAP (the earliest on a tie), and the final evaluation scores them beside the last
     step's. A learning rate of 0.3 overshoots after its best step here."""
     cfg = tiny(**{"eval_every_steps": 5, "eval.select_by": "map@100", "eval.index": "exact",
-                  "optimizer.learning_rate": 0.3})
+                  "optimizer.learning_rate": 0.3, "mesh.num_devices": 2})
     results = train.train_and_evaluate(cfg, str(tmp_path))
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     val = {r["step"]: r["map@100"] for r in rows
