@@ -10,7 +10,7 @@ import re
 import ml_collections
 import numpy as np
 
-from dualjax import baselines, features, index, losses, metrics, models, tokenizers
+from dualjax import baselines, features, index, losses, metrics, models, tokenizers, workdir
 from dualjax import tasks as tasks_lib
 from dualjax.data import builders, pretraining, reqa
 from dualjax.models import dual_encoder, pses, towers
@@ -367,16 +367,7 @@ def describe_keys(config: ml_collections.ConfigDict, *sources: tuple[str, str]) 
     eval.scann, define them all): what `python -m dualjax.main --config=FILE --keys`
     prints."""
     comments = key_comments(*sources)
-    flat = {}
-
-    def walk(node, prefix):
-        for k, v in node.items():
-            if isinstance(v, ml_collections.ConfigDict) and len(v):
-                walk(v, f"{prefix}{k}.")
-            else:
-                flat[prefix + k] = v.to_dict() if isinstance(v, ml_collections.ConfigDict) else v
-
-    walk(config, "")
+    flat = workdir.flatten(config.to_dict())
     width = max(len(f"{k} = {v!r}") for k, v in flat.items())
     return "\n".join(f"{k} = {v!r}".ljust(width) + (f"  # {comments[k]}" if k in comments else "")
                      for k, v in sorted(flat.items()))

@@ -58,11 +58,13 @@ def atomic_json(path: str | os.PathLike, payload: Any, **dump_args: Any) -> None
     atomic_write(path, json.dumps(payload, **dump_args) + "\n")
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """{"model.tower": ..., ...}: a nested dict's leaves by dotted key (an empty dict is
+    a leaf)."""
     out = {}
     for k, v in d.items():
         if isinstance(v, dict) and v:
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}."))
         else:
             out[prefix + k] = v
     return out
@@ -82,7 +84,7 @@ def has_state(workdir: str) -> bool:
 
 def config_changes(saved: dict, config: dict) -> tuple[list[str], list[str]]:
     """(refused, allowed): "key: old -> new" for each key that differs."""
-    old, new = _flatten(saved), _flatten(config)
+    old, new = flatten(saved), flatten(config)
     refused, allowed = [], []
     for key in sorted(set(old) | set(new)):
         if old.get(key, "(absent)") != new.get(key, "(absent)"):

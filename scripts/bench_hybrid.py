@@ -21,19 +21,10 @@ import ml_collections
 
 from dualjax import checkpoints, train
 from dualjax.metrics_log import setup_logging
+from dualjax.workdir import flatten
 
 KEYS = ("map@100", "ndcg@10", "recall@10", "recall@100")
 DEFAULT = pathlib.Path(__file__).resolve().parent.parent / "configs" / "default.py"
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
 
 
 def hybrid_config(workdir: str) -> ml_collections.ConfigDict:
