@@ -57,8 +57,14 @@ class MetricsLog:
         if self.events_dir is None or self._events is not None:
             return
         from tensorboardX import SummaryWriter  # only runs that write events import it
+        # tensorboardX names a file events.out.tfevents.<second>.<host> and opens it with
+        # "wb": a run resumed within the second of the last start would overwrite it. A
+        # sequence number keeps every run's file, in the order TensorBoard reads them (by
+        # name), so the resumed run's purge applies to the runs before it.
+        os.makedirs(self.events_dir, exist_ok=True)
+        number = sum(".out.tfevents." in name for name in os.listdir(self.events_dir))
         self._events = SummaryWriter(self.events_dir, purge_step=first_step or None,
-                                     flush_secs=30)
+                                     flush_secs=30, filename_suffix=f".{number:05d}")
         if config_text:
             self._events.add_text("config", f"<pre>{config_text}</pre>", first_step)
 

@@ -119,6 +119,22 @@ def read_events(workdir) -> tuple[dict[str, dict[int, float]], list[str]]:
     return scalars, texts
 
 
+def test_a_run_resumed_within_the_same_second_keeps_the_earlier_events(tmp_path, monkeypatch):
+    # tensorboardX names event files by the second only; CI once resumed within it and
+    # the resumed run's file replaced the killed one's.
+    from dualjax.metrics_log import MetricsLog
+    from tensorboardX import event_file_writer
+    monkeypatch.setattr(event_file_writer.time, "time", lambda: 1_700_000_000.0)
+    for first, steps in [(0, [5, 7, 9]), (8, [10])]:  # killed after its checkpoint at 7
+        with MetricsLog(str(tmp_path), tensorboard=True) as log:
+            log.start_events(first)
+            for step in steps:
+                log.write(step, "train", {"loss": step / 10})
+    assert len(os.listdir(tmp_path / "tensorboard")) == 2
+    scalars, _ = read_events(str(tmp_path))
+    assert scalars["train/loss"] == pytest.approx({5: 0.5, 7: 0.7, 10: 1.0})
+
+
 def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
     whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
     train.train_and_evaluate(tiny(), whole)
