@@ -195,6 +195,10 @@ def get_config() -> ml_collections.ConfigDict:
                                     # sdml: subtract log of each document's estimated sampling
                                     # probability; buckets of its streaming estimate (0: off)
     c.loss.log_q_alpha = 0.01       # logQ: moving-average rate of the estimated sampling gap
+    c.loss.column_block = 0         # in-batch losses: each device scores its rows against the
+                                    # gathered columns this many at a time, recomputing each
+                                    # block in the backward pass ([rows, column_block] scores
+                                    # at most instead of [rows, C]); 0: all columns at once
 
     c.loss.pses = ml_collections.ConfigDict()  # model.name="pses": loss = pairwise + the
                                     # weighted terms below (Li & Jia 2018 eq. 6)
@@ -239,9 +243,14 @@ def get_config() -> ml_collections.ConfigDict:
                                     # too, as "<model>_best" with its "selected_step" ("": off)
     c.eval.hybrid = ""              # hybrid search: each trained model's ranking fused with
                                     # this lexical system's ("bm25", "tfidf") by reciprocal
-                                    # rank fusion, evaluated as "<model>+bm25" ("": off)
+                                    # rank fusion, evaluated as "<model>+bm25", and by score
+                                    # interpolation, as "<model>+bm25_interp" ("": off)
     c.eval.hybrid_rrf_k = 60.0      # RRF constant: score = sum of 1 / (k + rank) (Cormack
                                     # et al. 2009 use 60)
+    c.eval.hybrid_weight = 0.5      # interpolation's dense weight w (w * dense + (1 - w) *
+                                    # lexical, each min-max scaled per query) where no val
+                                    # split chooses it; with one, the val split's best of
+                                    # 0, 0.1, ..., 1 by eval.select_by (else map@100) is used
     c.eval.typo_probs = ""          # typo robustness (Moscicki 2022, 4.4): after the final
                                     # evaluation, rerun the test queries with typos at each of
                                     # these probabilities, e.g. "0,0.25,0.5,0.75" (rows with

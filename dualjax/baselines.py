@@ -175,15 +175,26 @@ def rank(system: str, task: RetrievalTask, k: int, **options) -> np.ndarray:
     Raises:
         ValueError: unknown system or option, or k < 1.
     """
+    return rank_texts(system, task.corpus, task.queries, k, task.query_corpus_index,
+                      **options)[1]
+
+
+def rank_texts(system: str, corpus: Sequence[str], queries: Sequence[str], k: int,
+               exclude: np.ndarray | None = None, **options) -> tuple[np.ndarray, np.ndarray]:
+    """`rank` on plain texts, with the scores: (scores float64 [nq, k], -inf padding;
+    ids int64 [nq, k], -1 padding). exclude [nq]: a corpus index row i never retrieves
+    (-1: none)."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    q, d = _vectors(system, task.corpus, task.queries, options)
+    q, d = _vectors(system, corpus, queries, options)
     d_t = sp.csr_matrix(d.T)  # [V, n]; CSR, else scipy converts it for every block.
     nq, n = q.shape[0], d.shape[0]
-    self_index = np.asarray(task.query_corpus_index, dtype=np.int64)
+    self_index = (np.full(nq, -1, np.int64) if exclude is None
+                  else np.asarray(exclude, dtype=np.int64))
     ranked = np.full((nq, k), PAD_ID, dtype=np.int64)
+    scored = np.full((nq, k), -np.inf)
     if n == 0:
-        return ranked
+        return scored, ranked
     chunk = max(1, _BLOCK_ELEMENTS // n)
 
     def score_block(start: int) -> None:
@@ -192,7 +203,10 @@ def rank(system: str, task: RetrievalTask, k: int, **options) -> np.ndarray:
         own = self_index[start:stop]
         has_own = np.flatnonzero(own >= 0)
         block[has_own, own[has_own]] = -np.inf
-        ranked[start:stop] = _top_k_block(block, k)
+        ids = _top_k_block(block, k)
+        ranked[start:stop] = ids
+        scored[start:stop] = np.where(ids >= 0, np.take_along_axis(block, np.maximum(ids, 0), 1),
+                                      -np.inf)
 
     starts = range(0, nq, chunk)
     threads = min(_MAX_THREADS, os.cpu_count() or 1, len(starts))
@@ -202,4 +216,4 @@ def rank(system: str, task: RetrievalTask, k: int, **options) -> np.ndarray:
     else:
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(score_block, starts))  # list() re-raises worker errors.
-    return ranked
+    return scored, ranked

@@ -64,6 +64,16 @@ class Encoder:
     def dim(self) -> int:
         return int(self.meta["dim"])
 
+    @property
+    def id(self) -> str:
+        """A digest of the bundle's files: an index built with this encoder records it."""
+        return self.meta["id"]
+
+    def known_query_tokens(self, text: str) -> int:
+        """How many of the query's tokens are in the model's vocabulary (0: the query's
+        vector is made of OOV buckets alone, if any, and means little)."""
+        return tokenizers.known_tokens(self.sides["query"].tokenizer, text)
+
     def encode_queries(self, texts: Sequence[str], fields: Sequence[dict] | None = None,
                        batch_size: int = 256) -> np.ndarray:
         """Unit vectors float32 [len(texts), dim] of queries (with their categorical

@@ -17,7 +17,7 @@ from absl import logging
 from tqdm.auto import tqdm
 
 from dualjax import baselines as baselines_lib
-from dualjax import index, metrics, sharding, typos
+from dualjax import hybrid, index, metrics, sharding, typos
 from dualjax.data.clusters import RetrievalTask
 from dualjax.features import Fields, Inputs, Side
 
@@ -72,7 +72,8 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
                    inputs: Inputs, eval_cfg: ml_collections.ConfigDict,
                    mesh: jax.sharding.Mesh, baselines: Sequence[str] = (),
                    index_dir: str | None = None, ann_systems: Sequence[str] = ("dual_encoder",),
-                   index_extra: str = "", hybrid_systems: Sequence[str] | None = None
+                   index_extra: str = "", hybrid_systems: Sequence[str] | None = None,
+                   hybrid_weights: dict[str, float] | None = None
                    ) -> tuple[list[dict], dict[str, np.ndarray]]:
     """Every system's metrics on one retrieval task (a query never retrieves itself).
 
@@ -82,14 +83,18 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
     ScaNN index (saved under `index_dir`), whose row adds `ann_recall@10` (overlap with
     the exact top 10) and `map@100_gap` (exact minus ScaNN). Lexical `baselines` run on
     the same task. With eval.hybrid (a lexical system, e.g. "bm25"), each tower's (of
-    `hybrid_systems`; None: all) exact ranking fused with that system's by reciprocal rank fusion (`fuse_rrf`,
-    eval.hybrid_rrf_k) is the system "<tower>+<lexical>" (hybrid search). Returns (rows
-    {"system", "index", metrics...}, {label: ranked ids}).
+    `hybrid_systems`; None: all) exact ranking is fused with that system's (hybrid
+    search, `hybrid.py`) twice: by reciprocal rank fusion (eval.hybrid_rrf_k) as the
+    system "<tower>+<lexical>", and by score interpolation as "<tower>+<lexical>_interp"
+    with the dense weight `hybrid_weights[tower]`, or, where `hybrid_weights` is None
+    (a validation split), the weight that scores best here on `eval.select_by` (else
+    map@100); the row says it as "hybrid_weight". Returns (rows {"system", "index",
+    metrics...}, {label: ranked ids}).
     """
     enc = dict(batch_size=eval_cfg.batch_size, mesh=mesh)
     k = min(eval_cfg.top_k, len(task.corpus))
     exclude = task.query_corpus_index
-    rows, ranked = [], {}
+    rows, ranked, scored = [], {}, {}
 
     def add(system: str, kind: str, ids: np.ndarray, **extra) -> dict:
         row = {"system": system, "index": kind,
@@ -104,7 +109,8 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
         queries = encode_texts(encode_queries, task.queries, inputs.query,
                                desc=f"{system}: queries", fields=task.query_fields, **enc)
         exact_index, _ = index.make_index("exact", corpus, eval_cfg, k)
-        exact = add(system, "exact", exact_index.search(queries, k, exclude)[1])
+        scored[system] = exact_index.search(queries, k, exclude)[::-1]  # (ids, scores)
+        exact = add(system, "exact", scored[system][0])
         if eval_cfg.index == "scann" and system in ann_systems:
             ann_index, info = index.make_index("scann", corpus, eval_cfg, k, directory=index_dir,
                                                extra=index_extra)
@@ -116,42 +122,34 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
             row["index_built"] = info["built"]
             logging.info("ScaNN %s: %s, ready in %.2fs, %.1f MB on disk", system,
                          info["settings"], info["build_seconds"], info["bytes_on_disk"] / 2**20)
-    for name in baselines:
-        add(name, "exact", baselines_lib.rank(name, task, k))
     lexical = eval_cfg.get("hybrid", "")
+    for name in dict.fromkeys(list(baselines) + ([lexical] if lexical else [])):
+        scores, ids = baselines_lib.rank_texts(name, task.corpus, task.queries, k, exclude)
+        scored[name] = (ids, scores)
+        if name in baselines:
+            add(name, "exact", ids)
     if lexical:  # each tower's exact ranking fused with the lexical one
-        words = ranked.get(f"{lexical} [exact]")
-        if words is None:
-            words = baselines_lib.rank(lexical, task, k)
+        ids, scores = scored[lexical]
+        select_by = eval_cfg.get("select_by", "") or "map@100"
         for system in towers if hybrid_systems is None else hybrid_systems:
             add(f"{system}+{lexical}", "exact",
-                fuse_rrf([ranked[f"{system} [exact]"], words], k, eval_cfg.hybrid_rrf_k))
+                hybrid.fuse_rrf([scored[system][0], ids], k, eval_cfg.hybrid_rrf_k))
+            if hybrid_weights is None:
+                weight, _ = hybrid.choose_weight(scored[system], (ids, scores), task.relevant,
+                                                 k, select_by)
+            else:
+                weight = hybrid_weights.get(system, eval_cfg.hybrid_weight)
+            add(f"{system}+{lexical}_interp", "exact",
+                hybrid.fuse_scores(scored[system], (ids, scores), weight, k),
+                hybrid_weight=weight)
     return rows, ranked
-
-
-def fuse_rrf(rankings: Sequence[np.ndarray], k: int, rrf_k: float = 60.0) -> np.ndarray:
-    """Reciprocal rank fusion (Cormack et al. 2009): each id's score is the sum over the
-    rankings of 1 / (rrf_k + its rank there), rank 1 first; an id absent from a ranking
-    adds nothing. rankings: int [nq, K_i] each, -1 padding. Returns int [nq, k], best
-    first, ties broken by the first ranking's order, then the next; -1 padding."""
-    nq = rankings[0].shape[0]
-    out = np.full((nq, k), metrics.PAD_ID, np.int64)
-    for q in range(nq):
-        score: dict[int, float] = {}
-        for ids in rankings:
-            for rank, doc in enumerate(ids[q].tolist(), start=1):
-                if doc >= 0:
-                    score[doc] = score.get(doc, 0.0) + 1.0 / (rrf_k + rank)
-        best = sorted(score, key=score.get, reverse=True)[:k]  # stable: insertion order
-        out[q, :len(best)] = best
-    return out
 
 
 def typo_sweep(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]],
                inputs: Inputs, eval_cfg: ml_collections.ConfigDict,
                mesh: jax.sharding.Mesh, probs: Sequence[float], seed: int,
-               baselines: Sequence[str] = (), hybrid_systems: Sequence[str] | None = None
-               ) -> list[dict]:
+               baselines: Sequence[str] = (), hybrid_systems: Sequence[str] | None = None,
+               hybrid_weights: dict[str, float] | None = None) -> list[dict]:
     """Typo robustness (Moscicki 2022, section 4.4): every system's metrics with typos in
     the queries, at each typo probability of `probs`.
 
@@ -166,7 +164,8 @@ def typo_sweep(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]]
     for p in probs:
         noisy = dataclasses.replace(task, queries=typos.typo_texts(task.queries, p, seed))
         p_rows, _ = evaluate_split(noisy, towers, inputs, eval_cfg, mesh, baselines=baselines,
-                                   ann_systems=(), hybrid_systems=hybrid_systems)
+                                   ann_systems=(), hybrid_systems=hybrid_systems,
+                                   hybrid_weights=hybrid_weights or {})
         rows += [{"system": r["system"], "index": r["index"], "typo_p": float(p),
                   **{k: v for k, v in r.items() if k not in ("system", "index")}}
                  for r in p_rows]

@@ -9,6 +9,7 @@ the config or the optimizer state.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -25,7 +26,6 @@ from dualjax import trained as trained_lib
 from dualjax.encoder import FORMAT, SIDES, Encoder
 from dualjax.metrics_log import setup_logging
 from dualjax.workdir import atomic_write
-
 
 
 def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "tpu")
@@ -60,7 +60,12 @@ def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "t
     for name in ("vocab.json", "features.json"):
         if os.path.exists(os.path.join(workdir, name)):
             shutil.copyfile(os.path.join(workdir, name), os.path.join(tmp, name))
-    meta = {"format": FORMAT, "model": trained.config.model.name, "step": trained.step,
+    digest = hashlib.sha256()  # the bundle's id: what an index built with it records
+    for name in sorted(os.listdir(tmp)):
+        with open(os.path.join(tmp, name), "rb") as f:
+            digest.update(name.encode() + f.read())
+    meta = {"format": FORMAT, "id": digest.hexdigest()[:16], "model": trained.config.model.name,
+            "step": trained.step,
             "workdir": os.path.abspath(workdir), "dim": dims["query"],
             "max_len": {side: getattr(inputs, side).max_len for side in SIDES},
             "platforms": list(platforms), "jax": jax.__version__}

@@ -348,3 +348,8 @@ def make_index(kind: str, corpus: np.ndarray, eval_cfg: ml_collections.ConfigDic
                                  if e.is_file()) if on_disk else 0,
             "settings": dict(idx.settings)}
     return idx, info
+
+
+if __name__ == "__main__":  # python -m dualjax.index: a served corpus index (corpus_index.py)
+    from dualjax import corpus_index
+    corpus_index.run()

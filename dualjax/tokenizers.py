@@ -320,3 +320,13 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
         raise ValueError(f"corrupt tokenizer file {os.fspath(path)}: unknown type {kind!r}; "
                          f"known: {', '.join(_LOADERS)}")
     return _LOADERS[kind](path)
+
+
+def known_tokens(tokenizer: Tokenizer, text: str) -> int:
+    """How many of `text`'s tokens the tokenizer knows: in its vocabulary, not an OOV
+    bucket or the unknown id (a sentencepiece model's <unk>, our id 1)."""
+    ids = tokenizer.token_ids(text)
+    vocab = getattr(tokenizer, "vocab", None)
+    if vocab is None:
+        return sum(i != 1 for i in ids)
+    return sum(1 <= i <= len(vocab) for i in ids)

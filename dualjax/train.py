@@ -282,11 +282,14 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         return {name: tuple(functools.partial(f, p) for f in encoders)
                 for name, p in systems.items()}
 
+    hybrid_weights: dict[str, dict[str, float]] = {}  # task -> model -> val's choice
+
     def run_eval(task: tasks_lib.Task, systems: dict[str, Any], split: str, step: int,
                  baselines: Sequence[str] = (), final: bool = False,
                  row_fields: dict[str, dict] | None = None) -> list[dict]:
         """Evaluates towers (name -> params) and baselines on a task's split; logs every
-        row (with `row_fields[system]` added to that system's rows)."""
+        row (with `row_fields[system]` added to that system's rows). The hybrid weight
+        is chosen on val and kept for the task's other splits."""
         data = task.eval_task(split)
         if final:
             evaluate.log_missing_fields(data, inputs)
@@ -294,7 +297,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         rows, ranked = evaluate.evaluate_split(
             data, towers_of(systems), inputs, config.eval, mesh, baselines=baselines,
             index_dir=where if final else None, ann_systems=(system,) if final else (),
-            index_extra=f"step {step}", hybrid_systems=(system,))
+            index_extra=f"step {step}", hybrid_systems=(system,),
+            hybrid_weights=None if split == "val" else hybrid_weights.get(task.name, {}))
+        if split == "val":
+            hybrid_weights[task.name] = {system: r["hybrid_weight"] for r in rows
+                                         if "hybrid_weight" in r}
         for row in rows:
             row.update((row_fields or {}).get(row["system"], {}))
             log.write(step, split, row, **task.fields())
@@ -418,7 +425,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         name = f"task {task.name}, " if task.name else ""
         typo_rows = evaluate.typo_sweep(task.eval_task(last), towers_of(systems), inputs,
                                         config.eval, mesh, typo_probs,
-                                        config.eval.typo_seed, baselines, (system,))
+                                        config.eval.typo_seed, baselines, (system,),
+                                        hybrid_weights.get(task.name, {}))
         for row in typo_rows:
             log.write(step, last, row, **task.fields())
             evaluate.log_metrics(f"eval {last} typo_p={row['typo_p']} {evaluate.row_label(row)}",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import load_config
-from dualjax import evaluate, sharding
+from dualjax import evaluate, hybrid, sharding
 from dualjax.data.clusters import RetrievalTask
 from dualjax.features import Inputs, Side
 from dualjax.models import dual_encoder
@@ -165,28 +165,62 @@ def test_evaluate_split_hand_computed(mesh, cfg_overrides):
 def test_reciprocal_rank_fusion_by_hand():
     dense = np.array([[3, 1, 2, -1], [5, 6, -1, -1]])
     words = np.array([[2, 4, 3, -1], [-1, -1, -1, -1]])
-    fused = evaluate.fuse_rrf([dense, words], k=4, rrf_k=1.0)
+    fused = hybrid.fuse_rrf([dense, words], k=4, rrf_k=1.0)
     # q0: 3: 1/2 + 1/4 = 0.75; 2: 1/4 + 1/2 = 0.75 (tie: the first ranking's order);
     #     1: 1/3; 4: 1/3 (tie: 1 came first, from the first ranking).
     np.testing.assert_array_equal(fused[0], [3, 2, 1, 4])
     # q1: only the first ranking has results: its order, then padding.
     np.testing.assert_array_equal(fused[1], [5, 6, -1, -1])
-    np.testing.assert_array_equal(evaluate.fuse_rrf([dense, words], k=2)[0], [3, 2])
+    np.testing.assert_array_equal(hybrid.fuse_rrf([dense, words], k=2)[0], [3, 2])
+
+
+def test_score_interpolation_by_hand():
+    dense = (np.array([[3, 1, 2]]), np.array([[0.9, 0.5, 0.1]]))  # scaled: 1, 0.5, 0
+    words = (np.array([[2, 4, -1]]), np.array([[8.0, 2.0, -np.inf]]))  # scaled: 1, 0
+    # w = 0.6: 3: 0.6; 1: 0.3; 2: 0 + 0.4 = 0.4; 4: 0 (tie with nothing above it).
+    np.testing.assert_array_equal(hybrid.fuse_scores(dense, words, 0.6, 4), [[3, 2, 1, 4]])
+    # w = 0.2: 3: 0.2; 1: 0.1; 2: 0.8; 4: 0.
+    np.testing.assert_array_equal(hybrid.fuse_scores(dense, words, 0.2, 3), [[2, 3, 1]])
+    # One document only: its scaled score is 1; an empty list adds nothing.
+    one = (np.array([[7, -1]]), np.array([[0.3, -np.inf]]))
+    none = (np.array([[-1, -1]]), np.array([[-np.inf, -np.inf]]))
+    np.testing.assert_array_equal(hybrid.fuse_scores(one, none, 0.5, 2), [[7, -1]])
+    # The weight chosen is the grid's best on these labels: only the lexical order puts
+    # 2 first, so a low dense weight wins; 0.0 is the first of the best.
+    weight, value = hybrid.choose_weight(dense, words, [frozenset({2})], 3, "mrr@10")
+    assert (weight, value) == (0.0, 1.0)
 
 
 def test_hybrid_search_fuses_each_tower_with_bm25(mesh):
     enc = _lookup_encoder(ANGLES)
-    cfg = _eval_cfg(hybrid="bm25", hybrid_rrf_k=60.0)
+    cfg = _eval_cfg(hybrid="bm25", hybrid_rrf_k=60.0, hybrid_weight=0.5)
     rows, ranked = evaluate.evaluate_split(TASK, {"dual_encoder": (enc, enc)}, INPUTS, cfg,
                                            mesh, baselines=("bm25",))
-    assert [r["system"] for r in rows] == ["dual_encoder", "bm25", "dual_encoder+bm25"]
+    assert [r["system"] for r in rows] == ["dual_encoder", "bm25", "dual_encoder+bm25",
+                                           "dual_encoder+bm25_interp"]
+    k = min(100, len(TASK.corpus))
     np.testing.assert_array_equal(
         ranked["dual_encoder+bm25 [exact]"],
-        evaluate.fuse_rrf([ranked["dual_encoder [exact]"], ranked["bm25 [exact]"]],
-                          min(100, len(TASK.corpus)), 60.0))
-    # Without bm25 among the baselines, the fusion ranks with it all the same.
-    rows, _ = evaluate.evaluate_split(TASK, {"dual_encoder": (enc, enc)}, INPUTS, cfg, mesh)
-    assert [r["system"] for r in rows] == ["dual_encoder", "dual_encoder+bm25"]
+        hybrid.fuse_rrf([ranked["dual_encoder [exact]"], ranked["bm25 [exact]"]], k, 60.0))
+    # Chosen here (a val split): the best weight of the grid, by map@100 of its ranking.
+    weight = rows[-1]["hybrid_weight"]
+    assert weight in hybrid.WEIGHTS
+    fixed = {w: evaluate.evaluate_split(TASK, {"dual_encoder": (enc, enc)}, INPUTS, cfg, mesh,
+                                        hybrid_weights={"dual_encoder": w})[0][-1]["map@100"]
+             for w in hybrid.WEIGHTS}
+    assert rows[-1]["map@100"] == max(fixed.values()) == fixed[weight]
+    # Given (a test split): that weight; w = 1 is the dense ranking itself.
+    rows, ranked = evaluate.evaluate_split(TASK, {"dual_encoder": (enc, enc)}, INPUTS, cfg,
+                                           mesh, hybrid_weights={"dual_encoder": 1.0})
+    assert [r["system"] for r in rows] == ["dual_encoder", "dual_encoder+bm25",
+                                           "dual_encoder+bm25_interp"]
+    assert rows[-1]["hybrid_weight"] == 1.0
+    np.testing.assert_array_equal(ranked["dual_encoder+bm25_interp [exact]"],
+                                  ranked["dual_encoder [exact]"])
+    # No weight for this tower: eval.hybrid_weight.
+    rows, _ = evaluate.evaluate_split(TASK, {"dual_encoder": (enc, enc)}, INPUTS, cfg, mesh,
+                                      hybrid_weights={})
+    assert rows[-1]["hybrid_weight"] == 0.5
 
 
 def test_evaluate_split_uses_query_and_document_towers(mesh):

@@ -19,7 +19,7 @@ def workdir(tmp_path_factory):
 
 
 def test_searcher_reuses_the_saved_index_and_ranks_by_score(workdir):
-    searcher = search.Searcher(str(workdir), "test", k=5)
+    searcher = search.from_workdir(str(workdir), "test", k=5)
     assert searcher.info["built"] is False  # the final evaluation's index, loaded
     query = searcher.corpus[7]
     results = searcher.search([query, "something else entirely"])
@@ -33,7 +33,7 @@ def test_a_changed_corpus_fingerprint_rebuilds(workdir, monkeypatch):
     from dualjax import index
     real = index.corpus_fingerprint
     monkeypatch.setattr(index, "corpus_fingerprint", lambda c, extra="": real(c, extra + "x"))
-    assert search.Searcher(str(workdir), "test", k=5).info["built"] is True
+    assert search.from_workdir(str(workdir), "test", k=5).info["built"] is True
 
 
 def test_search_command_line(workdir):
@@ -44,3 +44,97 @@ def test_search_command_line(workdir):
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("\n> ") == 2
     assert "  1. +" in out.stdout and "  3. " in out.stdout
+
+
+@pytest.fixture(scope="module")
+def bundle(workdir, tmp_path_factory):
+    from dualjax import export
+    path = str(tmp_path_factory.mktemp("bundle") / "export")
+    export.export(str(workdir), path, platforms=("cpu",))
+    return path
+
+
+def test_corpus_files_are_read_with_their_ids_and_bad_lines_named(tmp_path):
+    from dualjax.data.corpus_file import read_corpus
+    from dualjax.data.pairs_file import DataError
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_text('{"_id": "a", "title": "Cars", "text": "fix a car"}\n'
+                     '{"id": 7, "document": "cook rice"}\n{"text": "no id"}\n')
+    assert read_corpus(str(jsonl)) == (["a", "7", "3"], ["Cars. fix a car", "cook rice", "no id"])
+    tsv = tmp_path / "c.tsv"
+    tsv.write_text("d1\tfix a car\nonly a text\n")
+    assert read_corpus(str(tsv)) == (["d1", "2"], ["fix a car", "only a text"])
+    beir = tmp_path / "beir"
+    beir.mkdir()
+    (beir / "corpus.jsonl").write_text('{"_id": "x", "text": "t"}\n')
+    assert read_corpus(str(beir)) == (["x"], ["t"])
+    for name, body, message in [("dup.tsv", "a\tx\na\ty\n", r"dup.tsv:2: duplicate id 'a' \(first at line 1\)"),
+                                ("tabs.tsv", "a\tb\tc\n", r"tabs.tsv:1: 2 tabs"),
+                                ("bad.jsonl", '{"text": "ok"}\n{"title": "t"}\n', r"bad.jsonl:2: needs a string")]:
+        (tmp_path / name).write_text(body)
+        with pytest.raises(DataError, match=message):
+            read_corpus(str(tmp_path / name))
+
+
+def test_an_exported_encoder_and_its_index_answer_without_the_workdir(workdir, bundle, tmp_path,
+                                                                   monkeypatch):
+    import json
+    import numpy as np
+    import dualjax
+    from dualjax import corpus_index
+    texts = search.from_workdir(str(workdir), "test", k=5).corpus[:60]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"doc{i}", "text": t}) + "\n"
+                              for i, t in enumerate(texts)))
+    out = subprocess.run([sys.executable, "-m", "dualjax.index", f"--encoder={bundle}",
+                          f"--corpus={corpus}", f"--out={tmp_path / 'idx'}", "--kind=scann"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "60 documents" in out.stdout
+
+    # In process: the saved index, loaded by the encoder's id; the corpus is not encoded
+    # again, and the answers are exact search over the bundle's own vectors.
+    encoder = dualjax.Encoder.load(bundle)
+    with monkeypatch.context() as m:
+        m.setattr(dualjax.Encoder, "encode_documents", lambda *a, **k: pytest.fail("re-encoded"))
+        searcher = search.from_bundle(bundle, str(tmp_path / "idx"), k=4)
+        queries = [texts[3], "how do i cook rice ?"]
+        got = searcher.search(queries)
+    assert searcher.info["encoder_id"] == encoder.id and searcher.info["n"] == 60
+    docs, q = encoder.encode_documents(texts), encoder.encode_queries(queries)
+    want = np.argsort(-(q @ docs.T), axis=1, kind="stable")[:, :4]
+    assert [[t for _, t in row] for row in got] == [[texts[i] for i in row] for row in want]
+    assert got[0][0][1] == texts[3]
+    fused = searcher.search(queries, hybrid="bm25")
+    assert fused[0][0][1] == texts[3]  # first in both rankings
+    assert [len(r) for r in searcher.search(queries, "bm25", weight=1.0)] == [4, 4]
+
+    # An index is only read with the encoder that built it.
+    meta = json.loads((tmp_path / "idx" / "index.json").read_text())
+    meta["encoder_id"] = "0" * 16
+    (tmp_path / "idx" / "index.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="was built with encoder 0000000000000000, not"):
+        corpus_index.CorpusIndex(str(tmp_path / "idx"), encoder.id)
+
+
+def test_search_command_line_from_a_bundle_says_when_no_token_is_known(bundle, workdir, tmp_path):
+    corpus = tmp_path / "corpus.tsv"
+    corpus.write_text("a\thow do i repair my car ?\nb\tbest way to cook rice ?\n"
+                      "c\thow can i learn to swim ?\n")
+    from dualjax import corpus_index
+    import dualjax
+    corpus_index.build(dualjax.Encoder.load(bundle), ["a", "b", "c"],
+                       [line.split("\t")[1] for line in corpus.read_text().splitlines()],
+                       str(tmp_path / "idx"), kind="exact")
+    out = subprocess.run(
+        [sys.executable, "-m", "dualjax.search", f"--encoder={bundle}", f"--index={tmp_path / 'idx'}",
+         "--k=2", "--query=how do i repair my car", "--query=zzqx qqzv", "--hybrid=bm25"],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.split("\n> ")[1:]
+    assert "1. +" in first and "how do i repair my car ?" in first.splitlines()[1]
+    assert "no token of this query is in the model's vocabulary" in second
+    assert "no token" not in first
+    bad = subprocess.run([sys.executable, "-m", "dualjax.search", f"--encoder={bundle}",
+                          "--query=x"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and "give --encoder and --index" in bad.stderr

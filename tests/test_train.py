@@ -254,7 +254,7 @@ def test_categorical_fields_and_side_lengths_train_evaluate_and_search(tmp_path)
     trained = search.load_trained(workdir)
     assert (trained.inputs.query.max_len, trained.inputs.document.max_len) == (6, 12)
     assert trained.inputs.document.features == doc_side
-    hits = search.Searcher(workdir, k=3).search(["how do i fix my bike 7 ?"])[0]
+    hits = search.from_workdir(workdir, k=3).search(["how do i fix my bike 7 ?"])[0]
     assert len(hits) == 3 and all("bike" in text for _, text in hits[:1])
 
     # The serving bundle encodes as the model does, fields included, from its own folder.
@@ -414,7 +414,7 @@ def test_multi_task_shares_the_encoder_with_a_scale_per_task_and_resumes(tmp_pat
     for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(final_params(split, 20))):
         np.testing.assert_array_equal(x, y)
     from dualjax import search
-    hits = search.Searcher(whole, k=2, task="fix").search(["how do i fix my car 3 ?"])[0]
+    hits = search.from_workdir(whole, k=2, task="fix").search(["how do i fix my car 3 ?"])[0]
     assert len(hits) == 2
     with pytest.raises(config_lib.ConfigError, match="tasks.fix.weight"):
         cfg = _two_tasks(tmp_path)
@@ -464,9 +464,13 @@ def test_select_by_keeps_and_evaluates_the_best_validation_step(tmp_path):
     MAP (the earliest on a tie), and the final evaluation scores them beside the last
     step's. A learning rate of 0.3 overshoots after its best step here."""
     cfg = tiny(**{"eval_every_steps": 5, "eval.select_by": "map@100", "eval.index": "exact",
-                  "optimizer.learning_rate": 0.3, "mesh.num_devices": 2})
+                  "optimizer.learning_rate": 0.3, "mesh.num_devices": 2, "eval.hybrid": "bm25"})
     results = train.train_and_evaluate(cfg, str(tmp_path))
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    # The hybrid interpolation's weight is chosen on val, and the test split uses it.
+    weights = {r["split"]: r["hybrid_weight"] for r in rows
+               if r["step"] == 20 and r.get("system") == "dual_encoder+bm25_interp"}
+    assert weights["test"] == weights["val"] and set(weights) == {"val", "test"}
     val = {r["step"]: r["map@100"] for r in rows
            if r["split"] == "val" and r["system"] == "dual_encoder" and r["index"] == "exact"}
     assert sorted(val) == [5, 10, 15, 20]

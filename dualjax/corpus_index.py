@@ -1,0 +1,138 @@
+"""A corpus encoded by an exported encoder and saved with its index, for serving.
+
+    python -m dualjax.index --encoder=runs/default/export --corpus=corpus.jsonl --out=IDX
+    python -m dualjax.search --encoder=runs/default/export --index=IDX --query="..."
+
+The corpus is a TSV, a JSONL or a BEIR folder (`data/corpus_file.py`). OUT holds
+corpus.jsonl (id and text per line, in index order), embeddings.npy (float32 [n, dim]),
+scann/ (a ScaNN searcher, unless --kind=exact) and index.json, written last: the
+encoder's id (a digest of its bundle) and the fingerprint the searcher was saved under.
+Loading checks the encoder's id against it and never re-encodes the corpus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+
+import ml_collections
+import numpy as np
+from absl import app, flags, logging
+from tqdm.auto import tqdm
+
+from dualjax import index as index_lib
+from dualjax.data.corpus_file import read_corpus
+from dualjax.encoder import Encoder
+from dualjax.workdir import atomic_write
+
+META = "index.json"
+FORMAT = 1
+
+
+def _eval_config(kind: str) -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict({"index": kind, "query_chunk": 256, "corpus_chunk": 4096,
+                                      "scann": index_lib.default_scann_config()})
+
+
+def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: str = "scann",
+          k: int = 100, batch_size: int = 1024) -> "CorpusIndex":
+    """Encodes `texts` with the encoder's document side (a progress bar over batches),
+    builds a `kind` index ("scann" or "exact") and writes it all to `out` (replacing what
+    is there). Returns it loaded."""
+    if kind not in index_lib.INDEXES:
+        raise ValueError(f"--kind={kind!r} is not one of: {', '.join(index_lib.INDEXES)}")
+    start = time.perf_counter()
+    parts = []
+    with tqdm(total=len(texts), desc="encode corpus", unit="text", disable=None) as bar:
+        for at in range(0, len(texts), batch_size):
+            parts.append(encoder.encode_documents(texts[at:at + batch_size], batch_size=batch_size))
+            bar.update(len(parts[-1]))
+    embeddings = np.concatenate(parts).astype(np.float32)
+    encoded = time.perf_counter() - start
+    tmp = f"{out.rstrip(os.sep)}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    np.save(os.path.join(tmp, "embeddings.npy"), embeddings)
+    with open(os.path.join(tmp, "corpus.jsonl"), "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n"
+                     for i, t in zip(ids, texts))
+    digest = hashlib.sha256(encoder.id.encode())
+    digest.update(open(os.path.join(tmp, "corpus.jsonl"), "rb").read())
+    fingerprint, settings = digest.hexdigest(), {}
+    if kind == "scann":
+        searcher = index_lib.ScannIndex.build(embeddings, _eval_config(kind).scann,
+                                              min(k, len(texts)))
+        searcher.save(os.path.join(tmp, "scann"), fingerprint)
+        settings = searcher.settings
+    meta = {"format": FORMAT, "encoder_id": encoder.id, "fingerprint": fingerprint,
+            "kind": kind, "n": len(texts), "dim": int(embeddings.shape[1]),
+            "settings": settings, "encode_seconds": round(encoded, 3),
+            "build_seconds": round(time.perf_counter() - start - encoded, 3)}
+    atomic_write(os.path.join(tmp, META), json.dumps(meta, indent=1) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return CorpusIndex(out, encoder.id)
+
+
+class CorpusIndex:
+    """A saved corpus index: its ids, texts and searcher (ScaNN or exact)."""
+
+    def __init__(self, directory: str, encoder_id: str | None = None):
+        path = os.path.join(directory, META)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{directory}: no {META}; build one with python -m "
+                                    "dualjax.index --encoder=DIR --corpus=FILE --out=DIR")
+        with open(path) as f:
+            self.meta = json.load(f)
+        if encoder_id is not None and self.meta["encoder_id"] != encoder_id:
+            raise ValueError(f"{directory} was built with encoder {self.meta['encoder_id']}, "
+                             f"not {encoder_id}: build it again with this encoder")
+        with open(os.path.join(directory, "corpus.jsonl"), encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f]
+        self.ids, self.texts = [r["id"] for r in rows], [r["text"] for r in rows]
+        n, dim = self.meta["n"], self.meta["dim"]
+        if self.meta["kind"] == "scann":
+            self.searcher = index_lib.ScannIndex.load(os.path.join(directory, "scann"),
+                                                      self.meta["fingerprint"], n, dim)
+            if self.searcher is None:
+                raise ValueError(f"{directory}/scann: not the searcher {META} describes; "
+                                 "build the index again")
+        else:
+            self.searcher = index_lib.ExactIndex(
+                np.load(os.path.join(directory, "embeddings.npy"), mmap_mode="r"))
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores [nq, k], ids [nq, k]) of queries [nq, dim], best first, -1 padding."""
+        return self.searcher.search(queries, min(k, len(self.texts)))
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    from dualjax.data.pairs_file import DataError
+    from dualjax.metrics_log import setup_logging
+    setup_logging()
+    f = flags.FLAGS
+    try:
+        encoder = Encoder.load(f.encoder)
+        ids, texts = read_corpus(f.corpus)
+        built = build(encoder, ids, texts, f.out, f.kind, batch_size=f.batch_size)
+    except (FileNotFoundError, DataError, ValueError) as e:
+        sys.exit(f"dualjax.index: {e}")
+    m = built.meta
+    logging.info("encoded in %.1fs, index built in %.1fs", m["encode_seconds"], m["build_seconds"])
+    print(f"{f.out}: {m['n']} documents, {m['dim']}-d, {m['kind']} index, encoder {m['encoder_id']}")
+
+
+def run() -> None:
+    """`python -m dualjax.index` and the `dualjax-index` console script."""
+    flags.DEFINE_string("encoder", None, "An exported encoder (python -m dualjax.export).")
+    flags.DEFINE_string("corpus", None, "A corpus: .jsonl, .json, .tsv, .txt or a BEIR folder.")
+    flags.DEFINE_string("out", None, "The index's folder (made or replaced).")
+    flags.DEFINE_enum("kind", "scann", list(index_lib.INDEXES), "The searcher to build.")
+    flags.DEFINE_integer("batch_size", 1024, "Texts per encoding batch.")
+    flags.mark_flags_as_required(["encoder", "corpus", "out"])
+    app.run(main)
