@@ -241,6 +241,8 @@ def get_config() -> ml_collections.ConfigDict:
                                     # the step with the best val value (evaluations every
                                     # eval_every_steps, and the last step) and evaluate them
                                     # too, as "<model>_best" with its "selected_step" ("": off)
+    c.eval.early_stopping = 0       # with select_by: stop training once the best val step is
+                                    # this many evaluations behind (0: never)
     c.eval.hybrid = ""              # hybrid search: each trained model's ranking fused with
                                     # this lexical system's ("bm25", "tfidf") by reciprocal
                                     # rank fusion, evaluated as "<model>+bm25", and by score

@@ -267,7 +267,15 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
     start = int(state["step"])
     if last_saved is not None:
         signals.stage = f"before training; the checkpoint of step {last_saved} is kept"
-    if start == config.num_train_steps and not config.eval.rerun:
+    best = checkpoints.BestParams(workdir, config.eval.select_by) if config.eval.select_by else None
+    patience = config.eval.early_stopping * config.eval_every_steps
+
+    def stopped_early(step: int) -> bool:
+        """eval.early_stopping: the best val step is that many evaluations behind."""
+        return bool(patience and best and best.step is not None and
+                    step < config.num_train_steps and step - best.step >= patience)
+
+    if (start == config.num_train_steps or stopped_early(start)) and not config.eval.rerun:
         done = finished_results(log, tasks, splits, start)
         if done is not None:
             print(f"{workdir} finished at step {start}; its results are in metrics.jsonl and "
@@ -315,7 +323,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         return rows
 
     # eval.select_by: the params of the best validation step so far (first task with val).
-    best = checkpoints.BestParams(workdir, config.eval.select_by) if config.eval.select_by else None
     selecting = next((t for t in tasks if "val" in splits[t.name]), None)
     if best and selecting is None:
         logging.warning("eval.select_by=%s: no task has a val split; the last step is used",
@@ -334,6 +341,16 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         ckpt.save(step, state, data_state())
         last_saved = step
 
+    def validate(step: int) -> None:
+        for task in tasks:
+            if "val" in splits[task.name]:
+                offer(task, run_eval(task, {system: state["params"]}, "val", step), step)
+
+    if (best and selecting and start and start < config.num_train_steps and config.eval_every_steps
+            and start % config.eval_every_steps == 0
+            and not any(r["step"] == start and r["split"] == "val" for r in log.read())):
+        validate(start)  # killed during the evaluation at its checkpoint: it decides what's best
+
     # Loop.
     weights = [t.weight for t in tasks]
     pending: list[tuple[int, dict]] = []
@@ -342,7 +359,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                disable=None, dynamic_ncols=True)
     signals.deferring = True  # a signal now saves at the end of the step
     try:
-        for step in range(start + 1, config.num_train_steps + 1):
+        for step in range(start + 1, config.num_train_steps + 1 if not stopped_early(start) else 0):
             t = tasks_lib.task_at_step(step, weights, config.seed)
             local = next(data_iters[t])
             local["task"] = np.full(len(local["q_ids"]), t, np.int32)
@@ -352,8 +369,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                 hook(step, step_metrics)
             bar.update(1)
             is_last = step == config.num_train_steps
-            is_ckpt = is_last or (config.checkpoint_every_steps and
-                                  step % config.checkpoint_every_steps == 0) or signals.received
+            is_eval = config.eval_every_steps and step % config.eval_every_steps == 0 and not is_last
+            is_ckpt = (is_last or (config.checkpoint_every_steps and
+                                   step % config.checkpoint_every_steps == 0)
+                       or signals.received or (patience and is_eval))  # it may be the last
             if is_ckpt or step % max(config.log_every_steps, 1) == 0:
                 pending = jax.device_get(pending)
                 check_finite(pending, last_saved)
@@ -374,23 +393,26 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
             if signals.received:
                 raise Preempted(f"{signals.received}: saved a checkpoint at step {step} in "
                                 f"{workdir}; run the same command again to resume")
-            if config.eval_every_steps and step % config.eval_every_steps == 0 and not is_last:
+            if is_eval:
                 signals.deferring = False  # evaluation stops at once: nothing to lose
                 signals.stage = (f"during the evaluation at step {step}; the checkpoint of "
                                  f"step {last_saved} is kept" if last_saved is not None else
                                  f"during the evaluation at step {step}; nothing was saved")
-                for task in tasks:
-                    if "val" in splits[task.name]:
-                        offer(task, run_eval(task, {system: state["params"]}, "val", step), step)
+                validate(step)
                 since = (step, time.perf_counter())  # evaluation time is not training time
                 signals.deferring = True
+                if stopped_early(step):  # saved above: a rerun finds it finished
+                    logging.info("eval.early_stopping: val %s has not improved on step %d for %d "
+                                 "evaluations; training stops at step %d", config.eval.select_by,
+                                 best.step, config.eval.early_stopping, step)
+                    break
     finally:  # also on errors: the saves already started finish before we leave
         signals.deferring = False
         bar.close()
         ckpt.close()
 
     # Final evaluation: the trained towers, their initialisation and the baselines.
-    step = config.num_train_steps
+    step = int(state["step"])  # num_train_steps, or where early stopping ended training
     signals.stage = (f"during the final evaluation; training is finished and saved at step "
                      f"{step}, and running again evaluates it")
     systems = {system: state["params"]}

@@ -489,3 +489,58 @@ def test_select_by_keeps_and_evaluates_the_best_validation_step(tmp_path):
         with pytest.raises(config_lib.ConfigError, match=match):
             config_lib.validate(tiny(**{"eval.select_by": "map@100", "eval_every_steps": 5,
                                         **overrides}), 8)
+
+
+def test_early_stopping_ends_training_once_val_stops_improving(tmp_path, capsys):
+    """eval.early_stopping=1: training stops at the first evaluation that is not a new
+    best; the final evaluation is of that step, and the same command again finds the run
+    finished. The run without it shows where that step is."""
+    common = {"eval_every_steps": 5, "eval.select_by": "map@100", "eval.index": "exact",
+              "optimizer.learning_rate": 0.3, "mesh.num_devices": 2, "num_train_steps": 30,
+              "eval.baselines": "", "eval.untrained": False}
+    train.train_and_evaluate(tiny(**common), str(tmp_path / "full"))
+    val = {r["step"]: r["map@100"] for r in map(json.loads, open(tmp_path / "full" / "metrics.jsonl"))
+           if r["split"] == "val" and r.get("system") == "dual_encoder"}
+    best, stop = -1.0, None
+    for step in sorted(val):
+        if val[step] <= best and step < 30:
+            stop = step
+            break
+        best = max(best, val[step])
+    assert stop is not None and stop < 30  # the learning rate overshoots in this run
+
+    cfg = tiny(**common, **{"eval.early_stopping": 1})
+    results = train.train_and_evaluate(cfg, str(tmp_path / "early"))
+    rows = [json.loads(line) for line in open(tmp_path / "early" / "metrics.jsonl")]
+    assert max(r["step"] for r in rows) == stop
+    assert {r["step"]: r["map@100"] for r in rows if r["split"] == "val"
+            and r.get("system") == "dual_encoder" and r["step"] < stop} == {
+                s: v for s, v in val.items() if s < stop}
+    assert [r["step"] for r in rows if r["split"] == "test"
+            and r.get("system") == "dual_encoder"] == [stop]
+    assert str(stop) in os.listdir(tmp_path / "early" / "checkpoints")
+    capsys.readouterr()
+    again = train.train_and_evaluate(cfg, str(tmp_path / "early"))
+    assert {k: r["map@100"] for k, r in again.items()} == {k: r["map@100"] for k, r in results.items()}
+    assert f"finished at step {stop}" in capsys.readouterr().out
+    # Killed during the evaluation of the best step (its checkpoint is saved first): the
+    # same command evaluates that step again, so it is still the best, and stops as above.
+    from dualjax import evaluate
+    real, calls = evaluate.evaluate_split, []
+
+    def dies(task, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == (stop - 5) // 5:
+            raise RuntimeError("killed")
+        return real(task, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(evaluate, "evaluate_split", dies)
+        with pytest.raises(RuntimeError, match="killed"):
+            train.train_and_evaluate(cfg, str(tmp_path / "killed"))
+    assert not any(r["step"] == stop - 5 and r["split"] == "val"
+                   for r in map(json.loads, open(tmp_path / "killed" / "metrics.jsonl")))
+    resumed = train.train_and_evaluate(cfg, str(tmp_path / "killed"))
+    assert {k: r["map@100"] for k, r in resumed.items()} == {k: r["map@100"] for k, r in results.items()}
+    with pytest.raises(config_lib.ConfigError, match="eval.early_stopping"):
+        config_lib.validate(tiny(**{"eval.early_stopping": 2}), 8)
