@@ -57,6 +57,9 @@ def _check_loss(loss: ml_collections.ConfigDict) -> None:
                           "in (0, 1]")
     if loss.sdml_scale <= 0:
         raise ConfigError(f"config.loss.sdml_scale={loss.sdml_scale} must be > 0")
+    if type(loss.column_block) is not int or loss.column_block < 0:
+        raise ConfigError(f"config.loss.column_block={loss.column_block!r} must be an int >= 0 "
+                          "(columns scored at a time; 0: all at once)")
     # Options that do nothing for this loss are mistakes: say which losses use them.
     users = lambda option: ", ".join(n for n, s in losses.LOSSES.items() if option in s.options)
     for option, ignored in (("symmetric", loss.symmetric), ("hard", loss.hard),
@@ -112,7 +115,9 @@ def _check_pses(config: ml_collections.ConfigDict, pretraining: bool) -> None:
     _positive(config, "model.pses.hidden_dim", "model.pses.shared_dim", "model.pses.specific_dim",
               "loss.pses.critic_hidden_dim", "loss.pses.critic_steps",
               "loss.pses.critic_learning_rate")
-    _positive(config, "model.pses.hidden_layers", "loss.pses.margin", "loss.pses.critic_clip",
+    if m.hidden_layers not in (1, 2, 3):  # the paper's encoders: 1-3 tanh hidden layers
+        raise ConfigError(f"config.model.pses.hidden_layers={m.hidden_layers} must be 1, 2 or 3")
+    _positive(config, "loss.pses.margin", "loss.pses.critic_clip",
               *(f"loss.pses.{k}_weight" for k in ("orthogonality", "adversarial",
                                                   "reconstruction", "regularization")),
               allow_zero=True)
@@ -215,10 +220,17 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
         if not config.eval_every_steps:
             raise ConfigError(f"config.eval.select_by={config.eval.select_by!r} chooses among "
                               "the validation evaluations: set config.eval_every_steps > 0")
+    if config.eval.early_stopping < 0 or (config.eval.early_stopping and not config.eval.select_by):
+        raise ConfigError(f"config.eval.early_stopping={config.eval.early_stopping} counts "
+                          "evaluations without a better config.eval.select_by: set that metric "
+                          "and a count >= 0")
     if config.eval.get("hybrid", ""):
         _one_of("eval.hybrid", config.eval.hybrid,
                 [n for n in baselines.BASELINES if n != "identity"])
         _positive(config, "eval.hybrid_rrf_k", allow_zero=True)
+        if not 0 <= config.eval.hybrid_weight <= 1:
+            raise ConfigError(f"config.eval.hybrid_weight={config.eval.hybrid_weight} must be "
+                              "in [0, 1]")
     typo_probs(config)
     _positive(config, "global_batch_size", "model.vocab_size", "model.max_len",
               "model.embed_dim", "model.hidden_dim", "model.output_dim", "model.temperature",

@@ -35,10 +35,22 @@ interleaved P N N P N N.
     "labels"             [B] 0/1      pointwise_logistic only: is pair i relevant
 
 Two implementations of every loss: `reference(name)` is a plain one on the full matrix
-(no shard_map), and `sharded(name, mesh)` runs one per-device core (`local_block`: this
-device's rows of M and their masks, after gathering every column) under `jax.shard_map`
-over the mesh's `data` axis, with a small per-loss reduction on top. tests/test_losses.py
-shows both give the same loss and gradients on 8 devices.
+(no shard_map), and `sharded(name, mesh)` runs one per-device core under `jax.shard_map`
+over the mesh's `data` axis: each device gathers every column and scores its b rows
+against them (`local_block`: a Block of scores and masks), and each loss reduces a Block
+to per-row statistics (`stats`: Sum, Max or LogSumExp, [b] each) that `finish` turns
+into per-device sums. Each row's positive is scored directly against its partner on the
+same device (d_i for q_i), so no statistic needs to find it among the columns.
+
+`sharded(name, mesh, column_block=w)` streams the columns w at a time with
+`jax.lax.scan`, merging the statistics row by row (online logsumexp for the softmaxes,
+running maxima for the hardest negatives and the p@1 test, running sums and counts for
+the rest); the last block is padded with columns that count for nothing, and
+`jax.checkpoint` on each block makes the backward pass recompute its scores, so no
+device holds more than [b, w] of them. With column_block=0 the one block is all C
+columns. Every loss streams, the symmetric softmax's second direction (each local
+document against all B queries) included. tests/test_losses.py shows both forms give
+the reference's loss, p@1 and gradients on 8 devices.
 
 `metrics["in_batch_p@1"]` is the fraction of rows whose positive scores strictly above
 every unmasked negative (by the loss's own score, before any logQ correction).
@@ -272,18 +284,34 @@ def pointwise_logistic(q, d, scale, bias, extras=None, *, remove_accidental_hits
 
 
 # ----------------------------------------------------------------------------- the core
+class Columns(NamedTuple):
+    """Columns of M as one device sees them: all C of them, or one block."""
+    vecs: jnp.ndarray               # [C, dim] the columns' embeddings
+    index: jnp.ndarray              # [C] int, each column's index in M (-1: padding)
+    ids: tuple[jnp.ndarray, ...]    # [C] int each, compared with the rows' ids of the same place
+    log_q: jnp.ndarray | None       # [C] log sampling probability of each column, or None
+
+
 class Block(NamedTuple):
-    """This device's rows of the global matrix M and their masks (C global columns)."""
-    dots: jnp.ndarray             # [rows, C] row . column (the cosine, for unit vectors)
-    sq_dist: jnp.ndarray          # [rows, C] ||row - column||^2
-    is_pos: jnp.ndarray           # [rows, C] bool, each row's positive
-    neg: jnp.ndarray              # [rows, C] bool, the negatives that count
-    log_q: jnp.ndarray | None     # [C] log sampling probability of each column, or None
-    masked: bool                  # whether ids may have removed columns (else valid = all)
+    """This device's rows of M against some columns, with their masks."""
+    dots: jnp.ndarray             # [rows, w] row . column (the cosine, for unit vectors)
+    sq_dist: jnp.ndarray          # [rows, w] ||row - column||^2
+    is_pos: jnp.ndarray           # [rows, w] bool, each row's positive
+    neg: jnp.ndarray              # [rows, w] bool, the negatives that count
+    log_q: jnp.ndarray | None     # [w] log sampling probability of each column, or None
+    masked: bool                  # whether columns may be removed (else valid = all)
 
     @property
     def valid(self) -> jnp.ndarray:
         return self.is_pos | self.neg
+
+
+class Positives(NamedTuple):
+    """Each row's score against its own positive, [rows] each: the row's partner on this
+    device (d_i for query i; q_i for document i in the symmetric direction)."""
+    dots: jnp.ndarray
+    sq_dist: jnp.ndarray
+    log_q: jnp.ndarray | None
 
 
 def _gather(x):
@@ -320,27 +348,78 @@ def gather_columns(d: jnp.ndarray, extras: Extras, with_ids: bool
             jnp.concatenate(lq) if lq else None)
 
 
-def local_block(rows: jnp.ndarray, cols: jnp.ndarray, pos: jnp.ndarray,
-                row_ids: jnp.ndarray | None = None, col_ids: jnp.ndarray | None = None,
-                log_q: jnp.ndarray | None = None,
-                more_ids: Sequence[tuple[jnp.ndarray, jnp.ndarray]] = ()) -> Block:
-    """The rows [b, dim] of M against all columns [C, dim]; row r's positive is column
-    pos[r]. With ids ([b], [C]), a column sharing the row's id is not a negative; nor,
-    for each (row ids [b], column ids [C]) of `more_ids`, one sharing the row's id there."""
-    dots = rows @ cols.T
-    is_pos = jnp.arange(cols.shape[0])[None, :] == pos[:, None]
+def local_block(rows: jnp.ndarray, cols: Columns, pos: jnp.ndarray,
+                row_ids: Sequence[jnp.ndarray] = (), masked: bool = False) -> Block:
+    """The rows [b, dim] of M against the columns `cols` (w of them); row r's positive is
+    column pos[r] of M. A column sharing the row's id in any (row_ids[i] [b], cols.ids[i]
+    [w]) is not a negative; with `masked`, neither is a padding column (index -1)."""
+    dots = rows @ cols.vecs.T
+    is_pos = cols.index[None, :] == pos[:, None]
     neg = ~is_pos
-    if row_ids is not None:
-        neg = neg & (col_ids[None, :] != row_ids[:, None])
-        for rows_of, cols_of in more_ids:
-            neg = neg & (cols_of[None, :] != rows_of[:, None])
-    return Block(dots, _sq_dist_from_dots(rows, cols, dots), is_pos, neg, log_q,
-                 masked=row_ids is not None)
+    if masked:
+        neg = neg & (cols.index >= 0)[None, :]
+    for rows_of, cols_of in zip(row_ids, cols.ids):
+        neg = neg & (cols_of[None, :] != rows_of[:, None])
+    return Block(dots, _sq_dist_from_dots(rows, cols.vecs, dots), is_pos, neg, cols.log_q, masked)
 
 
 def _softmax_logits(z, blk: Block):
     """z with the removed columns at -inf (skipped when nothing can be removed)."""
     return _masked(z, blk.valid, -jnp.inf) if blk.masked else z
+
+
+# Per-row statistics of a block of columns, [rows] each, merged across blocks: a loss's
+# `stats` maps a Block to a dict of them, its `finish` turns the merged dict into Sums.
+class Sum(NamedTuple):
+    value: jnp.ndarray
+
+    def merge(self, other: "Sum") -> "Sum":
+        return Sum(self.value + other.value)
+
+
+class Max(NamedTuple):
+    value: jnp.ndarray
+
+    def merge(self, other: "Max") -> "Max":
+        return Max(jnp.maximum(self.value, other.value))
+
+
+class LogSumExp(NamedTuple):
+    """Online logsumexp: log(sum_exp) + max; max is constant for gradients (-inf: none)."""
+    max: jnp.ndarray
+    sum_exp: jnp.ndarray
+
+    @property
+    def value(self) -> jnp.ndarray:
+        return self.max + jnp.log(self.sum_exp)
+
+    def merge(self, other: "LogSumExp") -> "LogSumExp":
+        top = jnp.maximum(self.max, other.max)
+        rescale = lambda s, m: s * jnp.exp(jnp.where(m == -jnp.inf, -jnp.inf, m - top))
+        return LogSumExp(top, rescale(self.sum_exp, self.max) + rescale(other.sum_exp, other.max))
+
+
+def _lse(z) -> LogSumExp:
+    """LogSumExp of each row of z [rows, w] (-inf entries count for nothing)."""
+    top = jax.lax.stop_gradient(jnp.max(z, axis=1))
+    shift = jnp.where(top == -jnp.inf, 0.0, top)
+    return LogSumExp(top, jnp.sum(jnp.exp(z - shift[:, None]), axis=1))
+
+
+def _max_neg(score, blk: Block) -> Max:
+    return Max(jnp.max(_masked(score, blk.neg, -jnp.inf), axis=1))
+
+
+def _sum_neg(x, blk: Block) -> Sum:
+    return Sum(jnp.sum(jnp.where(blk.neg, x, 0.0), axis=1))
+
+
+def _count_neg(blk: Block) -> Sum:
+    return Sum(jnp.sum(blk.neg, axis=1, dtype=jnp.int32))
+
+
+def _merge(a: dict, b: dict) -> dict:
+    return {k: a[k].merge(b[k]) for k in a}
 
 
 class Sums(NamedTuple):
@@ -351,95 +430,149 @@ class Sums(NamedTuple):
     hit_count: jnp.ndarray
 
 
-def _pick(x, mask):
-    """The entry of each row where mask is True, [rows]."""
-    return jnp.sum(jnp.where(mask, x, 0.0), axis=1)
-
-
-def _hits(score, blk: Block, weight=None):
-    score = jax.lax.stop_gradient(score)
-    best_neg = jnp.max(jnp.where(blk.neg, score, -jnp.inf), axis=1)
-    hit = (_pick(score, blk.is_pos) > best_neg).astype(jnp.float32)
+def _hits(pos_score, best_neg, weight=None):
+    """Rows whose positive beats their best negative: (hits, rows), or weighted sums."""
+    hit = (jax.lax.stop_gradient(pos_score)
+           > jax.lax.stop_gradient(best_neg)).astype(jnp.float32)
     if weight is None:
         return jnp.sum(hit), jnp.float32(hit.shape[0])
     return jnp.sum(hit * weight), jnp.sum(weight)
 
 
-def _rows(per_row, score, blk):
-    return Sums(jnp.sum(per_row), jnp.float32(per_row.shape[0]), *_hits(score, blk))
+def _rows(per_row, pos_score, best_neg) -> Sums:
+    return Sums(jnp.sum(per_row), jnp.float32(per_row.shape[0]), *_hits(pos_score, best_neg))
 
 
-def _softmax_sums(blk: Block, scale, bias, opts, labels) -> Sums:
+def _softmax_stats(blk: Block, pos: Positives, scale, bias, opts) -> dict:
     logits = scale * blk.dots + bias
-    z = _softmax_logits(logits if blk.log_q is None else logits - blk.log_q[None, :], blk)
-    return _rows(jax.nn.logsumexp(z, axis=1) - _pick(z, blk.is_pos), logits, blk)
+    z = logits if blk.log_q is None else logits - blk.log_q[None, :]
+    return {"lse": _lse(_softmax_logits(z, blk)),
+            "best": _max_neg(jax.lax.stop_gradient(logits), blk)}
 
 
-def _sigmoid_sums(blk: Block, scale, bias, opts, labels) -> Sums:
+def _softmax_finish(st: dict, pos: Positives, scale, bias, opts, labels) -> Sums:
+    logit = scale * pos.dots + bias
+    z = logit if pos.log_q is None else logit - pos.log_q
+    return _rows(st["lse"].value - z, logit, st["best"].value)
+
+
+def _sigmoid_stats(blk: Block, pos: Positives, scale, bias, opts) -> dict:
     logits = scale * blk.dots + bias
-    per_entry = jnp.where(blk.is_pos, _softplus(-logits), _softplus(logits))
-    return Sums(jnp.sum(jnp.where(blk.valid, per_entry, 0.0)),
-                jnp.sum(blk.valid).astype(jnp.float32), *_hits(logits, blk))
+    return {"loss": _sum_neg(_softplus(logits), blk), "negs": _count_neg(blk),
+            "best": _max_neg(jax.lax.stop_gradient(logits), blk)}
 
 
-def _triplet_hardest_sums(blk: Block, scale, bias, opts, labels) -> Sums:
-    hardest = jnp.max(_masked(blk.dots, blk.neg, -jnp.inf), axis=1)
-    per_row = jax.nn.relu(opts["margin"] - _pick(blk.dots, blk.is_pos) + hardest)
-    return _rows(per_row, blk.dots, blk)
+def _sigmoid_finish(st: dict, pos: Positives, scale, bias, opts, labels) -> Sums:
+    logit = scale * pos.dots + bias  # label 1 on the positive, 0 on every negative
+    return Sums(jnp.sum(st["loss"].value + _softplus(-logit)),
+                jnp.sum((st["negs"].value + 1).astype(jnp.float32)),  # can pass 2^31
+                *_hits(logit, st["best"].value))
 
 
-def _triplet_margin_sums(blk: Block, scale, bias, opts, labels) -> Sums:
+def _triplet_hardest_stats(blk: Block, pos: Positives, scale, bias, opts) -> dict:
+    return {"hardest": _max_neg(blk.dots, blk)}
+
+
+def _triplet_hardest_finish(st: dict, pos: Positives, scale, bias, opts, labels) -> Sums:
+    hardest = st["hardest"].value
+    return _rows(jax.nn.relu(opts["margin"] - pos.dots + hardest), pos.dots, hardest)
+
+
+def _triplet_margin_stats(blk: Block, pos: Positives, scale, bias, opts) -> dict:
     dist = _distance(blk.sq_dist, blk.dots, opts["distance"])
-    d_pos = _pick(dist, blk.is_pos)
     if opts["hard"]:
-        per_row = jax.nn.relu(d_pos - jnp.min(_masked(dist, blk.neg, jnp.inf), axis=1)
-                              + opts["margin"])
+        return {"nearest": _max_neg(-dist, blk)}  # minus the nearest negative's distance
+    d_pos = _distance(pos.sq_dist, pos.dots, opts["distance"])
+    return {"hinge": _sum_neg(jax.nn.relu(d_pos[:, None] - dist + opts["margin"]), blk),
+            "negs": _count_neg(blk), "nearest": _max_neg(jax.lax.stop_gradient(-dist), blk)}
+
+
+def _triplet_margin_finish(st: dict, pos: Positives, scale, bias, opts, labels) -> Sums:
+    d_pos = _distance(pos.sq_dist, pos.dots, opts["distance"])
+    nearest = st["nearest"].value
+    if opts["hard"]:
+        per_row = jax.nn.relu(d_pos + nearest + opts["margin"])
     else:
-        hinge = jax.nn.relu(d_pos[:, None] - dist + opts["margin"])
-        per_row = (jnp.sum(jnp.where(blk.neg, hinge, 0.0), axis=1)
-                   / jnp.maximum(jnp.sum(blk.neg, axis=1), 1))
-    return _rows(per_row, -dist, blk)
+        per_row = st["hinge"].value / jnp.maximum(st["negs"].value, 1)
+    return _rows(per_row, -d_pos, nearest)
 
 
-def _sdml_sums(blk: Block, scale, bias, opts, labels) -> Sums:
+def _sdml_stats(blk: Block, pos: Positives, scale, bias, opts) -> dict:
     score = -opts["sdml_scale"] * blk.sq_dist
     z = score if blk.log_q is None else score - blk.log_q[None, :]
-    logp = z - jax.nn.logsumexp(_softmax_logits(z, blk), axis=1, keepdims=True)
-    eps = opts["label_smoothing"]
-    n = jnp.sum(blk.valid, axis=1).astype(jnp.float32)  # columns in the row's softmax
+    return {"lse": _lse(_softmax_logits(z, blk)), "neg_z": _sum_neg(z, blk),
+            "negs": _count_neg(blk), "best": _max_neg(jax.lax.stop_gradient(score), blk)}
+
+
+def _sdml_finish(st: dict, pos: Positives, scale, bias, opts, labels) -> Sums:
+    score = -opts["sdml_scale"] * pos.sq_dist
+    z = score if pos.log_q is None else score - pos.log_q
+    lse, negs, eps = st["lse"].value, st["negs"].value.astype(jnp.float32), opts["label_smoothing"]
+    n = negs + 1  # columns in the row's softmax
     t_pos, t_neg = 1 - eps + eps / n, eps / n
     # KL = sum_j t_j log t_j - sum_j t_j log p_j, written per row in closed form.
-    entropy_part = xlogy(t_pos, t_pos) + (n - 1) * xlogy(t_neg, t_neg)
-    cross = t_pos * _pick(logp, blk.is_pos) + t_neg * _pick(logp, blk.neg)
-    return _rows(entropy_part - cross, score, blk)
+    entropy_part = xlogy(t_pos, t_pos) + negs * xlogy(t_neg, t_neg)
+    cross = t_pos * (z - lse) + t_neg * (st["neg_z"].value - negs * lse)
+    return _rows(entropy_part - cross, score, st["best"].value)
 
 
-def _pointwise_sums(blk: Block, scale, bias, opts, labels) -> Sums:
+def _pointwise_stats(blk: Block, pos: Positives, scale, bias, opts) -> dict:
+    return {"best": _max_neg(jax.lax.stop_gradient(scale * blk.dots + bias), blk)}
+
+
+def _pointwise_finish(st: dict, pos: Positives, scale, bias, opts, labels) -> Sums:
     y = labels.astype(jnp.float32)
-    logit = scale * _pick(blk.dots, blk.is_pos) + bias
+    logit = scale * pos.dots + bias
     per_row = y * _softplus(-logit) + (1 - y) * _softplus(logit)
     return Sums(jnp.sum(per_row), jnp.float32(y.shape[0]),
-                *_hits(scale * blk.dots + bias, blk, weight=y))
+                *_hits(logit, st["best"].value, weight=y))
+
+
+def _stream(block_stats: Callable[[Columns], dict], cols: Columns, width: int) -> dict:
+    """`block_stats` over the columns in blocks of `width` (the last padded with columns of
+    index -1), merged row by row; one call on all columns when width is 0 or >= C.
+
+    The blocks go through `jax.lax.scan` under `jax.checkpoint`, so the backward pass
+    recomputes each block's [rows, width] scores instead of keeping [rows, C] of them.
+    """
+    c = cols.vecs.shape[0]
+    if not 0 < width < c:
+        return block_stats(cols)
+    n = -(-c // width)
+    pad = lambda x: jnp.pad(x, [(0, n * width - c)] + [(0, 0)] * (x.ndim - 1))
+    index = jnp.arange(n * width)
+    padded = jax.tree.map(pad, cols)._replace(index=jnp.where(index < c, index, -1))
+    blocks = jax.tree.map(lambda x: x.reshape(n, width, *x.shape[1:]), padded)
+    stats = jax.checkpoint(block_stats)
+    first = stats(jax.tree.map(lambda x: x[0], blocks))
+    merged, _ = jax.lax.scan(lambda acc, blk: (_merge(acc, stats(blk)), None), first,
+                             jax.tree.map(lambda x: x[1:], blocks))
+    return merged
 
 
 # ----------------------------------------------------------------------------- registry
 class Loss(NamedTuple):
     reference: LossFn                 # plain single-device implementation
-    sums: Callable[..., Sums]         # per-device reduction of a Block
+    stats: Callable[..., dict]        # a Block's per-row statistics (Sum, Max, LogSumExp)
+    finish: Callable[..., Sums]       # the merged statistics' per-device sums
     options: dict                     # option -> default (None: resolved from others)
     uses_log_q: bool                  # whether log_q_* extras apply
 
 
 _HITS = {"remove_accidental_hits": True}
 LOSSES: dict[str, Loss] = {
-    "in_batch_softmax": Loss(in_batch_softmax, _softmax_sums, {"symmetric": False, **_HITS}, True),
-    "in_batch_sigmoid": Loss(in_batch_sigmoid, _sigmoid_sums, dict(_HITS), False),
-    "in_batch_triplet_hardest": Loss(in_batch_triplet_hardest, _triplet_hardest_sums,
-                                     {"margin": None, **_HITS}, False),
-    "triplet_margin": Loss(triplet_margin, _triplet_margin_sums,
+    "in_batch_softmax": Loss(in_batch_softmax, _softmax_stats, _softmax_finish,
+                             {"symmetric": False, **_HITS}, True),
+    "in_batch_sigmoid": Loss(in_batch_sigmoid, _sigmoid_stats, _sigmoid_finish, dict(_HITS),
+                             False),
+    "in_batch_triplet_hardest": Loss(in_batch_triplet_hardest, _triplet_hardest_stats,
+                                     _triplet_hardest_finish, {"margin": None, **_HITS}, False),
+    "triplet_margin": Loss(triplet_margin, _triplet_margin_stats, _triplet_margin_finish,
                            {"distance": "cosine", "margin": None, "hard": False, **_HITS}, False),
-    "sdml": Loss(sdml, _sdml_sums, {"label_smoothing": 0.3, "sdml_scale": 1.0, **_HITS}, True),
-    "pointwise_logistic": Loss(pointwise_logistic, _pointwise_sums, dict(_HITS), False),
+    "sdml": Loss(sdml, _sdml_stats, _sdml_finish,
+                 {"label_smoothing": 0.3, "sdml_scale": 1.0, **_HITS}, True),
+    "pointwise_logistic": Loss(pointwise_logistic, _pointwise_stats, _pointwise_finish,
+                               dict(_HITS), False),
 }
 
 
@@ -522,42 +655,65 @@ def reference(name: str, **options) -> LossFn:
     return fn
 
 
-def _device_body(name, opts, q, d, scale, bias, extras):
+def _positives(rows, partner, log_q=None) -> Positives:
+    """Each row against its partner [b, dim] (its positive), as `local_block` scores it."""
+    dots = jnp.sum(rows * partner, axis=1)
+    sq = jnp.sum(rows * rows, axis=1) + jnp.sum(partner * partner, axis=1) - 2 * dots
+    return Positives(dots, sq, log_q)
+
+
+def _device_body(name, opts, column_block, q, d, scale, bias, extras):
     """Per device under shard_map: local rows of M, the loss's sums, psum over devices."""
     b = q.shape[0]
     pos = jax.lax.axis_index(DATA_AXIS) * b + jnp.arange(b)
+    loss = LOSSES[name]
+
+    def sums(rows, partner, vecs, hits, log_q, log_q_pos, labels) -> Sums:
+        """rows [b, dim] against the columns vecs [C, dim], streamed in column blocks;
+        hits: (row ids [b], column ids [C]) pairs that remove a column from a row."""
+        cols = Columns(vecs, jnp.arange(vecs.shape[0]), tuple(c for _, c in hits), log_q)
+        width = column_block if 0 < column_block < vecs.shape[0] else vecs.shape[0]
+        masked = bool(hits) or vecs.shape[0] % width != 0
+        row_ids = tuple(r for r, _ in hits)
+        positives = _positives(rows, partner, log_q_pos)
+        stats = lambda block: loss.stats(local_block(rows, block, pos, row_ids, masked),
+                                         positives, scale, bias, opts)
+        return loss.finish(_stream(stats, cols, width), positives, scale, bias, opts, labels)
+
     with_ids = opts.get("remove_accidental_hits", False) and "doc_ids" in extras
-    row_ids = extras["doc_ids"] if with_ids else None
     cols, col_ids, log_q = gather_columns(d, extras, with_ids)
-    all_clusters = _gather(extras["cluster_ids"]) if "cluster_ids" in extras else None
-    more = other_hits(extras, col_ids, all_clusters) if with_ids else []
-    more_t = []  # the symmetric direction: a document row against every query column
-    if with_ids and "query_ids" in extras:  # a query that is the row's document's text
-        more_t.append((row_ids, _gather(extras["query_ids"])))
-    if with_ids and all_clusters is not None:
-        more_t.append((extras["cluster_ids"], all_clusters))
-    sums = LOSSES[name].sums
-    parts = [sums(local_block(q, cols, pos, row_ids, col_ids, log_q, more),
-                  scale, bias, opts, extras.get("labels"))]
+    hits, hits_t = [], []  # hits_t: the symmetric direction, a document against the queries
+    if with_ids:
+        row_ids, all_ids = extras["doc_ids"], _gather(extras["doc_ids"])
+        all_clusters = _gather(extras["cluster_ids"]) if "cluster_ids" in extras else None
+        hits = [(row_ids, col_ids), *other_hits(extras, col_ids, all_clusters)]
+        hits_t = [(row_ids, all_ids)]
+        if "query_ids" in extras:  # a query that is the row's document's text
+            hits_t.append((row_ids, _gather(extras["query_ids"])))
+        if all_clusters is not None:
+            hits_t.append((extras["cluster_ids"], all_clusters))
+    parts = [sums(q, d, cols, hits, log_q, extras.get("log_q_pos"), extras.get("labels"))]
     if opts.get("symmetric"):  # each local document against every query of the batch
-        all_ids = _gather(row_ids) if with_ids else None
-        parts.append(sums(local_block(d, _gather(q), pos, row_ids, all_ids, None, more_t),
-                          scale, bias, opts, None))
+        parts.append(sums(d, q, _gather(q), hits_t, None, None, None))
     total = lambda x: jax.lax.psum(x, DATA_AXIS)
-    loss = sum(total(p.loss_sum) / total(p.count) for p in parts) / len(parts)
+    loss_value = sum(total(p.loss_sum) / total(p.count) for p in parts) / len(parts)
     p_at_1 = total(parts[0].hits) / jnp.maximum(total(parts[0].hit_count), 1)
-    return loss, {"in_batch_p@1": p_at_1}
+    return loss_value, {"in_batch_p@1": p_at_1}
 
 
-def sharded(name: str, mesh: jax.sharding.Mesh, **options) -> LossFn:
+def sharded(name: str, mesh: jax.sharding.Mesh, column_block: int = 0, **options) -> LossFn:
     """The loss `name` over the global batch, split over the mesh's `data` axis.
 
     Returns fn(q, d, scale, bias, extras=None): q, d [B, dim] and the sharded extras are
     split (or splittable) over `data`, scale, bias and the replicated extras are
-    replicated. Gradients flow back through the all-gathers.
+    replicated. Gradients flow back through the all-gathers. column_block > 0: each
+    device scores its b rows against the C gathered columns `column_block` at a time
+    (never more than [b, column_block] scores, forward or backward); 0: all at once.
     """
+    if isinstance(column_block, bool) or not isinstance(column_block, int) or column_block < 0:
+        raise ValueError(f"column_block={column_block!r} must be an int >= 0 (0: all columns)")
     opts = resolve_options(name, options)
-    body = functools.partial(_device_body, name, opts)
+    body = functools.partial(_device_body, name, opts, column_block)
 
     def fn(q, d, scale, bias, extras: Extras | None = None):
         extras = _check_extras(name, opts, extras)

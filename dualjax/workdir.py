@@ -31,6 +31,7 @@ from absl import logging
 # Keys (or groups, ending in ".") that may change when a run resumes.
 RESUMABLE = ("num_train_steps", "checkpoint_every_steps", "keep_checkpoints",
              "eval_every_steps", "log_every_steps", "init_from", "mesh.", "eval.",
+             "loss.column_block",  # memory only: the same loss, summed in blocks
              "data.worker_count", "data.prefetch_batches", "data.tfds_dir")
 
 

@@ -1,6 +1,7 @@
 """In-batch losses: hand-computed values, sharded == unsharded on 8 devices (loss and
-gradients, with hard negatives, mixed negatives, accidental hits and logQ), the column
-layout, the streaming frequency estimate and the config checks."""
+gradients, with hard negatives, mixed negatives, accidental hits and logQ), the same for
+the blockwise form (columns streamed in blocks) and its memory bound, the column layout,
+the streaming frequency estimate and the config checks."""
 import math
 import re
 
@@ -11,7 +12,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from conftest import load_config
-from dualjax import config_lib, frequency, losses, sharding
+from dualjax import config_lib, frequency, losses, objectives, sharding
 from dualjax.models import dual_encoder
 
 
@@ -361,9 +362,9 @@ def _rel_err(a, b):
     return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
 
 
-@pytest.mark.parametrize("name,options,which,zero_grads", CASES,
-                         ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in CASES])
-def test_sharded_loss_and_grads_equal_reference(name, options, which, zero_grads):
+def _assert_sharded_equals_reference(name, options, which, zero_grads, column_block):
+    """Loss, in_batch_p@1 and the gradients w.r.t. q, d, scale, bias and the hard and mixed
+    negatives of the sharded loss on 8 devices equal the reference's."""
     mesh = sharding.make_mesh()
     extras = {"none": {}, "negatives": IDS, "log_q": {**IDS, **LOG_Q}, "labels": LABELS}[which]
     with_negatives = which in ("negatives", "log_q")
@@ -378,8 +379,9 @@ def test_sharded_loss_and_grads_equal_reference(name, options, which, zero_grads
 
     (ref_loss, ref_m), ref_g = value_and_grad(losses.reference(name, **options), Q, D, HARD, extras)
     sharded_extras = {k: v if k in losses.REPLICATED_EXTRAS else put(v) for k, v in extras.items()}
-    (sh_loss, sh_m), sh_g = value_and_grad(losses.sharded(name, mesh, **options),
-                                           put(Q), put(D), put(HARD), sharded_extras)
+    (sh_loss, sh_m), sh_g = value_and_grad(
+        losses.sharded(name, mesh, column_block=column_block, **options),
+        put(Q), put(D), put(HARD), sharded_extras)
 
     assert float(ref_loss) > 0.01  # a real loss, not a degenerate zero
     assert 0 < float(ref_m["in_batch_p@1"]) < 1
@@ -391,6 +393,69 @@ def test_sharded_loss_and_grads_equal_reference(name, options, which, zero_grads
         else:
             assert np.linalg.norm(np.asarray(r)) > 1e-4, arg
             assert _rel_err(s, r) < 1e-5, arg
+
+
+@pytest.mark.parametrize("name,options,which,zero_grads", CASES,
+                         ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in CASES])
+def test_sharded_loss_and_grads_equal_reference(name, options, which, zero_grads):
+    _assert_sharded_equals_reference(name, options, which, zero_grads, column_block=0)
+
+
+# Blockwise: the same checks with the columns streamed `column_block` at a time. 48 does
+# not divide C = 64 + 64*2 + 8 = 200 (5 blocks, 40 padding columns) nor the 64 columns of
+# the symmetric direction and of the no-negatives cases; 16 divides 64 (no mask at all).
+BLOCK_CASES = [
+    ("in_batch_softmax", {}, "log_q", {"bias"}, 48),
+    ("in_batch_softmax", {"symmetric": True}, "log_q", {"bias"}, 48),
+    ("in_batch_softmax", {}, "none", {"bias"}, 16),
+    ("in_batch_sigmoid", {}, "negatives", set(), 48),
+    ("in_batch_triplet_hardest", {}, "negatives", {"scale", "bias"}, 48),
+    ("triplet_margin", {}, "negatives", {"scale", "bias"}, 48),
+    ("triplet_margin", {"distance": "euclidean", "hard": True}, "negatives",
+     {"scale", "bias"}, 48),
+    ("sdml", {}, "log_q", {"scale", "bias"}, 48),
+    ("pointwise_logistic", {}, "labels", set(), 48),
+]
+
+
+@pytest.mark.parametrize("name,options,which,zero_grads,column_block", BLOCK_CASES,
+                         ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[4]}" for c in BLOCK_CASES])
+def test_blockwise_loss_and_grads_equal_reference(name, options, which, zero_grads,
+                                                  column_block):
+    _assert_sharded_equals_reference(name, options, which, zero_grads, column_block)
+
+
+def test_blockwise_grad_never_holds_a_rows_by_all_columns_buffer():
+    # 96 rows over 8 devices: b = 12 local rows, C = 96 + 96*2 + 8 = 296 columns. The
+    # compiled per-device program of the plain loss + gradient holds f32[12,296] scores;
+    # the blockwise one (64 columns a block) holds f32[12,64], and no buffer with a row
+    # axis is larger than that, not even stacked over the 5 blocks for the backward pass.
+    mesh = sharding.make_mesh()
+    q, d, hard, mixed, ids, log_q, _ = _batch(b=96)
+    put = lambda x: jax.device_put(x, sharding.batch_sharding(mesh))
+    extras = {k: v if k in losses.REPLICATED_EXTRAS else put(v)
+              for k, v in {**ids, **log_q}.items()}
+    args = (put(q), put(d), jnp.float32(5.0), jnp.float32(-1.0), put(hard), mixed)
+
+    def buffers(column_block):
+        loss = losses.sharded("in_batch_softmax", mesh, column_block, symmetric=True)
+
+        def objective(q, d, scale, bias, hard, mixed):
+            return loss(q, d, scale, bias, {**extras, "hard_negatives": hard,
+                                            "mixed_negatives": mixed})[0]
+        grad = jax.jit(jax.grad(objective, argnums=tuple(range(6))))
+        hlo = grad.lower(*args).compile().as_text()
+        shapes = re.findall(r"f32\[([\d,]+)\]", hlo)  # the per-device program's buffers
+        return {tuple(int(n) for n in dims.split(",")) for dims in shapes}
+
+    b, c = 12, 296
+    with_rows = lambda shapes: {s for s in shapes if b in s}
+    plain, blockwise = buffers(0), buffers(64)
+    assert (b, c) in plain
+    assert (b, 64) in blockwise
+    largest = max(with_rows(blockwise), key=math.prod)
+    assert math.prod(largest) == b * 64, sorted(with_rows(blockwise))
+    assert not any(c in s or c + 24 in s for s in with_rows(blockwise))
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -455,6 +520,8 @@ def test_extras_that_cannot_work_fail_with_what_would():
         losses.reference("softmax")
     with pytest.raises(ValueError, match="its options: margin, remove_accidental_hits"):
         losses.sharded("in_batch_triplet_hardest", sharding.make_mesh(), symmetric=True)
+    with pytest.raises(ValueError, match="column_block=-1 must be an int >= 0"):
+        losses.sharded("in_batch_softmax", sharding.make_mesh(), column_block=-1)
 
 
 # ----------------------------------------------------------------------------- logQ estimate
@@ -494,6 +561,7 @@ def test_config_accepts_every_in_batch_loss_and_passes_its_options():
                                                "hard": True, "remove_accidental_hits": True}
     cfg = _validate(name="sdml", label_smoothing=0.1)
     assert losses.resolve_options("sdml", losses.config_options(cfg.loss))["label_smoothing"] == 0.1
+    _validate(name="sdml", column_block=1024)
     cfg = _validate(name="triplet_margin", distance="squared_euclidean")
     resolved = losses.resolve_options("triplet_margin", losses.config_options(cfg.loss))
     assert resolved["margin"] == 0.5
@@ -510,7 +578,23 @@ def test_config_accepts_every_in_batch_loss_and_passes_its_options():
      "loss.margin=0.2 only applies to in_batch_triplet_hardest, triplet_margin"),
     ({"name": "sdml", "label_smoothing": 1.0}, "config.loss.label_smoothing=1.0 must be in"),
     ({"name": "sdml", "sdml_scale": 0.0}, "config.loss.sdml_scale=0.0 must be > 0"),
+    ({"name": "in_batch_softmax", "column_block": -64},
+     "config.loss.column_block=-64 must be an int >= 0"),
 ])
 def test_config_rejects_losses_that_cannot_work(loss, message):
     with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
         _validate(**loss)
+
+
+def test_the_dual_encoder_objective_streams_config_loss_column_block(monkeypatch):
+    seen = []
+    real = losses.sharded
+
+    def spy(name, mesh, column_block=0, **options):
+        seen.append(column_block)
+        return real(name, mesh, column_block, **options)
+
+    monkeypatch.setattr(losses, "sharded", spy)
+    cfg = _validate(name="in_batch_softmax", column_block=256)
+    objectives.from_config(cfg, dual_encoder.make_model(cfg.model, 100), sharding.make_mesh())
+    assert seen == [256]
