@@ -24,41 +24,99 @@ from dualjax.data.clusters import RetrievalTask
 from dualjax.text import normalize
 
 
+class _OtherClusters:
+    """The documents outside one cluster, indexed without listing them.
+
+    `nth(cluster, u)` is the u-th document (ascending corpus id) of every cluster but
+    `cluster`, so `nth(c, rng.choice(size(c)))` is the draw `rng.choice(others)` would
+    make from `others = np.flatnonzero(doc_cluster != c)`, in O(log s) for a cluster of
+    s documents instead of O(n) per query. Built once in O(n log n).
+    """
+
+    def __init__(self, doc_cluster: np.ndarray):
+        self._order = np.argsort(doc_cluster, kind="stable")  # by cluster, then by id
+        self._sorted = doc_cluster[self._order]
+        self._n = len(doc_cluster)
+        # gaps[p]: documents of other clusters before the document at position p of
+        # `_order`, within its cluster's run: order[p] - (p - start of the run).
+        starts = np.searchsorted(self._sorted, self._sorted, side="left")
+        self._gaps = self._order - (np.arange(self._n) - starts)
+
+    def _run(self, cluster: int) -> tuple[int, int]:
+        """[start, stop) of `cluster`'s documents in `_order`."""
+        return (int(np.searchsorted(self._sorted, cluster, side="left")),
+                int(np.searchsorted(self._sorted, cluster, side="right")))
+
+    def size(self, cluster: int) -> int:
+        """Documents outside `cluster`."""
+        start, stop = self._run(cluster)
+        return self._n - (stop - start)
+
+    def nth(self, cluster: int, u: int) -> int:
+        """The corpus id of the u-th document (0-based, ascending id) outside `cluster`:
+        u plus the documents of `cluster` before it (those whose gap is <= u)."""
+        start, stop = self._run(cluster)
+        return u + int(np.searchsorted(self._gaps[start:stop], u, side="right"))
+
+
 def mine_hard_negatives(pairs: Sequence[tuple[str, str]], k: int, seed: int,
                         depth: int = 0) -> list[list[str]]:
     """k negative documents per pair (texts, as spelled in the data), hardest first.
 
     depth: BM25 results looked at per query before falling back to random documents
     (0: 4k + 10).
+
+    Cost beyond BM25's batched ranking (`baselines.rank`): O(depth) per query to drop
+    the own cluster's candidates (vectorised over all queries), and, for the few queries
+    left with fewer than k, O(log s) per random draw (s: documents of the own cluster);
+    no query lists the corpus. A draw is uniform over the other clusters' m documents
+    (the own cluster is skipped by index arithmetic, not rejected) and is redrawn only
+    if already picked, unless all m are: then repeats fill the k. With m >= 2k a draw
+    is new with probability >= 1/2; below, the expected number of draws per query is at
+    most m * H(m) (coupon collector). The draws are those of `rng.choice` over the
+    listed other-cluster documents, seed for seed, so the negatives are the same as
+    when each query listed them.
     """
     if k <= 0:
         return [[] for _ in pairs]
-    cluster_of = clusters.cluster_pairs([(normalize(q), normalize(d)) for q, d in pairs])
+    if not pairs:
+        return []
+    keys = [(normalize(q), normalize(d)) for q, d in pairs]  # each text normalised once
+    cluster_of = clusters.cluster_pairs(keys)
     docs, doc_cluster, seen = [], [], set()
-    for _, d in pairs:  # the first spelling of each normalised document represents it
-        key = normalize(d)
+    for (_, d), (_, key) in zip(pairs, keys):  # a document's first spelling represents it
         if key not in seen:
             seen.add(key)
             docs.append(d)
             doc_cluster.append(cluster_of[key])
-    doc_cluster = np.asarray(doc_cluster)
-    queries = list(dict.fromkeys(q for q, _ in pairs))  # each distinct query once
+    doc_cluster = np.asarray(doc_cluster, np.int64)
+    query_cluster = {q: cluster_of[key] for (q, _), (key, _) in zip(pairs, keys)}
+    queries = list(query_cluster)  # each distinct query once, in order of appearance
+    own = np.asarray([query_cluster[q] for q in queries], np.int64)
     task = RetrievalTask(corpus=docs, queries=queries, relevant=[frozenset()] * len(queries),
                          query_corpus_index=np.full(len(queries), -1, np.int64))
     ranked = baselines.rank("bm25", task, min(len(docs), depth or 4 * k + 10))
-    rng = np.random.default_rng(seed)
-    mined, fallback = {}, 0
-    for q, row in zip(queries, ranked):
-        own = cluster_of[normalize(q)]
-        row = row[row >= 0]
-        picked = [int(j) for j in row[doc_cluster[row] != own][:k]]
-        others = np.flatnonzero(doc_cluster != own)
-        while len(picked) < k and len(others):
-            j = int(rng.choice(others))
-            if j not in picked or len(others) <= len(picked):
-                picked.append(j)
-                fallback += 1
-        mined[q] = [docs[j] for j in picked]
+    # Each query's first k other-cluster candidates, in BM25 order: a stable sort of
+    # "is not one" puts them first in each row.
+    usable = (ranked >= 0) & (doc_cluster[np.maximum(ranked, 0)] != own[:, None])
+    first = np.argsort(~usable, axis=1, kind="stable")[:, :k]
+    picked_ids = np.take_along_axis(ranked, first, axis=1)
+    found = np.minimum(usable.sum(axis=1), k)
+    picked = [row[:n] for row, n in zip(picked_ids.tolist(), found.tolist())]
+    short = np.flatnonzero(found < k)
+    fallback = 0
+    if len(short):
+        others = _OtherClusters(doc_cluster)
+        rng = np.random.default_rng(seed)
+        for i in short.tolist():  # in query order: the draws are seeded
+            row, cluster = picked[i], int(own[i])
+            size = others.size(cluster)
+            while len(row) < k and size:
+                j = others.nth(cluster, int(rng.choice(size)))
+                if j not in row or size <= len(row):
+                    row.append(j)
+                    fallback += 1
+    mined = {q: [docs[j] for j in row] for q, row in zip(queries, picked)}
     if fallback:
         logging.info("Hard negatives: %d of %d drawn at random (too few BM25 matches)",
                      fallback, k * len(queries))
