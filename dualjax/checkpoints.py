@@ -11,15 +11,15 @@ import contextlib
 import errno
 import json
 import os
-import shutil
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from flax import serialization
 
-from dualjax.workdir import DISK_ERRNOS, DISK_STATUS, WorkdirError, atomic_write
+from dualjax.workdir import DISK_ERRNOS, DISK_STATUS, WorkdirError, atomic_write, is_main
 
 
 class SaveError(WorkdirError):
@@ -121,10 +121,11 @@ def latest_params(workdir: str) -> tuple[int, Any]:
 
 class BestParams:
     """The params of the step whose validation metric was highest so far (eval.select_by):
-    WORKDIR/best/<step>/ (Orbax, params only) and WORKDIR/best/best.json ({"metric",
-    "step", "value"}), replaced when a later step does better (a tie keeps the earlier
-    step). best.json is written after the params are on disk, so it never points at a
-    half-written step."""
+    WORKDIR/best/<step>.msgpack (params only, flax msgpack) and WORKDIR/best/best.json
+    ({"metric", "step", "value"}), replaced when a later step does better (a tie keeps
+    the earlier step). best.json is written after the params are on disk, so it never
+    points at a half-written step. Every process of a multi-host run follows the best
+    step; process 0 writes the files."""
 
     def __init__(self, workdir: str, metric: str):
         self.root, self.metric = os.path.join(os.path.abspath(workdir), "best"), metric
@@ -141,17 +142,22 @@ class BestParams:
         """Keeps `params` if `value` beats the best so far; returns whether it did."""
         if not value > self.value:
             return False
-        path = os.path.join(self.root, str(step))
-        with ocp.PyTreeCheckpointer() as saver:
-            saver.save(path, jax.device_get(params), force=True)
-        atomic_write(os.path.join(self.root, "best.json"), json.dumps(
-            {"metric": self.metric, "step": step, "value": value}) + "\n")
-        for old in os.listdir(self.root):
-            if old.isdigit() and int(old) != step:
-                shutil.rmtree(os.path.join(self.root, old), ignore_errors=True)
+        if is_main():
+            os.makedirs(self.root, exist_ok=True)
+            path = os.path.join(self.root, f"{step}.msgpack")
+            with open(f"{path}.tmp{os.getpid()}", "wb") as f:
+                f.write(serialization.msgpack_serialize(jax.tree.map(np.asarray,
+                                                                     jax.device_get(params))))
+            os.replace(f"{path}.tmp{os.getpid()}", path)
+            atomic_write(os.path.join(self.root, "best.json"), json.dumps(
+                {"metric": self.metric, "step": step, "value": value}) + "\n")
+            for old in os.listdir(self.root):
+                if old.endswith(".msgpack") and old != f"{step}.msgpack":
+                    os.remove(os.path.join(self.root, old))
         self.step, self.value = step, value
         return True
 
     def params(self) -> Any:
         """The best step's params, as numpy arrays."""
-        return _restore_numpy(os.path.join(self.root, str(self.step)))
+        with open(os.path.join(self.root, f"{self.step}.msgpack"), "rb") as f:
+            return serialization.msgpack_restore(f.read())

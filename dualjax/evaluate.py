@@ -32,18 +32,27 @@ def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], side: Side, batch_si
     `side` says (its tokenizer, max length and categorical `fields`, one per text).
 
     The last batch is padded to the full size so the function compiles once; each
-    batch is sharded over the mesh's `data` axis.
+    batch is sharded over the mesh's `data` axis. In a multi-host run every process
+    calls this with the same texts: each tokenizes and places its share of each batch,
+    and every process gets all the embeddings back.
     """
-    n_dev = mesh.devices.size
+    n_dev, n_proc, me = mesh.devices.size, jax.process_count(), jax.process_index()
     batch_size = -(-batch_size // n_dev) * n_dev
+    share = batch_size // n_proc  # this process's rows of each batch
     out = []
     for start in tqdm(range(0, len(texts), batch_size), desc=desc, leave=False,
                       unit="batch", disable=None):
         chunk = list(texts[start:start + batch_size])
         pad = batch_size - len(chunk)
-        chunk_fields = None if fields is None else list(fields[start:start + batch_size]) + [None] * pad
-        placed = sharding.put_global_batch(side.encode(chunk + [""] * pad, chunk_fields), mesh)
-        out.append(np.asarray(encode_fn(placed))[:len(chunk)])
+        chunk = (chunk + [""] * pad)[me * share:(me + 1) * share]
+        chunk_fields = (None if fields is None else (list(fields[start:start + batch_size])
+                        + [None] * pad)[me * share:(me + 1) * share])
+        placed = sharding.put_global_batch(side.encode(chunk, chunk_fields), mesh)
+        vectors = encode_fn(placed)
+        if n_proc > 1:  # the other processes' rows too
+            from jax.experimental import multihost_utils
+            vectors = multihost_utils.process_allgather(vectors, tiled=True)
+        out.append(np.asarray(vectors)[:batch_size - pad])
     return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
 
 

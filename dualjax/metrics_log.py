@@ -44,9 +44,12 @@ class MetricsLog:
     value of a row is also a scalar in WORKDIR/tensorboard/ (`scalar_tag`), written with
     tensorboardX (no TensorFlow), once `start_events` has opened the writer."""
 
-    def __init__(self, workdir: str, tensorboard: bool = False):
+    def __init__(self, workdir: str, tensorboard: bool = False, writer: bool = True):
+        """writer=False (a multi-host run's processes other than 0): reads only."""
         self.path = os.path.join(workdir, "metrics.jsonl")
-        self.events_dir = os.path.join(workdir, "tensorboard") if tensorboard else None
+        self.writer = writer
+        self.events_dir = (os.path.join(workdir, "tensorboard") if tensorboard and writer
+                           else None)
         self._keys = {row_key(r) for r in self.read()}
         self._events = None
 
@@ -80,6 +83,8 @@ class MetricsLog:
         self.close()
 
     def write(self, step: int, split: str, values: dict[str, Any], **fields: Any) -> None:
+        if not self.writer:
+            return
         row = {"step": int(step), "split": split, **fields,
                **{k: (float(v) if not isinstance(v, (int, str)) else v) for k, v in values.items()}}
         key = row_key(row)
@@ -97,7 +102,7 @@ class MetricsLog:
     def truncate_after(self, step: int) -> None:
         """Drops rows logged after `step` (by a run killed after its last checkpoint, or
         before its first), so a resumed run does not log those steps twice."""
-        if os.path.exists(self.path):
+        if self.writer and os.path.exists(self.path):
             self._rewrite([r for r in self.read() if r["step"] <= step])
 
     def _rewrite(self, rows: list[dict]) -> None:

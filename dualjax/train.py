@@ -199,7 +199,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         raise config_lib.ConfigError(f"config.{e}") from None
     config_lib.validate(config, mesh.devices.size)
     with (workdir_lib.guard(workdir, config), Signals() as signals,  # one run per workdir
-          MetricsLog(workdir, tensorboard=jax.process_index() == 0) as log):
+          MetricsLog(workdir, tensorboard=True, writer=workdir_lib.is_main()) as log):
         return _train_and_evaluate(config, workdir, mesh, hooks, signals, log)
 
 
@@ -207,17 +207,32 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                         hooks: Sequence[Hook], signals: Signals,
                         log: MetricsLog) -> dict[str, dict]:
     tasks = tasks_lib.make_tasks(config, workdir)
-    splits = {t.name: t.splits() for t in tasks}
-    if config.init_from:  # pre-trained elsewhere: its vocabularies (and, below, its towers)
-        warm_start.copy_vocabularies(config.init_from, workdir)
+    main = workdir_lib.is_main()  # of several processes (multi-host), 0 writes the files
 
-    # Input: one iterator per task, one vocabulary over all of them. With num_train_steps
+    # Input: the datasets' tables and one vocabulary over all tasks. With num_train_steps
     # = 0 (evaluation only) no training pairs are needed and the vocabularies come from
-    # the test splits.
+    # the test splits. Process 0 prepares and writes them; the other processes of a
+    # multi-host run then read them.
+    def prepare() -> tuple[dict[str, tuple[str, ...]], features.Inputs]:
+        splits = {t.name: t.splits() for t in tasks}
+        for t in tasks:
+            for split in splits[t.name]:
+                t.eval_task(split)
+        if config.init_from:  # pre-trained elsewhere: its vocabularies (below, its towers)
+            warm_start.copy_vocabularies(config.init_from, workdir)
+        if config.num_train_steps:
+            return splits, load_inputs(
+                config, workdir,
+                lambda: itertools.chain.from_iterable(t.train_texts() for t in tasks),
+                lambda: itertools.chain.from_iterable(t.train_fields() for t in tasks))
+        tests = [t.eval_task(splits[t.name][-1]) for t in tasks]
+        return splits, load_inputs(config, workdir,
+                                   lambda: [x for e in tests for x in e.corpus + e.queries],
+                                   lambda: [f for e in tests for f in eval_fields(e)])
+
+    splits, inputs = workdir_lib.main_first(prepare)
+    data_iters = []  # one iterator of this process's share of the batches per task
     if config.num_train_steps:
-        inputs = load_inputs(
-            config, workdir, lambda: itertools.chain.from_iterable(t.train_texts() for t in tasks),
-            lambda: itertools.chain.from_iterable(t.train_fields() for t in tasks))
         data_iters = [t.train_iterator(inputs, config.global_batch_size, config.seed + i,
                                        config.loss.num_mixed_negatives)
                       for i, t in enumerate(tasks)]
@@ -226,12 +241,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                          f"Task {t.name} (weight {t.weight}): " if t.name else "",
                          t.describe_training(config.global_batch_size),
                          config.global_batch_size, mesh.devices.size)
-    else:
-        tests = [t.eval_task(splits[t.name][-1]) for t in tasks]
-        inputs = load_inputs(config, workdir,
-                             lambda: [x for e in tests for x in e.corpus + e.queries],
-                             lambda: [f for e in tests for f in eval_fields(e)])
-        data_iters = []
 
     # Model, optimizer and the sharded state.
     model = models.make_model(config.model, inputs.query.tokenizer.vocab_size,
@@ -275,9 +284,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         return bool(patience and best and best.step is not None and
                     step < config.num_train_steps and step - best.step >= patience)
 
-    if (start == config.num_train_steps or stopped_early(start)) and not config.eval.rerun:
+    finished = start == config.num_train_steps or stopped_early(start)
+    if workdir_lib.agree(finished and not config.eval.rerun):
         done = finished_results(log, tasks, splits, start)
-        if done is not None:
+        if workdir_lib.agree(done is not None):
             print(f"{workdir} finished at step {start}; its results are in metrics.jsonl and "
                   "report.md. To evaluate it again: --config.eval.rerun=True")
             return done
@@ -304,7 +314,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         where = os.path.join(workdir, "index", *([task.name] if task.name else []), split)
         rows, ranked = evaluate.evaluate_split(
             data, towers_of(systems), inputs, config.eval, mesh, baselines=baselines,
-            index_dir=where if final else None, ann_systems=(system,) if final else (),
+            index_dir=where if final and main else None, ann_systems=(system,) if final else (),
             index_extra=f"step {step}", hybrid_systems=(system,),
             hybrid_weights=None if split == "val" else hybrid_weights.get(task.name, {}))
         if split == "val":
@@ -317,7 +327,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                                  f"{evaluate.row_label(row)} ({len(data.queries)} queries, "
                                  f"{len(data.corpus)} candidates)",
                                  {k: v for k, v in row.items() if k not in ("system", "index")})
-        if final:
+        if final and main:
             report.write_report(workdir, split, step, rows, ranked, data.relevant,
                                 len(data.corpus), task.name)
         return rows
@@ -346,8 +356,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
             if "val" in splits[task.name]:
                 offer(task, run_eval(task, {system: state["params"]}, "val", step), step)
 
-    if (best and selecting and start and start < config.num_train_steps and config.eval_every_steps
-            and start % config.eval_every_steps == 0
+    if workdir_lib.agree(
+            best and selecting and start and start < config.num_train_steps
+            and config.eval_every_steps and start % config.eval_every_steps == 0
             and not any(r["step"] == start and r["split"] == "val" for r in log.read())):
         validate(start)  # killed during the evaluation at its checkpoint: it decides what's best
 
@@ -370,10 +381,16 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
             bar.update(1)
             is_last = step == config.num_train_steps
             is_eval = config.eval_every_steps and step % config.eval_every_steps == 0 and not is_last
-            is_ckpt = (is_last or (config.checkpoint_every_steps and
+            cadence = (is_last or (config.checkpoint_every_steps and
                                    step % config.checkpoint_every_steps == 0)
-                       or signals.received or (patience and is_eval))  # it may be the last
-            if is_ckpt or step % max(config.log_every_steps, 1) == 0:
+                       or (patience and is_eval))  # an evaluation that may end training
+            is_log = cadence or step % max(config.log_every_steps, 1) == 0
+            stop = signals.received
+            if jax.process_count() > 1:  # all processes stop at one step, agreed as they log
+                stop = ((stop or "a signal to another process")
+                        if is_log and workdir_lib.any_process(bool(stop)) else None)
+            is_ckpt = cadence or bool(stop)
+            if is_ckpt or is_log:
                 pending = jax.device_get(pending)
                 check_finite(pending, last_saved)
                 step_, values = pending[-1]
@@ -390,8 +407,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                 pending = []
             if is_ckpt:
                 save(step)
-            if signals.received:
-                raise Preempted(f"{signals.received}: saved a checkpoint at step {step} in "
+            if stop:
+                raise Preempted(f"{stop}: saved a checkpoint at step {step} in "
                                 f"{workdir}; run the same command again to resume")
             if is_eval:
                 signals.deferring = False  # evaluation stops at once: nothing to lose
@@ -434,9 +451,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                     row_fields = {f"{system}_best": {"selected_step": best.step}}
         last = splits[task.name][-1]
         name = f"task {task.name}, " if task.name else ""
-        print(f"\n{name}{last} split, step {step} ({workdir}):\n"
-              + evaluate.format_table(results[last], report.KEYS)
-              + f"\nReport: {os.path.join(workdir, report.report_name(task.name))}")
+        if main:
+            print(f"\n{name}{last} split, step {step} ({workdir}):\n"
+                  + evaluate.format_table(results[last], report.KEYS)
+                  + f"\nReport: {os.path.join(workdir, report.report_name(task.name))}")
         out.update({(f"{task.name}: " if task.name else "") + evaluate.row_label(r): r
                     for r in results[last]})
     typo_probs = config_lib.typo_probs(config)
@@ -454,8 +472,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
             evaluate.log_metrics(f"eval {last} typo_p={row['typo_p']} {evaluate.row_label(row)}",
                                  {k: v for k, v in row.items()
                                   if k not in ("system", "index", "typo_p")})
-        report.plot_typo_robustness(os.path.join(workdir, "typo_robustness.png"), typo_rows,
-                                    f"{name}{last} split, step {step}: queries with typos")
+        if main:
+            report.plot_typo_robustness(os.path.join(workdir, "typo_robustness.png"), typo_rows,
+                                        f"{name}{last} split, step {step}: queries with typos")
     return out
 
 

@@ -23,15 +23,18 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import ml_collections
+import numpy as np
 from absl import logging
+
+T = TypeVar("T")
 
 # Keys (or groups, ending in ".") that may change when a run resumes.
 RESUMABLE = ("num_train_steps", "checkpoint_every_steps", "keep_checkpoints",
              "eval_every_steps", "log_every_steps", "init_from", "mesh.", "eval.",
-             "loss.column_block",  # memory only: the same loss, summed in blocks
+             "loss.column_block", "encode_chunks",  # memory only: the same loss and gradients
              "data.worker_count", "data.prefetch_batches", "data.tfds_dir")
 
 
@@ -94,9 +97,10 @@ def config_changes(saved: dict, config: dict) -> tuple[list[str], list[str]]:
     return refused, allowed
 
 
-def check_and_write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+def check_and_write_config(workdir: str, config: ml_collections.ConfigDict,
+                           write: bool = True) -> None:
     """Refuses a config that differs from the workdir's in keys that shape the run (when
-    the workdir holds trained state); writes config.json."""
+    the workdir holds trained state); writes config.json (with `write`)."""
     path = os.path.join(workdir, "config.json")
     current = config.to_dict()
     if os.path.exists(path) and has_state(workdir):
@@ -112,9 +116,10 @@ def check_and_write_config(workdir: str, config: ml_collections.ConfigDict) -> N
                 f"{workdir} holds a run started with another config, and these keys cannot "
                 f"change when it resumes: {'; '.join(refused)}. Use another --workdir, or "
                 "give the old values back")
-        if allowed:
+        if allowed and write:
             logging.info("Resuming %s with changed settings: %s", workdir, "; ".join(allowed))
-    atomic_json(path, current, indent=2, sort_keys=True)
+    if write:
+        atomic_json(path, current, indent=2, sort_keys=True)
 
 
 class Lock:
@@ -149,18 +154,79 @@ class Lock:
 @contextlib.contextmanager
 def guard(workdir: str, config: ml_collections.ConfigDict) -> Iterator[None]:
     """Creates and locks the workdir, checks and writes its config; releases the lock
-    however the body ends."""
+    however the body ends. Of several processes (a multi-host run), process 0 does this;
+    the others then check the config it wrote, read-only."""
+    lock = Lock(workdir)
+
+    def take() -> None:
+        if not is_main():
+            check_and_write_config(workdir, config, write=False)
+            return
+        try:
+            os.makedirs(workdir, exist_ok=True)
+            lock.acquire()
+        except OSError as e:
+            raise WorkdirError(f"{workdir}: cannot use it as a workdir: {e.strerror or e}"
+                               ) from None
+        try:
+            check_and_write_config(workdir, config)
+        except BaseException:
+            lock.release()
+            raise
+
+    main_first(take)
     try:
-        os.makedirs(workdir, exist_ok=True)
-        lock = Lock(workdir)
-        lock.acquire()
-    except OSError as e:
-        raise WorkdirError(f"{workdir}: cannot use it as a workdir: {e.strerror or e}") from None
-    try:
-        check_and_write_config(workdir, config)
         yield
     finally:
         lock.release()
+
+
+# ----------------------------------------------------------------------------- processes
+# A multi-host run is one program per host (jax.distributed): process 0 prepares data and
+# writes the workdir's files; the others read what it wrote; every decision that changes
+# which collectives run next is process 0's (`agree`), so no process waits on the others.
+
+def is_main() -> bool:
+    """Whether this process writes the workdir's files (process 0)."""
+    import jax
+    return jax.process_index() == 0
+
+
+def agree(flag: bool) -> bool:
+    """Process 0's `flag`, in every process (a collective: all processes call it)."""
+    import jax
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+    return bool(multihost_utils.broadcast_one_to_all(np.int32(bool(flag))))
+
+
+def any_process(flag: bool) -> bool:
+    """Whether `flag` holds in any process (a collective: all processes call it)."""
+    import jax
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+    return bool(np.max(multihost_utils.process_allgather(np.int32(bool(flag)))))
+
+
+def main_first(fn: Callable[[], T]) -> T:
+    """fn() in process 0, then in the others (which then read what it wrote, a dataset
+    or a vocabulary); if it fails in process 0, the others stop too, with one line."""
+    import jax
+    if jax.process_count() == 1:
+        return fn()
+    if is_main():
+        try:
+            out = fn()
+        except BaseException:
+            agree(False)
+            raise
+        agree(True)
+        return out
+    if not agree(False):
+        raise WorkdirError("process 0 stopped (its log says why); this process stops too")
+    return fn()
 
 
 class Preempted(Exception):

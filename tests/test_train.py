@@ -477,7 +477,7 @@ def test_select_by_keeps_and_evaluates_the_best_validation_step(tmp_path):
     expected = max(sorted(val), key=lambda s: (val[s], -s))
     saved = json.loads((tmp_path / "best" / "best.json").read_text())
     assert saved == {"metric": "map@100", "step": expected, "value": val[expected]}
-    assert sorted(os.listdir(tmp_path / "best")) == sorted(["best.json", str(expected)])
+    assert sorted(os.listdir(tmp_path / "best")) == sorted(["best.json", f"{expected}.msgpack"])
     assert expected != 20
     best = results["dual_encoder_best [exact]"]
     assert best["selected_step"] == expected

@@ -140,12 +140,13 @@ class MixedNegatives(grain.transforms.RandomMap):
     the same after a resume.
     """
 
-    def __init__(self, source, side: Side, count: int):
+    def __init__(self, source, side: Side, count: int, share: slice = slice(None)):
         self._source, self._side, self._count = source, side, count
+        self._share = share  # this process's part of the draws (all processes draw alike)
         self._documents = distinct_documents(source)
 
     def random_map(self, batch: dict, rng: np.random.Generator) -> dict:
-        picks = self._documents[rng.integers(0, len(self._documents), self._count)]
+        picks = self._documents[rng.integers(0, len(self._documents), self._count)][self._share]
         records = read_records(self._source, picks.tolist())
         mixed, texts = encode_records(records, "document", self._side, "m")
         return {**batch, **mixed, "m_doc_ids": text_ids(texts),
@@ -171,21 +172,28 @@ def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
     """An endless iterator of this process's share of each global training batch.
 
     Every epoch is reshuffled (seeded); the last incomplete batch of an epoch does not
-    exist because the data repeats before batching. With `num_mixed_negatives` U, each
-    process adds its share U / processes of uniformly drawn documents (`MixedNegatives`);
-    with `num_hard_negatives` k, each pair's k mined negatives (`ReadPairs`).
+    exist because the data repeats before batching. Every process shuffles and batches
+    all the pairs alike and reads its contiguous share of each global batch, so the
+    global batches do not depend on the number of processes. With
+    `num_mixed_negatives` U, U uniformly drawn documents join each global batch
+    (`MixedNegatives`, each process reading its share of the same draws); with
+    `num_hard_negatives` k, each pair's k mined negatives (`ReadPairs`).
     """
-    n_proc = jax.process_count()
+    n_proc, i = jax.process_count(), jax.process_index()
     for what, value in (("global_batch_size", global_batch_size),
                         ("num_mixed_negatives", num_mixed_negatives)):
         if value % n_proc:
             raise ValueError(f"{what}={value} is not divisible by {n_proc} processes")
-    ds = grain.MapDataset.range(len(source))[jax.process_index()::n_proc]
-    ds = ds.shuffle(seed=seed).repeat().batch(global_batch_size // n_proc)
+    local = global_batch_size // n_proc
+    ds = grain.MapDataset.range(len(source)).shuffle(seed=seed).repeat()
+    ds = ds.batch(global_batch_size)
+    if n_proc > 1:
+        ds = ds.map(lambda rows: rows[i * local:(i + 1) * local])
     ds = ds.map(ReadPairs(source, inputs, num_hard_negatives))
     if num_mixed_negatives:
-        ds = ds.random_map(MixedNegatives(source, inputs.document, num_mixed_negatives // n_proc),
-                           seed=seed + 1)
+        u = num_mixed_negatives // n_proc
+        ds = ds.random_map(MixedNegatives(source, inputs.document, num_mixed_negatives,
+                                          slice(i * u, (i + 1) * u)), seed=seed + 1)
     return _iterate(ds, worker_count, prefetch_batches)
 
 
