@@ -1,7 +1,8 @@
 """PSES (Li & Jia 2018) against the single-space dual encoder and BM25: Table 2's shape.
 
     python scripts/bench_pses.py --out=runs/bench_pses [--seeds=0,1,2]
-        [--weak_steps=500] [--tune_steps=200] [--json=out.json]
+        [--weak_steps=500] [--tune_steps=200] [--systems=one_space,pses,...]
+        [--nn_s_alone] [--shared_score] [--json=out.json]
 
 SQuAD v1.1 dev questions against its 2,067 paragraphs (configs/pses.py: a random 70% of
 the questions train, 10% validate, 20% test; every paragraph a candidate). Each model is trained
@@ -12,12 +13,22 @@ finished workdir is reused, so an interrupted benchmark resumes where it stopped
    positives (data.pseudo_labels=5; the questions' labels are not read), --weak_steps;
 2. fine-tuning on the labelled training pairs from step 1's model, --tune_steps.
 
-Rows: BM25; the single-space bow dual encoder (model.name=dual_encoder); PSES; M_Pa (no
-orthogonality), M_Pb (no adversary), M_Pc (neither); and, for reference, the dual
-encoder trained on the labels alone for weak_steps + tune_steps. Every model uses the
-in-batch softmax over the global batch (configs/pses.py), so the models differ only in
-their spaces and PSES's terms. Columns: MAP (map@100), P@20 and nDCG@20 on the test
-questions, mean and standard deviation over the seeds.
+Rows (--systems picks some, by the names in brackets): BM25; the single-space bow dual
+encoder (model.name=dual_encoder) [one_space]; PSES [pses]; M_Pa (no orthogonality)
+[m_pa], M_Pb (no adversary) [m_pb], M_Pc (neither) [m_pc]; and, for reference, the dual
+encoder trained on the labels alone for weak_steps + tune_steps [labels_only]. Every
+model uses the in-batch softmax over the global batch (configs/pses.py), so the models
+differ only in their spaces and PSES's terms. Columns: MAP (map@100), P@20 and nDCG@20 on
+the test questions, mean and standard deviation over the seeds (BM25's too: each seed
+draws its own question split).
+
+--nn_s_alone adds the paper's way of fine-tuning: step 2 from PSES's step 1 with
+loss.pses.trainable=shared (NN_s and the similarity train, every other param is kept).
+--shared_score evaluates every fine-tuned PSES-family workdir once more with
+model.pses.score=shared (queries and paragraphs searched by z_s alone instead of
+[z_s; z_specific]): an evaluation-only run of the same params (init_from=that workdir,
+num_train_steps=0, as scripts/bench_hybrid.py does), so both scorings are reported side
+by side.
 """
 from __future__ import annotations
 
@@ -42,6 +53,11 @@ SYSTEMS = {  # label -> config overrides
     "M_Pc (neither)": {"loss.pses.orthogonality_weight": 0.0,
                        "loss.pses.adversarial_weight": 0.0},
 }
+LABELS_ONLY = "dual encoder, labels only"
+NN_S_ALONE = "PSES, fine-tuning NN_s alone (trainable=shared)"
+CHOICES = {"one_space": "dual encoder (one space)", "pses": "PSES",
+           "m_pa": "M_Pa (no orthogonality)", "m_pb": "M_Pb (no adversary)",
+           "m_pc": "M_Pc (neither)", "labels_only": LABELS_ONLY}
 
 
 def run(args, name: str, flags: dict, steps: int) -> str:
@@ -86,40 +102,72 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--weak_steps", type=int, default=500)
     parser.add_argument("--tune_steps", type=int, default=200)
+    parser.add_argument("--systems", default=",".join(CHOICES),
+                        help=f"comma-separated, of: {', '.join(CHOICES)}")
+    parser.add_argument("--nn_s_alone", action="store_true",
+                        help="also fine-tune PSES with loss.pses.trainable=shared")
+    parser.add_argument("--shared_score", action="store_true",
+                        help="also evaluate each fine-tuned PSES model by z_s alone")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
+    unknown = [k for k in args.systems.split(",") if k not in CHOICES]
+    if unknown:
+        parser.error(f"--systems: unknown {unknown}; known: {', '.join(CHOICES)}")
+    chosen = [CHOICES[k] for k in args.systems.split(",")]
+    if args.nn_s_alone and "PSES" not in chosen:
+        parser.error("--nn_s_alone fine-tunes PSES's weak model: --systems must include pses")
     args.tfds_dir = os.path.abspath(args.tfds_dir or os.path.join(args.out, "tfds"))
     os.makedirs(args.out, exist_ok=True)
     seeds = [int(s) for s in args.seeds.split(",")]
     start = time.time()
 
-    results: dict = {"weak": {}, "tuned": {}, "train": {}}
-    bm25 = None
+    results: dict = {"weak": {}, "tuned": {}, "train": {}, "shared_score": {}}
+    bm25: dict[int, dict] = {}  # seed -> BM25's test row (each seed has its own split)
+    tuned_pses = []  # (label, fine-tuned workdir, its flags): for --shared_score
     for label, overrides in SYSTEMS.items():
+        if label not in chosen:
+            continue
         system = overrides.get("model.name", "pses")
         for seed in seeds:
             weak = run(args, f"weak {label} {seed}", {**overrides, "seed": seed},
                        args.weak_steps)
-            tuned = run(args, f"tuned {label} {seed}",
-                        {**overrides, "seed": seed, "data.pseudo_labels": 0,
-                         "init_from": weak}, args.tune_steps)
+            flags = {**overrides, "seed": seed, "data.pseudo_labels": 0, "init_from": weak}
+            tuned = run(args, f"tuned {label} {seed}", flags, args.tune_steps)
             results["weak"].setdefault(label, []).append(test_row(weak, args.weak_steps, system))
             results["tuned"].setdefault(label, []).append(
                 test_row(tuned, args.tune_steps, system))
             results["train"].setdefault(label, []).append(last_train_row(weak))
-            bm25 = bm25 or test_row(weak, args.weak_steps, "bm25")
-    label = "dual encoder, labels only"
-    for seed in seeds:
-        steps = args.weak_steps + args.tune_steps
-        w = run(args, f"labels only {seed}", {"model.name": "dual_encoder", "seed": seed,
-                                              "data.pseudo_labels": 0}, steps)
-        results["tuned"].setdefault(label, []).append(test_row(w, steps, "dual_encoder"))
+            bm25.setdefault(seed, test_row(weak, args.weak_steps, "bm25"))
+            if system == "pses":
+                tuned_pses.append((label, tuned, flags))
+            if label == "PSES" and args.nn_s_alone:
+                flags = {**flags, "loss.pses.trainable": "shared"}
+                w = run(args, f"tuned NN_s alone {seed}", flags, args.tune_steps)
+                results["tuned"].setdefault(NN_S_ALONE, []).append(
+                    test_row(w, args.tune_steps, "pses"))
+                tuned_pses.append((NN_S_ALONE, w, flags))
+    if LABELS_ONLY in chosen:
+        for seed in seeds:
+            steps = args.weak_steps + args.tune_steps
+            w = run(args, f"labels only {seed}", {"model.name": "dual_encoder", "seed": seed,
+                                                  "data.pseudo_labels": 0}, steps)
+            results["tuned"].setdefault(LABELS_ONLY, []).append(
+                test_row(w, steps, "dual_encoder"))
+            bm25.setdefault(seed, test_row(w, steps, "bm25"))
+    if args.shared_score:  # the same params, searched by z_s alone: evaluation only
+        for label, tuned, flags in tuned_pses:
+            w = run(args, f"shared score {os.path.basename(tuned)}",
+                    {**flags, "init_from": tuned, "model.pses.score": "shared",
+                     "eval.baselines": ""}, 0)
+            results["shared_score"].setdefault(label, []).append(test_row(w, 0, "pses"))
 
     head = ("| system | weak: MAP | P@20 | nDCG@20 | fine-tuned: MAP | P@20 | nDCG@20 |\n"
             "|---|---:|---:|---:|---:|---:|---:|")
-    lines = [head, "| BM25 | " + " | ".join(f"{bm25[k]:.3f}" for k in METRICS) + " | "
-             + " | ".join(f"{bm25[k]:.3f}" for k in METRICS) + " |"]
-    for label in [*SYSTEMS, "dual encoder, labels only"]:
+    bm25_cells = " | ".join(cell([bm25[s][k] for s in seeds]) for k in METRICS)
+    lines = [head, f"| BM25 | {bm25_cells} | {bm25_cells} |"]
+    for label in [*SYSTEMS, LABELS_ONLY, NN_S_ALONE]:
+        if label not in results["tuned"]:
+            continue
         weak = results["weak"].get(label)
         tuned = results["tuned"][label]
         lines.append(f"| {label} | "
@@ -127,22 +175,32 @@ def main() -> None:
                      + " | " + " | ".join(cell([r[k] for r in tuned]) for k in METRICS) + " |")
     critic = ["", "| system (weak step, last logged) | critic accuracy | Wasserstein | "
                   "orthogonality | reconstruction |", "|---|---:|---:|---:|---:|"]
-    for label in SYSTEMS:
-        rows = results["train"][label]
+    for label, rows in results["train"].items():
         if "critic_accuracy" in rows[0]:
             critic.append(f"| {label} | " + " | ".join(
                 cell([r[k] for r in rows]) for k in ("critic_accuracy", "wasserstein",
                                                      "orthogonality", "reconstruction")) + " |")
+    shared = []
+    if results["shared_score"]:
+        shared = ["", "| fine-tuned system, same params | [z_s; z_spec]: MAP | P@20 | nDCG@20 "
+                      "| z_s alone: MAP | P@20 | nDCG@20 |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for label, rows in results["shared_score"].items():
+            shared.append(f"| {label} | " + " | ".join(
+                cell([r[k] for r in results["tuned"][label]]) for k in METRICS) + " | "
+                + " | ".join(cell([r[k] for r in rows]) for k in METRICS) + " |")
     per_seed = ["", "Per seed (fine-tuned MAP): " + "; ".join(
-        f"{label}: " + ", ".join(f"{r['map@100']:.3f}" for r in results["tuned"][label])
-        for label in results["tuned"])]
-    text = "\n".join(lines + critic + per_seed)
+        f"{label}: " + ", ".join(f"{r['map@100']:.3f}" for r in rows)
+        for label, rows in [("BM25", [bm25[s] for s in seeds]), *results["tuned"].items(),
+                            *((f"{label}, z_s alone", rows)
+                              for label, rows in results["shared_score"].items())])]
+    text = "\n".join(lines + critic + shared + per_seed)
     print(text)
     print(f"\n{platform.node()}, {os.cpu_count()} CPUs, {time.time() - start:.0f} s, seeds {seeds}, "
           f"{args.weak_steps} weak + {args.tune_steps} fine-tuning steps")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"bm25": bm25, **results, "table": text}, f, indent=1)
+            json.dump({"bm25": {str(s): r for s, r in bm25.items()}, **results, "table": text},
+                      f, indent=1)
 
 
 if __name__ == "__main__":

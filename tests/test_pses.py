@@ -1,9 +1,13 @@
-"""PSES (Li & Jia 2018): each loss term by hand, the sharded terms equal to one device,
-the critic (clipped after every update, actually trained), two-player exact resume,
-fine-tuning NN_s alone, and the BM25 pseudo-labels it trains on."""
+"""PSES (Li & Jia 2018): each loss term by hand (and as the objective wires them from the
+model's codes), the sharded orthogonality and the two players' step on 8 devices equal to
+one device, the objective's own critic (clipped after every update of a step, raising the
+Wasserstein estimate the encoders lower), two-player exact resume, fine-tuning NN_s
+alone, and the BM25 pseudo-labels it trains on (from a query file or the training
+queries)."""
 import dataclasses
 import os
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from dualjax import config_lib, models, objectives, sharding, train
 from dualjax import tasks as tasks_lib
-from dualjax.data import mining, reqa
+from dualjax.data import builders, mining, reqa
 from dualjax.models import pses as pses_model
 from dualjax.objectives import pses
 from test_train import preempt_at, tiny, train_rows  # noqa: E402
@@ -29,6 +33,30 @@ def tiny_pses(**overrides):
                    "model.pses.shared_dim": 8, "model.pses.specific_dim": 4,
                    "loss.pses.critic_hidden_dim": 8, "loss.pses.critic_steps": 2,
                    "eval.index": "exact", "mesh.num_devices": 2, **overrides})
+
+
+def pses_objective(mesh=None, **overrides):
+    """(config, model, objective) of `tiny_pses(**overrides)` over 60 token ids, on
+    `mesh` (default: the config's 2 devices)."""
+    cfg = tiny_pses(**overrides)
+    model = models.make_model(cfg.model, 60)
+    mesh = mesh or sharding.make_mesh(cfg.mesh.num_devices)
+    return cfg, model, objectives.from_config(cfg, model, mesh)
+
+
+def critic_state(critic, seed: int = 1) -> dict:
+    """A fresh critic's state (jitted: op by op, its init compiles every op)."""
+    return jax.jit(lambda rng: objectives.init_critic_state(critic, rng))(jax.random.key(seed))
+
+
+def token_batch(rows: int = 16, seed: int = 0) -> dict:
+    """A batch of `rows` random (query, document) token sequences of 16 ids in [1, 60)."""
+    rng = np.random.default_rng(seed)
+    batch = {k: jnp.asarray(rng.integers(1, 60, (rows, 16)), jnp.int32)
+             for k in ("q_ids", "d_ids")}
+    batch.update(q_mask=jnp.ones((rows, 16), bool), d_mask=jnp.ones((rows, 16), bool),
+                 doc_ids=jnp.arange(rows))
+    return batch
 
 
 # ----------------------------------------------------------------------------- terms
@@ -83,7 +111,7 @@ def _sharded(x, mesh):
     return jax.device_put(x, NamedSharding(mesh, P("data")))
 
 
-def test_sharded_orthogonality_and_critic_terms_equal_one_device():
+def test_sharded_orthogonality_equals_one_device():
     mesh = sharding.make_mesh()
     assert mesh.devices.size == 8
     rng = np.random.default_rng(0)
@@ -96,41 +124,60 @@ def test_sharded_orthogonality_and_critic_terms_equal_one_device():
     for a, b in zip(got[1], ref[1]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
-    net = pses.CriticNet(6)
-    cparams = net.init(jax.random.key(1), jnp.zeros((1, 5)))["params"]
-    z_d = shared[::-1] * 0.5 + 0.3
 
-    def terms(cparams, z_q, z_d):
-        f_q, f_d = pses.critic_value(net, cparams, z_q), pses.critic_value(net, cparams, z_d)
-        return pses.wasserstein(f_q, f_d), pses.critic_accuracy(f_q, f_d)
+def test_critic_update_and_loss_on_8_devices_equal_one_device():
+    """A train step's two players (update_critic's 3 updates, then the objective's loss
+    reading the updated critic) with the batch split over an 8-device mesh give the
+    critic state, the critic's metrics and every loss term of a 1-device mesh."""
+    overrides = {"loss.pses.pairwise": "in_batch", "loss.pses.critic_steps": 3,
+                 "loss.pses.critic_learning_rate": 1e-2, "loss.pses.critic_clip": 0.05}
+    _, _, objective = pses_objective(sharding.make_mesh(1), **overrides)
+    params = jax.jit(objective.init)(jax.random.key(0))
+    start = critic_state(objective.critic)
+    batch = token_batch()
+    out = {}
+    for n in (8, 1):
+        mesh = sharding.make_mesh(n)
+        _, _, objective = pses_objective(mesh, **overrides)
 
-    def critic_grads(cparams, z_q, z_d):
-        return jax.grad(lambda c: terms(c, z_q, z_d)[0])(cparams)
+        @jax.jit
+        def players(start, params, batch, objective=objective):
+            state, critic_metrics = objectives.update_critic(
+                objective.critic, start, params, batch, jax.random.key(1))
+            loss, terms = objective.loss(params, batch, jax.random.key(2),
+                                         {"critic": state["params"], "doc_ids": batch["doc_ids"]})
+            return state, {**critic_metrics, **terms, "loss": loss}
 
-    one = (terms(cparams, shared, z_d), critic_grads(cparams, shared, z_d))
-    many = jax.jit(lambda c, a, b: (terms(c, a, b), critic_grads(c, a, b)))(
-        cparams, _sharded(shared, mesh), _sharded(z_d, mesh))
-    for a, b in zip(jax.tree.leaves(many), jax.tree.leaves(one)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        replicated = sharding.replicated(mesh)
+        out[n] = jax.device_get(players(jax.device_put(start, replicated),
+                                        jax.device_put(params, replicated),
+                                        jax.device_put(batch, sharding.batch_sharding(mesh))))
+    (critic8, m8), (critic1, m1) = out[8], out[1]
+    assert int(critic8["step"]) == 3
+    assert set(m8) == set(m1) >= {"pairwise", "orthogonality", "adversarial", "reconstruction",
+                                  "regularization", "wasserstein", "critic_accuracy",
+                                  "critic_loss", "critic_weight_max"}
+    for key in m1:
+        np.testing.assert_allclose(m8[key], m1[key], rtol=1e-5, atol=1e-7, err_msg=key)
+    assert float(m1["orthogonality"]) > 0 and abs(float(m1["adversarial"])) > 1e-4
+    for a, b in zip(jax.tree.leaves(critic8), jax.tree.leaves(critic1)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
 # ----------------------------------------------------------------------------- critic
 def _separable_critic(steps: int, clip: float, lr: float = 1e-2):
-    """A critic on shared codes where queries and documents differ by a shift."""
-    net = pses.CriticNet(8)
+    """The PSES objective's own critic (its loss, optimizer, clip), reading fixed shared
+    codes where queries and documents differ by a shift."""
+    _, _, objective = pses_objective(**{
+        "model.pses.shared_dim": 4, "loss.pses.critic_hidden_dim": 8,
+        "loss.pses.critic_steps": steps, "loss.pses.critic_clip": clip,
+        "loss.pses.critic_learning_rate": lr})
     rng = np.random.default_rng(0)
     base = rng.normal(size=(64, 4)).astype(np.float32)
     z_q, z_d = jnp.asarray(base[:32] + 1.0), jnp.asarray(base[32:] - 1.0)
-
-    def loss(cparams, inputs):
-        f_q, f_d = (pses.critic_value(net, cparams, z) for z in inputs)
-        w = pses.wasserstein(f_q, f_d)
-        return -w, {"wasserstein": w, "critic_accuracy": pses.critic_accuracy(f_q, f_d)}
-
-    critic = objectives.Critic(init=lambda r: net.init(r, jnp.zeros((1, 4)))["params"],
-                               inputs=lambda params, batch, rng: (z_q, z_d), loss=loss,
-                               tx=optax.rmsprop(lr), steps=steps, clip=clip)
-    return critic
+    critic = objective.critic
+    assert (critic.steps, critic.clip) == (steps, clip)
+    return dataclasses.replace(critic, inputs=lambda params, batch, rng: (z_q, z_d))
 
 
 def test_critic_weights_are_clipped_after_every_update():
@@ -160,6 +207,61 @@ def test_critic_learns_to_tell_queries_from_documents():
     assert float(after["critic_accuracy"]) > 0.9 > float(before["critic_accuracy"])
 
 
+def test_every_critic_update_inside_a_step_is_clipped():
+    """With critic_steps > 1, every update of the scan is clipped, not only the last:
+    update_critic reports the largest |weight| held after any of the step's updates."""
+    critic = _separable_critic(steps=5, clip=0.01)
+    start = critic_state(critic, 0)
+    state, m = jax.jit(lambda s: objectives.update_critic(
+        critic, s, {}, {}, jax.random.key(1)))(start)
+    assert int(state["step"]) == 5
+    assert 0.009 < float(m["critic_weight_max"]) <= 0.01 + 1e-9
+    # One unclipped update from the same weights already leaves [-0.01, 0.01]: clipping
+    # once after the 5 updates would let the next 4 read weights out of bounds.
+    free = dataclasses.replace(critic, steps=1, clip=0.0)
+    _, m = objectives.update_critic(free, start, {}, {}, jax.random.key(1))
+    assert float(m["critic_weight_max"]) > 0.02
+
+
+def test_critic_ascends_and_the_encoders_descend_the_wasserstein_estimate():
+    """The objective's own players on one fixed batch: the critic's updates raise the
+    Wasserstein estimate W of the current shared codes, the loss's adversarial term is
+    that W under the updated critic, and an encoder step on the adversarial term alone
+    (the loss minus its pairwise part, the other weights 0) lowers it."""
+    _, _, objective = pses_objective(**{
+        "loss.pses.critic_steps": 5, "loss.pses.critic_learning_rate": 1e-2,
+        "loss.pses.orthogonality_weight": 0.0, "loss.pses.reconstruction_weight": 0.0,
+        "loss.pses.regularization_weight": 0.0, "loss.pses.adversarial_weight": 1.0})
+    critic, batch, rng = objective.critic, token_batch(), jax.random.key(2)
+    params = jax.jit(objective.init)(jax.random.key(0))
+    start = critic_state(critic)
+    w_of = lambda cparams, p: critic.loss(cparams, critic.inputs(p, batch, rng))[1]["wasserstein"]
+
+    @jax.jit
+    def play(start, params):
+        state, m = objectives.update_critic(critic, start, params, batch, rng)
+        extras = {"critic": state["params"], "doc_ids": batch["doc_ids"]}
+        adversarial = lambda p: (lambda out: (out[0] - out[1]["pairwise"], out[1]))(
+            objective.loss(p, batch, rng, extras))
+        (value, terms), grads = jax.value_and_grad(adversarial, has_aux=True)(params)
+        norm = optax.tree.norm(grads)
+        moved = jax.tree.map(lambda p, g: p - 0.1 * g / norm, params, grads)
+        return (state, m, value, terms, w_of(start["params"], params),
+                w_of(state["params"], params), w_of(state["params"], moved))
+
+    state, m, value, terms, w_start, w_critic, w_encoders = play(start, params)
+    assert int(state["step"]) == 5
+    # The critic maximises W: W rose under its updates (its loss is -W).
+    assert float(w_critic) > float(w_start) + 1e-4, (w_start, w_critic)
+    assert float(m["critic_loss"]) == pytest.approx(-float(m["wasserstein"]), rel=1e-6)
+    # A step against the adversarial term's gradient lowers the critic's W ...
+    assert float(w_encoders) < float(w_critic) - 0.1 * abs(float(w_critic)), (
+        w_critic, w_encoders)
+    # ... as the term is W under the updated critic, with weight +1 in the loss.
+    assert float(terms["adversarial"]) == pytest.approx(float(w_critic), rel=1e-5)
+    assert float(value) == pytest.approx(float(w_critic), abs=1e-6)  # total - pairwise
+
+
 # ----------------------------------------------------------------------------- model
 def test_retrieval_vectors_concatenate_or_keep_the_shared_code():
     c = pses_model.Codes(x=None, shared=jnp.array([[3.0, 0.0]]), specific=jnp.array([[4.0]]),
@@ -179,17 +281,35 @@ def test_objective_loss_is_the_weighted_sum_of_its_terms(pairwise):
     params = jax.jit(objective.init)(jax.random.key(0))
     assert set(params) == {"trunk", "shared", "query_specific", "doc_specific", "query_decoder",
                            "doc_decoder", "alpha", "beta"}
-    critic = objectives.init_critic_state(objective.critic, jax.random.key(1))["params"]
-    rng = np.random.default_rng(0)
-    batch = {k: jnp.asarray(rng.integers(1, 60, (16, 16)), jnp.int32) for k in ("q_ids", "d_ids")}
-    batch.update(q_mask=jnp.ones((16, 16), bool), d_mask=jnp.ones((16, 16), bool))
-    batch["doc_ids"] = jnp.arange(16)
+    critic = jax.jit(objective.critic.init)(jax.random.key(1))  # unclipped: a larger W
+    batch = token_batch()
     loss, m = jax.jit(objective.loss)(params, batch, jax.random.key(2),
                                       {"critic": critic, "doc_ids": batch["doc_ids"]})
     expected = (m["pairwise"] + 0.5 * m["orthogonality"] + 2.0 * m["adversarial"]
                 + 0.25 * m["reconstruction"] + 0.125 * m["regularization"])
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)
-    assert float(m["orthogonality"]) > 0 and float(m["reconstruction"]) > 0
+
+    # Each term by hand (float64) from the model's codes: each side's own spaces.
+    q, d, _, _ = jax.jit(lambda p: model.apply({"params": p}, batch["q_ids"], batch["q_mask"],
+                                               batch["d_ids"], batch["d_mask"]))(params)
+    q, d = (pses_model.Codes(*(np.asarray(x, np.float64) for x in c)) for c in (q, d))
+    ortho = sum(np.sum((c.shared.T @ c.specific) ** 2) for c in (q, d))
+    recon = sum(np.mean(np.sum((c.reconstruction - c.x) ** 2, axis=-1)) for c in (q, d))
+    w = jax.tree.map(lambda x: np.asarray(x, np.float64), critic)
+
+    def f(z):  # the critic: ReLU hidden layer, logits over {query, document}, log-odds
+        h = np.maximum(z @ w["hidden"]["kernel"] + w["hidden"]["bias"], 0.0)
+        logits = h @ w["output"]["kernel"] + w["output"]["bias"]
+        return logits[:, 0] - logits[:, 1]
+
+    adversarial = f(q.shared).mean() - f(d.shared).mean()
+    regularization = sum(np.sum(np.asarray(x, np.float64) ** 2) for path, x in
+                         flax.traverse_util.flatten_dict(params).items() if path[-1] == "kernel")
+    assert float(m["orthogonality"]) == pytest.approx(ortho, rel=1e-4) and ortho > 0
+    assert float(m["reconstruction"]) == pytest.approx(recon, rel=1e-4) and recon > 0
+    assert float(m["adversarial"]) == pytest.approx(adversarial, rel=1e-4)
+    assert abs(adversarial) > 1e-3
+    assert float(m["regularization"]) == pytest.approx(regularization, rel=1e-4)
     if pairwise == "in_batch":  # the in-batch softmax over the retrieval vectors, scale 10
         encode_q, encode_d = train.make_encoders(model)
         q = encode_q(params, {"ids": batch["q_ids"], "mask": batch["q_mask"]})
@@ -219,6 +339,7 @@ def test_pses_trains_both_players_and_resumes_exactly(tmp_path, trained):
                 "wasserstein", "critic_accuracy", "critic_loss"):
         assert all(np.isfinite(r[key]) for r in rows), key
     assert len({round(r["critic_accuracy"], 6) for r in rows}) > 1  # the critic moves
+    assert all(r["critic_weight_max"] <= cfg.loss.pses.critic_clip + 1e-9 for r in rows)
 
     with pytest.raises(train.Preempted):
         train.train_and_evaluate(cfg, split, hooks=[preempt_at(7)])
@@ -280,6 +401,8 @@ def test_pses_config_errors():
             ({"model.pses.score": "sum"}, "model.pses.score"),
             ({"loss.pses.pairwise": "listwise"}, "loss.pses.pairwise"),
             ({"loss.pses.critic_steps": 0}, "loss.pses.critic_steps"),
+            ({"model.pses.hidden_layers": 0}, "model.pses.hidden_layers=0 must be 1, 2 or 3"),
+            ({"model.pses.hidden_layers": 4}, "model.pses.hidden_layers=4 must be 1, 2 or 3"),
             ({"loss.pses.adversarial_weight": -1.0}, "loss.pses.adversarial_weight"),
             ({"model.tower": "bow_mlp", "model.query_features": "brand",
               "model.doc_features": "brand"}, "reads text only"),
@@ -288,6 +411,8 @@ def test_pses_config_errors():
             ({"data.pseudo_label_queries": "q.txt"}, "pseudo_labels > 0")):
         with pytest.raises(config_lib.ConfigError, match=match):
             config_lib.validate(tiny_pses(**overrides), 8)
+    for layers in (1, 3):
+        config_lib.validate(tiny_pses(**{"model.pses.hidden_layers": layers}), 8)
 
 
 # ----------------------------------------------------------------------------- weak labels
@@ -325,6 +450,37 @@ def test_weakly_supervised_pairs_table_from_a_query_file(tmp_path):
                                     "eval.index": "exact"})
     train.train_and_evaluate(cfg, str(tmp_path / "run"))
     assert [r["step"] for r in train_rows(tmp_path / "run")] == [2]
+
+
+def test_weakly_supervised_pairs_table_from_the_training_queries(tmp_path):
+    """data.pseudo_labels without a query file (the default): the pairs table holds the
+    training split's queries, each paired with BM25's top documents of the dataset, not
+    with its labelled document. Query i is the word w_i; its labelled document names
+    w_(i+1) only, so BM25's one match for w_i is document i-1 (another pair's label)."""
+    w = ["apple", "bridge", "candle", "dolphin", "engine", "forest", "guitar", "harbor",
+         "island", "jacket", "kettle", "lemon", "meadow", "needle", "orchid", "pepper",
+         "quartz", "river", "saddle", "tunnel"]
+    n = len(w)
+    doc = [f"notes on {w[(i + 1) % n]} page {i}" for i in range(n)]
+    path = tmp_path / "pairs.tsv"
+    path.write_text("".join(f"{w[i]}\t{doc[i]}\n" for i in range(n)))
+    tfds_dir = str(tmp_path / "tfds")
+
+    def table(pseudo_labels: int) -> list[tuple[str, str, int]]:
+        data = tiny(**{"data.name": "pairs", "data.path": str(path), "data.val_fraction": 0.2,
+                       "data.test_fraction": 0.2, "data.pseudo_labels": pseudo_labels}).data
+        source = builders.train_source(data, 0, tfds_dir)
+        return [(r["query"].decode(), r["document"].decode(), int(r["cluster"]))
+                for r in (source[i] for i in range(len(source)))]
+
+    labelled = table(0)
+    train_ids = sorted(w.index(q) for q, _, _ in labelled)
+    assert {(q, d) for q, d, _ in labelled} == {(w[i], doc[i]) for i in train_ids}
+    assert 8 <= len(train_ids) < n  # the other pairs are val and test
+    weak = table(3)
+    assert sorted((q, d) for q, d, _ in weak) == sorted((w[i], doc[i - 1]) for i in train_ids)
+    assert not {(q, d) for q, d, _ in weak} & {(q, d) for q, d, _ in labelled}
+    assert len({c for _, _, c in weak}) == len(weak)  # one cluster per query
 
 
 @pytest.mark.skipif(not os.path.exists(SQUAD), reason="needs ../shared/data/squad")

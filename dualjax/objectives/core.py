@@ -59,7 +59,9 @@ def clip_weights(params: Params, clip: float) -> Params:
 def update_critic(critic: Critic, state: dict, params: Params, batch: dict,
                   rng: jax.Array) -> tuple[dict, dict]:
     """`critic.steps` updates of the critic on this batch (each clipped); returns its new
-    state and the metrics of its last update (with "critic_loss")."""
+    state and the metrics of its last update (with "critic_loss"), plus
+    "critic_weight_max": the largest |weight| the critic held after any of this step's
+    updates (at most `critic.clip` when clipping is on)."""
     inputs = jax.lax.stop_gradient(critic.inputs(params, batch, rng))
     grad_fn = jax.value_and_grad(critic.loss, has_aux=True)
 
@@ -67,11 +69,13 @@ def update_critic(critic: Critic, state: dict, params: Params, batch: dict,
         (loss, metrics), grads = grad_fn(state["params"], inputs)
         updates, opt_state = critic.tx.update(grads, state["opt_state"], state["params"])
         new = clip_weights(optax.apply_updates(state["params"], updates), critic.clip)
+        weight_max = jnp.max(jnp.stack([jnp.abs(w).max() for w in jax.tree.leaves(new)]))
         return ({"params": new, "opt_state": opt_state, "step": state["step"] + 1},
-                {"critic_loss": loss, **metrics})
+                {"critic_loss": loss, **metrics, "critic_weight_max": weight_max})
 
     state, history = jax.lax.scan(one, state, None, length=critic.steps)
-    return state, jax.tree.map(lambda x: x[-1], history)
+    last = jax.tree.map(lambda x: x[-1], history)
+    return state, {**last, "critic_weight_max": history["critic_weight_max"].max()}
 
 
 def restrict(tx: optax.GradientTransformation, objective: Objective
