@@ -11,6 +11,15 @@ configuration runs in a fresh subprocess, so its peak resident memory
 
     python scripts/bench_scale.py                                  # 8k to 128k
     python scripts/bench_scale.py --batches 8192,32768 --steps 2
+
+`--towers` measures cached tower gradients instead (`config.encode_chunks`, GradCache):
+one full train step (`train.make_train_step`: the objective's loss and gradient, then
+AdamW) of a transformer dual encoder (`--layers` x `--width`, texts of `--max-len`
+tokens, in_batch_softmax) at global batch `--tower-batch`, for each chunk count K of
+`--chunks` (1: off), each in a fresh subprocess: step time, peak RSS, and XLA's
+temporary buffers per device (`memory_analysis().temp_size_in_bytes`).
+
+    python scripts/bench_scale.py --towers                         # 1,024; K = 1, 4, 8
 """
 from __future__ import annotations
 
@@ -77,6 +86,93 @@ def child(batch: int, block: int, dim: int, steps: int) -> dict:
             "peak_gb": peak_kb / 2**20}
 
 
+def towers_child(batch: int, chunks: int, layers: int, width: int, max_len: int,
+                 steps: int) -> dict:
+    """One train step of a transformer dual encoder with encode_chunks=`chunks`, in this
+    process; returns its figures."""
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + f" --xla_force_host_platform_device_count={DEVICES}").strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import resource
+    import runpy
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    sys.path.insert(0, REPO)
+    from dualjax import losses, sharding, train
+    from dualjax.models import dual_encoder
+    from dualjax.objectives import dual_encoder as objective_lib
+
+    cfg = runpy.run_path(os.path.join(REPO, "configs", "default.py"))["get_config"]().model
+    cfg.tower, cfg.max_len = "transformer", max_len
+    t = cfg.transformer
+    t.num_layers, t.width, t.num_heads, t.mlp_dim = layers, width, max(1, width // 32), 4 * width
+    vocab = 8000
+    mesh = sharding.make_mesh(DEVICES)
+    model = dual_encoder.make_model(cfg, vocab)
+    objective = objective_lib.objective(model, losses.sharded("in_batch_softmax", mesh),
+                                        max_len, encode_chunks=chunks)
+    tx = optax.adamw(1e-3)
+    replicated, batch_sharding = sharding.replicated(mesh), sharding.batch_sharding(mesh)
+    params = objective.init(jax.random.key(0))
+    state = jax.device_put({"params": params, "opt_state": tx.init(params),
+                            "step": jnp.int32(0), "rng": jax.random.key(1)}, replicated)
+    rng = np.random.default_rng(0)
+    data = {"doc_ids": np.arange(batch, dtype=np.int32)}
+    for side in ("q", "d"):
+        data[f"{side}_ids"] = rng.integers(1, vocab, (batch, max_len)).astype(np.int32)
+        data[f"{side}_mask"] = np.arange(max_len) < rng.integers(max_len // 2, max_len + 1,
+                                                                  (batch, 1))
+    data = sharding.put_global_batch(data, mesh)
+    step = train.make_train_step(objective, tx, lambda s: 1e-3, replicated, batch_sharding,
+                                 replicated)
+    base_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    compiled = step.lower(state, data).compile()
+    compile_s = time.perf_counter() - start
+    analysis = compiled.memory_analysis()
+    temp_mb = analysis.temp_size_in_bytes / 2**20 if analysis is not None else float("nan")
+    times, metrics = [], None
+    for _ in range(steps + 1):  # the first run warms up
+        start = time.perf_counter()
+        state, metrics = compiled(state, data)
+        jax.block_until_ready((state, metrics))
+        times.append(time.perf_counter() - start)
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"batch": batch, "chunks": chunks, "loss": float(metrics["loss"]),
+            "compile_s": compile_s, "step_s": statistics.median(times[1:]),
+            "temp_mb": temp_mb, "base_gb": base_kb / 2**20, "peak_gb": peak_kb / 2**20}
+
+
+def towers_table(rows: list[dict], layers: int, width: int, max_len: int) -> str:
+    """The --towers results as a markdown table."""
+    lines = ["| global batch | encode_chunks K | rows/device/chunk | step (s) | compile (s) | "
+             "peak RSS (GB) | XLA temp/device (MB) | loss (last step) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        head = f"| {r['batch']:,} | {r['chunks']} | {r['batch'] // DEVICES // max(r['chunks'], 1)}"
+        if "error" in r:
+            lines.append(f"{head} | failed: {r['error'][:60]} | | | | |")
+        else:
+            lines.append(f"{head} | {r['step_s']:.2f} | {r['compile_s']:.1f} | "
+                         f"{r['peak_gb']:.2f} | {r['temp_mb']:.0f} | {r['loss']:.4f} |")
+    return "\n".join(lines) + (f"\n\n(one train step: loss + gradient + AdamW; transformer "
+                                f"{layers} x {width}, {max_len} tokens, in_batch_softmax; "
+                                f"{DEVICES} fake CPU devices)")
+
+
+def run_child(args: list[str], head: dict) -> dict:
+    """This script with `args` in a fresh subprocess; its last stdout line as JSON."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), *args],
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        return {**head, "error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def run_one(batch: int, block: int, dim: int, steps: int) -> dict:
     """One configuration in a fresh subprocess."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", f"{batch},{block}",
@@ -117,8 +213,32 @@ def main() -> None:
     parser.add_argument("--max-gb", type=float, default=16.0,
                         help="skip a configuration estimated to need more memory")
     parser.add_argument("--modes", default="plain,blockwise")
+    parser.add_argument("--towers", action="store_true",
+                        help="measure a transformer train step with encode_chunks = --chunks")
+    parser.add_argument("--chunks", default="1,4,8", help="--towers: encode_chunks values")
+    parser.add_argument("--tower-batch", type=int, default=1024, help="--towers: global batch")
+    parser.add_argument("--layers", type=int, default=2, help="--towers: transformer layers")
+    parser.add_argument("--width", type=int, default=128, help="--towers: transformer width")
+    parser.add_argument("--max-len", type=int, default=32, help="--towers: tokens per text")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--towers-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.towers_child:
+        batch, chunks = map(int, args.towers_child.split(","))
+        print(json.dumps(towers_child(batch, chunks, args.layers, args.width, args.max_len,
+                                      args.steps)))
+        return
+    if args.towers:
+        rows = []
+        for chunks in (int(k) for k in args.chunks.split(",")):
+            row = run_child(["--towers-child", f"{args.tower_batch},{chunks}", "--layers",
+                             str(args.layers), "--width", str(args.width), "--max-len",
+                             str(args.max_len), "--steps", str(args.steps)],
+                            {"batch": args.tower_batch, "chunks": chunks})
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+        print(towers_table(rows, args.layers, args.width, args.max_len))
+        return
     if args.child:
         batch, block = map(int, args.child.split(","))
         print(json.dumps(child(batch, block, args.dim, args.steps)))

@@ -154,3 +154,10 @@ def test_same_draws_as_the_whole_corpus_scan():
         k, seed, depth = int(rng.integers(1, 6)), int(rng.integers(5)), int(rng.choice([0, 1, 3]))
         assert (mining.mine_hard_negatives(pairs, k, seed, depth)
                 == _whole_corpus_reference(pairs, k, seed, depth))
+
+
+def test_a_query_that_is_a_document_is_not_its_own_pseudo_label():
+    pairs, clusters = mining.pseudo_label_pairs(
+        ["engine oil", "cake recipe"], ["engine oil", "engine oil change", "a cake recipe"], 1)
+    assert pairs == [("engine oil", "engine oil change"), ("cake recipe", "a cake recipe")]
+    assert clusters == [0, 1]

@@ -130,11 +130,14 @@ def pseudo_label_pairs(queries: Sequence[str], corpus: Sequence[str], k: int
     are its negatives. Returns the (query, document) pairs, best first per query, and
     each pair's cluster: the index of its query among the distinct `queries` (so a query
     twice in a batch does not count its other document as a negative). A query sharing
-    no word with the corpus has fewer (or no) pairs."""
+    no word with the corpus has fewer (or no) pairs; a query that is itself one of the
+    documents (question-to-question candidates) is never its own positive."""
     queries = list(dict.fromkeys(queries))
     docs = list(dict.fromkeys(corpus))
+    position = {d: i for i, d in enumerate(docs)}
     task = RetrievalTask(corpus=docs, queries=queries, relevant=[frozenset()] * len(queries),
-                         query_corpus_index=np.full(len(queries), -1, np.int64))
+                         query_corpus_index=np.array([position.get(q, -1) for q in queries],
+                                                     np.int64))
     ranked = baselines.rank("bm25", task, min(k, len(docs)))
     pairs, cluster = [], []
     for i, (q, row) in enumerate(zip(queries, ranked)):

@@ -40,4 +40,5 @@ def from_config(config, model, mesh: jax.sharding.Mesh) -> Objective:
     hits = config.loss.remove_query_hits, config.loss.remove_cluster_hits
     if config.model.name == "pses":
         return pses.objective(model, config.loss.pses, mesh, max(q_len, d_len), loss_fn, *hits)
-    return dual_encoder.objective(model, loss_fn, max(q_len, d_len), *hits)
+    return dual_encoder.objective(model, loss_fn, max(q_len, d_len), *hits,
+                                  encode_chunks=config.get("encode_chunks", 0))
