@@ -1,5 +1,5 @@
-"""Hybrid search (eval.hybrid=bm25: reciprocal rank fusion) against the dual encoder and
-BM25 alone, on trained workdirs.
+"""Hybrid search (eval.hybrid=bm25: reciprocal rank fusion, and score interpolation with
+its weight chosen on val) against the dual encoder and BM25 alone, on trained workdirs.
 
     python scripts/bench_hybrid.py --out=runs/bench_hybrid NAME=WORKDIR [NAME=WORKDIR ...]
 
@@ -7,7 +7,7 @@ Each WORKDIR is a finished run; its towers are evaluated again, on its own datas
 split, with no training (init_from, num_train_steps=0) in OUT/NAME, with eval.hybrid=bm25
 and exact search. A run trained with num_train_steps=0 itself (a zero-shot evaluation)
 is evaluated from the workdir it started from. Prints the test split's MAP@100,
-nDCG@10, recall@10 and recall@100 of the three systems.
+nDCG@10, recall@10 and recall@100 of the four systems, and the interpolation's weight.
 """
 from __future__ import annotations
 
@@ -54,14 +54,18 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", help="NAME=WORKDIR")
     args = parser.parse_args()
     setup_logging()
-    lines = ["| run | system | " + " | ".join(KEYS) + " |", "|---|---|" + "---:|" * len(KEYS)]
+    lines = ["| run | system | " + " | ".join(KEYS) + " | weight |",
+             "|---|---|" + "---:|" * (len(KEYS) + 1)]
     for item in args.runs:
         name, workdir = item.split("=", 1)
-        results = train.train_and_evaluate(hybrid_config(workdir), os.path.join(args.out, name))
-        for system in ("dual_encoder", "bm25", "dual_encoder+bm25"):
+        config = hybrid_config(workdir)
+        model = config.model.name
+        results = train.train_and_evaluate(config, os.path.join(args.out, name))
+        for system in (model, "bm25", f"{model}+bm25", f"{model}+bm25_interp"):
             row = results[f"{system} [exact]"]
+            weight = f"{row['hybrid_weight']:.1f}" if "hybrid_weight" in row else ""
             lines.append(f"| {name} | {system} | " + " | ".join(f"{row[k]:.4f}" for k in KEYS)
-                         + " |")
+                         + f" | {weight} |")
         print("\n".join(lines), flush=True)
 
 
