@@ -28,6 +28,8 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.num_devices = 0          # devices on the `data` axis (0: all visible devices)
+    c.mesh.param_sharding = "replicated"  # train state: "replicated" on every device, or
+                                    # "fsdp": each big array split over `data` (1/n per device)
 
     c.data = ml_collections.ConfigDict()
     c.data.name = "synthetic_paraphrase"  # "synthetic_paraphrase" | "pairs" | "quora" |

@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import serialization
 
+from dualjax.sharding import to_host
 from dualjax.workdir import DISK_ERRNOS, DISK_STATUS, WorkdirError, atomic_write, is_main
 
 
@@ -142,12 +143,12 @@ class BestParams:
         """Keeps `params` if `value` beats the best so far; returns whether it did."""
         if not value > self.value:
             return False
+        params = to_host(params)  # every process takes part (FSDP across hosts)
         if is_main():
             os.makedirs(self.root, exist_ok=True)
             path = os.path.join(self.root, f"{step}.msgpack")
             with open(f"{path}.tmp{os.getpid()}", "wb") as f:
-                f.write(serialization.msgpack_serialize(jax.tree.map(np.asarray,
-                                                                     jax.device_get(params))))
+                f.write(serialization.msgpack_serialize(jax.tree.map(np.asarray, params)))
             os.replace(f"{path}.tmp{os.getpid()}", path)
             atomic_write(os.path.join(self.root, "best.json"), json.dumps(
                 {"metric": self.metric, "step": step, "value": value}) + "\n")

@@ -10,7 +10,8 @@ import re
 import ml_collections
 import numpy as np
 
-from dualjax import baselines, features, index, losses, metrics, models, tokenizers, workdir
+from dualjax import (baselines, features, index, losses, metrics, models, sharding, tokenizers,
+                     workdir)
 from dualjax import tasks as tasks_lib
 from dualjax.data import builders, pretraining, reqa
 from dualjax.models import dual_encoder, pses, towers
@@ -208,6 +209,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
         if any(d.get("hard_negatives", 0) for _, d, _ in task_list):
             raise ConfigError("config.data.hard_negatives: model.name='pses' draws its "
                               "negatives from the batch; set data.hard_negatives=0")
+    _one_of("mesh.param_sharding", config.mesh.get("param_sharding", "replicated"),
+            sharding.PARAM_SHARDINGS)
     _one_of("optimizer.name", config.optimizer.name, OPTIMIZERS)
     _one_of("optimizer.decay", config.optimizer.decay, DECAYS)
     _one_of("eval.index", config.eval.index, index.INDEXES)

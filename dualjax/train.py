@@ -250,7 +250,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
     tx = objectives.restrict(tx, objective)  # params the objective keeps fixed get no update
     init_state = make_init_state(objective, tx, config.loss.log_q_buckets)
     replicated = sharding.replicated(mesh)
-    state_sharding = jax.tree.map(lambda _: replicated, jax.eval_shape(init_state, config.seed))
+    state_sharding = sharding.state_shardings(
+        jax.eval_shape(init_state, config.seed), mesh, config.mesh.param_sharding,
+        models.logical_axes(model, config_lib.max_lens(config.model)))
     state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(config.seed)
     train_step = make_train_step(objective, tx, schedule, state_sharding,
                                  sharding.batch_sharding(mesh), replicated, config.loss.log_q_alpha)
@@ -270,7 +272,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         logging.info("Resumed from %s at step %d", os.path.join(workdir, "checkpoints"), last_saved)
     elif config.init_from:
         state["params"] = warm_start.tower_params(config.init_from, state["params"],
-                                                  config.model, replicated)
+                                                  config.model, state_sharding["params"])
     log.truncate_after(last_saved or 0)  # rows of steps this run will do (again)
     log.start_events((last_saved or 0) + 1, config.to_json_best_effort(indent=2))
     start = int(state["step"])

@@ -14,6 +14,7 @@ two can be compared.
 
     python scripts/bench_train.py                 # 1 and 8 devices, batch 1024 x 32
     python scripts/bench_train.py --input --json bench.json
+    python scripts/bench_train.py --devices=8 --param-sharding=replicated,fsdp
 """
 from __future__ import annotations
 
@@ -124,12 +125,15 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
         model, losses.sharded(config.loss.name, mesh), args.seq_len)
     init_state = train.make_init_state(objective, tx)
     replicated = sharding.replicated(mesh)
-    state_sharding = jax.tree.map(lambda _: replicated, jax.eval_shape(init_state, 0))
+    state_sharding = sharding.state_shardings(
+        jax.eval_shape(init_state, 0), mesh, args.param_sharding[0],
+        dual_encoder.logical_axes(model, args.seq_len))
     state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(0)
     step_fn = train.make_train_step(objective, tx, schedule, state_sharding,
                                     sharding.batch_sharding(mesh), replicated)
     num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
+    device_bytes = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(state))
 
     # A few distinct batches, placed on the mesh before any timing.
     rng = np.random.default_rng(0)
@@ -156,7 +160,8 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
     if not np.isfinite(loss):
         raise SystemExit(f"non-finite loss {loss} on {devices} devices")
 
-    return {"kind": "train", "devices": devices, "jax_devices": jax.device_count(),
+    return {"kind": "train", "devices": devices, "param_sharding": args.param_sharding[0],
+            "state_mb_per_device": device_bytes / 2**20, "jax_devices": jax.device_count(),
             "jax_version": jax.__version__, "backend": jax.default_backend(),
             "num_params": int(num_params), "state_mb": state_bytes / 2**20,
             "first_step_s": first_step_s, "last_loss": loss, "step_times_s": times,
@@ -207,7 +212,8 @@ def bench_input(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- parent
-def run_worker(args: argparse.Namespace, worker: str, devices: int) -> dict[str, Any]:
+def run_worker(args: argparse.Namespace, worker: str, devices: int,
+               param_sharding: str = "replicated") -> dict[str, Any]:
     """Re-invokes this script as `--worker WORKER --devices N` and returns its result."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
@@ -215,8 +221,10 @@ def run_worker(args: argparse.Namespace, worker: str, devices: int) -> dict[str,
            "--devices", str(devices), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
            "--vocab", str(args.vocab), "--dim", str(args.dim), "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--input-batches", str(args.input_batches),
-           "--prefetch-batches", str(args.prefetch_batches), "--out", out]
-    print(f"# running {worker} on {devices} device(s) ...", file=sys.stderr, flush=True)
+           "--prefetch-batches", str(args.prefetch_batches), "--param-sharding",
+           param_sharding, "--out", out]
+    print(f"# running {worker} on {devices} device(s), {param_sharding} state ...",
+          file=sys.stderr, flush=True)
     try:
         subprocess.run(cmd, env=child_env(devices), check=True)
         with open(out, encoding="utf-8") as f:
@@ -238,20 +246,21 @@ def print_report(args: argparse.Namespace, train_results: list[dict], input_resu
           "steps; input pre-placed on the mesh (excluded).")
     if train_results:
         r0 = train_results[0]
-        print(f"Params: {r0['num_params']:,}; train state {r0['state_mb']:.0f} MiB "
-              "(replicated on every device)\n")
-        header = (f"{'devices':>7} | {'median ms':>9} | {'p10 ms':>8} | {'p90 ms':>8} | "
-                  f"{'pairs/s':>8} | {'compile+1st s':>13} | {'loss':>6}")
+        print(f"Params: {r0['num_params']:,}; train state {r0['state_mb']:.0f} MiB\n")
+        header = (f"{'devices':>7} | {'state':>10} | {'MiB/device':>10} | {'median ms':>9} | "
+                  f"{'p10 ms':>8} | {'p90 ms':>8} | {'pairs/s':>8} | {'compile+1st s':>13} | "
+                  f"{'loss':>6}")
         print(header)
         print("-" * len(header))
         for r in train_results:
-            print(f"{r['devices']:>7} | {r['median_ms']:>9.1f} | {r['p10_ms']:>8.1f} | "
-                  f"{r['p90_ms']:>8.1f} | {r['per_s']:>8.0f} | {r['first_step_s']:>13.2f} | "
-                  f"{r['last_loss']:>6.3f}")
+            print(f"{r['devices']:>7} | {r['param_sharding']:>10} | "
+                  f"{r['state_mb_per_device']:>10.0f} | {r['median_ms']:>9.1f} | "
+                  f"{r['p10_ms']:>8.1f} | {r['p90_ms']:>8.1f} | {r['per_s']:>8.0f} | "
+                  f"{r['first_step_s']:>13.2f} | {r['last_loss']:>6.3f}")
         base = train_results[0]
         for r in train_results[1:]:
-            print(f"\nRatio {r['devices']}-device / {base['devices']}-device (same run): "
-                  f"pairs/s x{r['per_s'] / base['per_s']:.2f}, "
+            print(f"\nRatio {r['devices']}-device {r['param_sharding']} / {base['devices']}-device "
+                  f"{base['param_sharding']} (same run): pairs/s x{r['per_s'] / base['per_s']:.2f}, "
                   f"median step time x{r['median_ms'] / base['median_ms']:.2f}")
     if input_result:
         r = input_result
@@ -290,11 +299,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefetch-batches", type=int, default=4,
                    help="--input: batches built ahead, by as many threads "
                         "(config.data.prefetch_batches)")
+    p.add_argument("--param-sharding", default="replicated",
+                   help="comma-separated train-state shardings (mesh.param_sharding), each "
+                        "measured on every device count")
     p.add_argument("--json", help="write all results to this path")
     p.add_argument("--worker", choices=("train", "input"), help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.devices = [int(d) for d in args.devices.split(",") if d.strip()]
+    args.param_sharding = [s.strip() for s in args.param_sharding.split(",") if s.strip()]
     if min(args.steps, args.warmup, args.input_batches) < 1:
         p.error("--steps, --warmup and --input-batches must be >= 1")
     if not args.devices and not args.input:
@@ -310,7 +323,8 @@ def main(argv: list[str] | None = None) -> None:
             json.dump(result, f)
         return
 
-    train_results = [run_worker(args, "train", n) for n in args.devices]
+    train_results = [run_worker(args, "train", n, strategy) for strategy in args.param_sharding
+                     for n in args.devices]
     input_result = run_worker(args, "input", 1) if args.input else None
     print_report(args, train_results, input_result)
     if args.json:

@@ -17,3 +17,11 @@ def make_model(model_config: ml_collections.ConfigDict, vocab_size: int,
     if model_config.get("name", "dual_encoder") == "pses":
         return pses.make_model(model_config, vocab_size, num_tasks)
     return dual_encoder.make_model(model_config, vocab_size, feature_sizes, num_tasks)
+
+
+def logical_axes(model, max_lens: tuple[int, int]):
+    """The params tree with a PartitionSpec of logical axis names per param (what the
+    towers declare), for sharding; None for a model that declares none (PSES)."""
+    if isinstance(model, dual_encoder.DualEncoder):
+        return dual_encoder.logical_axes(model, max(max_lens))
+    return None

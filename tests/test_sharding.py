@@ -1,0 +1,96 @@
+"""Train-state shardings: FSDP splits the big arrays (params and the optimizer's copies
+alike) over the mesh, trains as the replicated state does, and a checkpoint saved on 8
+devices resumes on 4."""
+
+import os
+import signal
+
+import jax
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from conftest import load_config
+from dualjax import checkpoints, sharding, train
+from dualjax.models import dual_encoder
+
+
+def test_fsdp_spec_by_hand():
+    n = 8
+    assert sharding.fsdp_spec((64, 32), n) == P()  # 2,048 elements: small, replicated
+    assert sharding.fsdp_spec((50_000, 256), n, ("vocab", "embed")) == P("data", None)
+    # 50,001 rows do not split over 8: the named embedding width does.
+    assert sharding.fsdp_spec((50_001, 256), n, ("vocab", "embed")) == P(None, "data")
+    # Names first, in FSDP_AXES order, though another dimension is larger.
+    assert sharding.fsdp_spec((1024, 4096), n, ("mlp", "embed")) == P("data", None)
+    assert sharding.fsdp_spec((4096, 1024), n, ("embed", "mlp")) == P(None, "data")
+    # No names: the largest dimension the devices divide.
+    assert sharding.fsdp_spec((300, 1000, 7), n) == P(None, "data", None)
+    assert sharding.fsdp_spec((999, 999), n) == P()  # nothing divides: replicated
+    assert sharding.fsdp_spec((50_000, 256), 1) == P()
+
+
+def test_the_optimizer_state_follows_its_params():
+    cfg = load_config("tiny").model
+    cfg.update(vocab_size=3000, embed_dim=64, tower="bow_mlp")
+    model = dual_encoder.make_model(cfg, 3000 + 1 + 50)
+    mesh = sharding.make_mesh(8)
+    tx = optax.adamw(1e-3)
+
+    def init(seed):
+        params = dual_encoder.init_params(model, jax.random.PRNGKey(seed), 16)
+        return {"params": params, "opt_state": tx.init(params), "step": 0}
+
+    shapes = jax.eval_shape(init, 0)
+    got = sharding.state_shardings(shapes, mesh, "fsdp", dual_encoder.logical_axes(model, 16))
+    table = ("tower", "bow", "embed", "embedding")
+
+    def at(tree, keys):
+        for k in keys:
+            tree = tree[k]
+        return tree
+
+    # The token table [3051, 64]: its rows do not divide by 8, its width does.
+    assert at(got["params"], table).spec == P(None, "data")
+    adam = got["opt_state"][0]
+    assert at(adam.mu, table).spec == at(adam.nu, table).spec == P(None, "data")
+    assert at(got["params"], ("tower", "hidden", "bias")).spec == P()  # small
+    assert got["step"].spec == P()
+    replicated = sharding.state_shardings(shapes, mesh, "replicated")
+    assert all(s.spec == P() for s in jax.tree.leaves(replicated))
+    with pytest.raises(ValueError, match="mesh.param_sharding='zero'"):
+        sharding.state_shardings(shapes, mesh, "zero")
+
+
+OVERRIDES = {"model.similarity": "cosine_temperature",  # no bias with a zero gradient
+             "model.vocab_size": 2000, "model.embed_dim": 64, "eval.untrained": False,
+             "eval.baselines": "", "eval.index": "exact"}
+
+
+def tiny(**more):
+    cfg = load_config("tiny")
+    cfg.update_from_flattened_dict({**OVERRIDES, **more})
+    return cfg
+
+
+def test_fsdp_trains_as_replicated_and_resumes_on_fewer_devices(tmp_path):
+    replicated = train.train_and_evaluate(tiny(), str(tmp_path / "replicated"))
+    fsdp = str(tmp_path / "fsdp")
+
+    def stop_at_10(step, metrics):
+        if step == 10:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(train.Preempted):
+        train.train_and_evaluate(tiny(**{"mesh.param_sharding": "fsdp"}), fsdp, hooks=[stop_at_10])
+    # The same workdir goes on with 4 devices: Orbax re-splits the saved arrays.
+    resumed = train.train_and_evaluate(
+        tiny(**{"mesh.param_sharding": "fsdp", "mesh.num_devices": 4}), fsdp)
+    a = checkpoints.latest_params(str(tmp_path / "replicated"))
+    b = checkpoints.latest_params(fsdp)
+    assert a[0] == b[0] == 20
+    for x, y in zip(jax.tree.leaves(a[1]), jax.tree.leaves(b[1]), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+    assert resumed["dual_encoder [exact]"]["map@100"] == pytest.approx(
+        replicated["dual_encoder [exact]"]["map@100"], abs=1e-3)
