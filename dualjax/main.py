@@ -1,5 +1,9 @@
 """Command line: python -m dualjax.main --config=configs/NAME.py --workdir=DIR [--config.KEY=VALUE]
 
+Every config key, its value and its meaning: --config=configs/NAME.py --keys. Several
+processes (a TPU pod slice): --distributed, or --coordinator_address, --num_processes and
+--process_id (README, "Colab and TPU VMs").
+
 Parses flags and calls `train.train_and_evaluate`; nothing else. Bad input (config, data
 files) ends the run with one line naming the key, file or line, and exit status 1; a
 SIGTERM or SIGINT saves a checkpoint and exits with status 143.
