@@ -107,6 +107,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.doc_tower = ""          # the document side's tower instead of model.tower ("": same);
                                     # needs shared_towers=False
     c.model.shared_towers = True    # one tower for queries and documents, or two
+    c.model.dtype = "float32"       # every tower's activations: "float32" | "bfloat16" (params
+                                    # stay float32; embeddings and loss are float32)
     c.model.shared_embedding = False  # two towers (shared_towers=False) reading ONE token
                                     # table (Moscicki 2022); the layers above stay separate.
                                     # Both sides' tables must have the same width
@@ -143,8 +145,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.transformer.pooling = "cls"  # final linear layer on the "cls" state (a learned
                                     # vector prepended inside the tower) | "mean" of the
                                     # text's token states
-    c.model.transformer.dtype = "float32"  # activations: "float32" | "bfloat16" (params stay
-                                    # float32; the tower's output is float32)
     c.model.transformer.init_std = 0.02  # stddev of the normal init of every weight (BERT)
     c.model.pses = ml_collections.ConfigDict()  # model.name="pses": model.tower (the trunk,
                                     # the paper's "bow") gives x; NN_s, NN_q, NN_d map x to

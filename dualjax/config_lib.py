@@ -72,11 +72,12 @@ def _check_loss(loss: ml_collections.ConfigDict) -> None:
 
 
 def _check_towers(model: ml_collections.ConfigDict) -> None:
-    """config.model: known towers, per-side towers and a shared token table only with two
-    towers, and the cnn / transformer settings of the towers in use."""
+    """config.model: known towers and compute dtype, per-side towers and a shared token
+    table only with two towers, and the cnn / transformer settings of the towers in use."""
     for key in ("tower", "query_tower", "doc_tower"):
         if key == "tower" or model[key]:
             _one_of(f"model.{key}", model[key], towers.TOWERS)
+    _one_of("model.dtype", model.get("dtype", "float32"), towers.DTYPES)
     for key in ("query_tower", "doc_tower", "shared_embedding"):
         if model[key] and model.shared_towers:
             raise ConfigError(f"config.model.{key}={model[key]!r} needs two towers: set "

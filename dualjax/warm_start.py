@@ -26,7 +26,7 @@ from dualjax.objectives import PRETRAINING_HEADS
 
 VOCABULARIES = ("vocab.json", "features.json")
 # Model settings that do not shape the towers' parameters.
-_NOT_TOWER = {"similarity", "temperature", "init_scale", "init_bias", "max_len",
+_NOT_TOWER = {"dtype", "similarity", "temperature", "init_scale", "init_bias", "max_len",
               "query_max_len", "doc_max_len"}
 
 

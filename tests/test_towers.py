@@ -1,5 +1,6 @@
 """Towers and the dual encoder around them: shapes, padding invariance, masked pooling,
-attention masking, shared token tables, per-side towers, bfloat16, logical axes, config
+attention masking, shared token tables, per-side towers, bfloat16 compute (model.dtype)
+for every tower, logical axes, config
 checks, and short training runs with the cnn and transformer towers."""
 
 import functools
@@ -15,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 from conftest import load_config
 from dualjax import config_lib, train
-from dualjax.models import dual_encoder, towers
+from dualjax.models import dual_encoder, pses, towers
 
 VOCAB = 50
 KINDS = ("bow", "bow_mlp", "cnn", "transformer_cls", "transformer_mean")
@@ -143,18 +144,98 @@ def test_transformer_takes_texts_up_to_max_positions_and_names_the_key_beyond():
         apply(25)
 
 
-def test_bfloat16_transformer_gives_float32_vectors_close_to_float32_ones():
-    _, tower, params, apply = build("transformer_cls")
-    cfg = model_cfg("transformer_cls", **{"transformer.dtype": "bfloat16"})
-    bf16 = towers.TOWERS["transformer"](cfg, VOCAB, "tower")
-    assert bf16.dtype == jnp.bfloat16 and bf16 == tower.clone(dtype=jnp.bfloat16)
-    ids, mask = texts([0, 1, 3, 7, 7], 7)  # the float32 apply is compiled for this shape
-    out = jax.jit(lambda p: bf16.apply({"params": p}, ids, mask))(params)  # float32 params
+def _eqns(jaxpr):
+    """Every equation of a jaxpr, those of its sub-jaxprs (jit, custom_jvp, ...) included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                    sub = sub.jaxpr
+                if isinstance(sub, jax.extend.core.Jaxpr):
+                    yield from _eqns(sub)
+
+
+def compute_dtypes(fn, *args):
+    """What `fn(*args)` computes in: (dtypes of the operands of every matmul, i.e.
+    dot_general / conv_general_dilated; dtypes of the operands of every reduce_sum;
+    whether a bfloat16 [batch, len, d] value, the token vectors, appears)."""
+    jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+    eqns = list(_eqns(jaxpr))
+    ids = args[1]
+    matmul = {v.aval.dtype for e in eqns if e.primitive.name in ("dot_general",
+              "conv_general_dilated") for v in e.invars}
+    sums = {v.aval.dtype for e in eqns if e.primitive.name == "reduce_sum" for v in e.invars}
+    tokens = any(v.aval.dtype == jnp.bfloat16 and v.aval.shape[:2] == ids.shape
+                 and len(v.aval.shape) == 3 for e in eqns for v in e.outvars)
+    return matmul, sums, tokens
+
+
+FEATURES = {"query": ((5, 4), (3, 2)), "document": ((5, 4), (3, 2))}  # two categorical fields
+
+
+@pytest.mark.parametrize("kind", KINDS + ("pses",))
+def test_bfloat16_compute_keeps_float32_params_and_unit_float32_embeddings(kind):
+    """model.dtype="bfloat16", per tower kind (with categorical features where the tower
+    takes them; pses: its trunk, a bow_mlp, from the same registry): the params are float32 (the same tree as the
+    float32 model's), every matmul / convolution reads bfloat16 operands (so the key is not
+    ignored) and every sum runs in float32 (masked means, LayerNorm statistics, the
+    norms), and the embeddings are float32 unit vectors close to the float32 model's on
+    the same params. Close: bfloat16 keeps 8 mantissa bits, a relative rounding of at most
+    2**-9 ~ 2e-3 per value; a few layers of it leave a relative error e of a few 1e-3 in a
+    vector, hence 1 - cos ~ e**2 / 2 < 1e-4: 1e-3 leaves room, and is still far tighter
+    than an unrelated vector (1 - cos ~ 1)."""
+    is_pses = kind == "pses"
+    tower_kind = "bow_mlp" if is_pses else kind
+    sizes = None if tower_kind == "bow" or is_pses else FEATURES
+    models = {}
+    for dtype in ("float32", "bfloat16"):
+        cfg = model_cfg(tower_kind, dtype=dtype)
+        models[dtype] = (pses.make_model(cfg, VOCAB) if is_pses
+                         else dual_encoder.make_model(cfg, VOCAB, sizes))
+    shapes = [jax.eval_shape(lambda: dual_encoder.init_params(m, jax.random.key(0), 8))
+              for m in models.values()]
+    assert jax.tree.structure(shapes[1]) == jax.tree.structure(shapes[0])
+    assert {x.dtype for x in jax.tree.leaves(shapes)} == {jnp.dtype(jnp.float32)}
+    rng = np.random.default_rng(0)  # random params (no init to compile), shared by both
+    params = jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.5, x.shape), jnp.float32),
+                          shapes[0])
+
+    ids, mask = texts([0, 1, 3, 7, 7], 8)
+    cats = jnp.asarray(np.arange(10).reshape(5, 2) % [5, 3], jnp.int32) if sizes else None
+    out, matmuls, sums, tokens = {}, {}, {}, {}
+    for dtype, model in models.items():
+        encode = lambda p, ids, mask: model.apply({"params": p}, ids, mask, cats,
+                                                  method="encode_queries")
+        out[dtype] = np.asarray(jax.jit(encode)(params, ids, mask))
+        assert out[dtype].dtype == np.float32
+        matmuls[dtype], sums[dtype], tokens[dtype] = compute_dtypes(encode, params, ids, mask)
+    f32, bf16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)
+    # float32: nothing in bfloat16; bfloat16: every matmul's operands (none in bow).
+    assert matmuls["float32"] <= {f32} and not tokens["float32"]
+    assert tokens["bfloat16"]
+    if is_pses:  # the trunk in bfloat16; the PSES encoders / decoders above it in float32
+        assert matmuls["bfloat16"] == {bf16, f32}
+    elif tower_kind != "bow":
+        assert matmuls["bfloat16"] == {bf16}
+    assert sums["bfloat16"] == {f32}  # float32 accumulation everywhere
+    norms = np.linalg.norm(out["bfloat16"], axis=-1)
+    zero = np.linalg.norm(out["float32"], axis=-1) == 0  # an empty text in bow: zeros
+    assert not zero[1:].any() and (norms[zero] == 0).all()
+    np.testing.assert_allclose(norms[~zero], 1.0, atol=1e-5)
+    cos = np.sum(out["bfloat16"] * out["float32"], -1)[~zero]
+    assert (1 - cos < 1e-3).all(), 1 - cos
+    assert np.abs(out["bfloat16"] - out["float32"]).max() > 0  # really another computation
+
+
+def test_masked_mean_of_bfloat16_accumulates_in_float32():
+    """1000 ones in bfloat16: a bfloat16 running sum stalls at 256 (its spacing there is 2),
+    a float32 one reaches 1000; the mean is float32 and exact."""
+    x = jnp.ones((2, 1000, 3), jnp.bfloat16)
+    mask = jnp.arange(1000)[None] < jnp.array([[1000], [0]])
+    out = jax.jit(towers.masked_mean)(x, mask)
     assert out.dtype == jnp.float32
-    ref = np.asarray(apply(params, ids, mask))
-    out = np.asarray(out)
-    cos = np.sum(out * ref, -1) / np.linalg.norm(out, axis=-1) / np.linalg.norm(ref, axis=-1)
-    assert (cos > 0.99).all()  # the same function, in lower precision
+    np.testing.assert_array_equal(out, [[1.0] * 3, [0.0] * 3])
 
 
 @pytest.mark.parametrize("kinds", [("bow", "bow"), ("bow_mlp", "bow_mlp"), ("cnn", "transformer")])
@@ -223,7 +304,7 @@ def test_bert_base_preset_sizes():
     ({"tower": "cnn", "cnn_filters": 0}, "model.cnn_filters=0"),
     ({"tower": "transformer", "transformer.num_heads": 3}, "divisible"),
     ({"tower": "transformer", "transformer.pooling": "max"}, "model.transformer.pooling='max'"),
-    ({"tower": "transformer", "transformer.dtype": "fp16"}, "model.transformer.dtype='fp16'"),
+    ({"dtype": "fp16"}, "model.dtype='fp16' is not one of: float32, bfloat16"),
     ({"tower": "transformer", "transformer.preset": "bert_huge"}, "bert_base"),
     ({"tower": "transformer", "max_len": 25}, "max_len=25 is longer than"),
 ])
@@ -235,11 +316,11 @@ def test_bad_tower_settings_fail_with_the_key(overrides, message):
 
 
 def test_tiny_training_run_with_cnn_queries_and_transformer_documents(tmp_path):
-    """Both new towers (bfloat16 activations in the transformer) through the train path
+    """Both new towers (bfloat16 activations: model.dtype) through the train path
     in one run: the tiny config, 6 steps."""
     config = load_config("tiny")
     config.model = model_cfg(shared_towers=False, query_tower="cnn", doc_tower="transformer",
-                             **{"transformer.dtype": "bfloat16"})
+                             dtype="bfloat16")
     config.mesh.num_devices = 2  # still a sharded batch and in-batch loss; faster than 8
     config.eval.baselines, config.eval.untrained, config.eval.index = "", False, "exact"
     config.num_train_steps = 6

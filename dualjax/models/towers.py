@@ -9,6 +9,12 @@ takes the `model` config group, the vocabulary size, the module name and optiona
 token-embedding module to use instead of its own table (`model.shared_embedding`: one
 table for both sides, built by `make_embedding`).
 
+Compute dtype (`model.dtype`, `compute_dtype`): "bfloat16" runs every tower's activations
+in bfloat16 (token vectors cast after the lookup, Dense / Conv / attention matmuls with
+bfloat16 operands) while every parameter stays float32 (flax param_dtype); masked means
+accumulate in float32, and each tower returns float32, so the normalised embeddings and
+the loss are float32 whatever the compute dtype.
+
 Padding never changes a text's vector: every tower reads only the positions where mask
 is True, and appending pads to a text leaves its vector as it was.
 
@@ -44,12 +50,15 @@ def _axes(init: Callable, *names: str | None) -> Callable:
 
 
 def masked_mean(x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
-    """Mean of x [batch, len, dim] over the positions where mask [batch, len] is True.
+    """Mean of x [batch, len, dim] over the positions where mask [batch, len] is True, as
+    float32 [batch, dim] whatever x's dtype (a bfloat16 x is summed in float32: its 8-bit
+    mantissa would drop small terms of a long running sum).
 
     A row with no real token (an empty text) gives the zero vector.
     """
-    m = mask[..., None].astype(x.dtype)
-    return (x * m).sum(axis=1) / jnp.maximum(m.sum(axis=1), 1.0)
+    m = mask[..., None]
+    total = jnp.where(m, x, 0).sum(axis=1, dtype=jnp.float32)
+    return total / jnp.maximum(m.sum(axis=1, dtype=jnp.float32), 1.0)
 
 
 def masked_max(x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
@@ -74,6 +83,15 @@ def parse_windows(windows: str) -> tuple[int, ...]:
     return out
 
 
+def compute_dtype(cfg: ml_collections.ConfigDict) -> Any:
+    """The towers' activation dtype, model.dtype ("float32" when the config has no such key,
+    e.g. a workdir's config.json saved before it existed); ValueError naming the key."""
+    name = cfg.get("dtype", "float32")
+    if name not in DTYPES:
+        raise ValueError(f"model.dtype={name!r} is not one of: {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
 def transformer_settings(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     """The Transformer's settings: model.transformer's fields, the sizes overridden by its
     preset; ValueError naming the key for a value that cannot work."""
@@ -82,12 +100,11 @@ def transformer_settings(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
         raise ValueError(f"model.transformer.preset={t.preset!r} is not one of: "
                          f"{', '.join(map(repr, TRANSFORMER_PRESETS))}")
     settings = {k: t[k] for k in ("num_layers", "width", "num_heads", "mlp_dim",
-                                  "max_positions", "pooling", "dtype", "init_std")}
+                                  "max_positions", "pooling", "init_std")}
     settings.update(TRANSFORMER_PRESETS[t.preset])
-    for key, allowed in (("pooling", TRANSFORMER_POOLINGS), ("dtype", DTYPES)):
-        if settings[key] not in allowed:
-            raise ValueError(f"model.transformer.{key}={settings[key]!r} is not one of: "
-                             f"{', '.join(allowed)}")
+    if settings["pooling"] not in TRANSFORMER_POOLINGS:
+        raise ValueError(f"model.transformer.pooling={settings['pooling']!r} is not one of: "
+                         f"{', '.join(TRANSFORMER_POOLINGS)}")
     for key in ("num_layers", "width", "num_heads", "mlp_dim", "max_positions", "init_std"):
         if settings[key] <= 0:
             raise ValueError(f"model.transformer.{key}={settings[key]} must be > 0")
@@ -127,16 +144,19 @@ def _own_or_shared(embed: nn.Module | None, vocab_size: int, dim: int, std: floa
 
 
 def _concat(x: jnp.ndarray, extra: jnp.ndarray | None) -> jnp.ndarray:
-    """x [b, d] with the categorical feature vectors extra [b, e] appended (if any)."""
+    """x [b, d] with the categorical feature vectors extra [b, e] appended (if any), in x's
+    dtype (the feature tables are float32 params; their vectors join the compute dtype)."""
     return x if extra is None else jnp.concatenate([x, extra.astype(x.dtype)], axis=-1)
 
 
 class BowTower(nn.Module):
-    """Mean of word embeddings over non-pad tokens (Gillick et al. 2018)."""
+    """Mean of word embeddings over non-pad tokens (Gillick et al. 2018); the token vectors
+    in `dtype`, their mean accumulated and returned in float32."""
     vocab_size: int
     embed_dim: int
     init_std: float = 1.0
     embed: nn.Module | None = None  # a shared token table instead of this tower's own
+    dtype: Any = jnp.float32  # activations (model.dtype); the table stays float32
 
     @nn.compact
     def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray,
@@ -145,7 +165,7 @@ class BowTower(nn.Module):
             raise ValueError("the bow tower has no layer above the mean to feed categorical "
                              "features to; use bow_mlp, cnn or transformer")
         table = _own_or_shared(self.embed, self.vocab_size, self.embed_dim, self.init_std)
-        return masked_mean(table(ids).astype(jnp.float32), mask)
+        return masked_mean(table(ids).astype(self.dtype), mask)
 
 
 class BowMlpTower(nn.Module):
@@ -156,15 +176,17 @@ class BowMlpTower(nn.Module):
     output_dim: int
     init_std: float = 1.0
     embed: nn.Module | None = None
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray,
                  extra: jnp.ndarray | None = None) -> jnp.ndarray:
-        x = BowTower(self.vocab_size, self.embed_dim, self.init_std, self.embed,
-                     name="bow")(ids, mask)
+        x = BowTower(self.vocab_size, self.embed_dim, self.init_std, self.embed, self.dtype,
+                     name="bow")(ids, mask).astype(self.dtype)
         x = _concat(x, extra)
-        x = jnp.tanh(nn.Dense(self.hidden_dim, name="hidden")(x))
-        return jnp.tanh(nn.Dense(self.output_dim, name="output")(x))
+        x = jnp.tanh(nn.Dense(self.hidden_dim, dtype=self.dtype, name="hidden")(x))
+        return jnp.tanh(nn.Dense(self.output_dim, dtype=self.dtype, name="output")(x)
+                        ).astype(jnp.float32)
 
 
 class CnnTower(nn.Module):
@@ -182,17 +204,18 @@ class CnnTower(nn.Module):
     output_dim: int
     init_std: float = 1.0
     embed: nn.Module | None = None
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray,
                  extra: jnp.ndarray | None = None) -> jnp.ndarray:
         table = _own_or_shared(self.embed, self.vocab_size, self.embed_dim, self.init_std)
-        x = table(ids).astype(jnp.float32) * mask[..., None]  # [b, len, embed]
+        x = jnp.where(mask[..., None], table(ids).astype(self.dtype), 0)  # [b, len, embed]
         pooled = [masked_max(jnp.tanh(nn.Conv(self.filters, (w,), padding="SAME",
-                                              name=f"conv_{w}")(x)), mask)
+                                              dtype=self.dtype, name=f"conv_{w}")(x)), mask)
                   for w in self.windows]  # each [b, filters]
-        return nn.Dense(self.output_dim, name="output")(
-            _concat(jnp.concatenate(pooled, axis=-1), extra))
+        return nn.Dense(self.output_dim, dtype=self.dtype, name="output")(
+            _concat(jnp.concatenate(pooled, axis=-1), extra)).astype(jnp.float32)
 
 
 class SelfAttention(nn.Module):
@@ -254,7 +277,8 @@ class TransformerTower(nn.Module):
     prepended (inside the tower: the tokenizer knows nothing of it), pre-LN encoder layers
     with attention masked by the padding mask, a final LayerNorm, and a linear layer to
     output_dim on the [CLS] state (pooling="cls") or on the mean of the text's token states
-    (pooling="mean"). Activations in `dtype`, params float32, output float32.
+    (pooling="mean", accumulated in float32). Activations in `dtype` (model.dtype), params
+    float32, softmax and LayerNorm statistics in float32, output float32.
 
     Texts may have any length up to max_positions (the [CLS] vector has no position).
     """
@@ -308,19 +332,20 @@ class TransformerTower(nn.Module):
 # ----------------------------------------------------------------------------- registry
 def _bow(cfg: ml_collections.ConfigDict, vocab_size: int, name: str,
          embed: nn.Module | None = None) -> nn.Module:
-    return BowTower(vocab_size, cfg.embed_dim, cfg.embed_init_std, embed, name=name)
+    return BowTower(vocab_size, cfg.embed_dim, cfg.embed_init_std, embed, compute_dtype(cfg),
+                    name=name)
 
 
 def _bow_mlp(cfg: ml_collections.ConfigDict, vocab_size: int, name: str,
              embed: nn.Module | None = None) -> nn.Module:
     return BowMlpTower(vocab_size, cfg.embed_dim, cfg.hidden_dim, cfg.output_dim,
-                       cfg.embed_init_std, embed, name=name)
+                       cfg.embed_init_std, embed, compute_dtype(cfg), name=name)
 
 
 def _cnn(cfg: ml_collections.ConfigDict, vocab_size: int, name: str,
          embed: nn.Module | None = None) -> nn.Module:
     return CnnTower(vocab_size, cfg.embed_dim, parse_windows(cfg.cnn_windows), cfg.cnn_filters,
-                    cfg.output_dim, cfg.embed_init_std, embed, name=name)
+                    cfg.output_dim, cfg.embed_init_std, embed, compute_dtype(cfg), name=name)
 
 
 def _transformer(cfg: ml_collections.ConfigDict, vocab_size: int, name: str,
@@ -328,7 +353,7 @@ def _transformer(cfg: ml_collections.ConfigDict, vocab_size: int, name: str,
     t = transformer_settings(cfg)
     return TransformerTower(vocab_size, t["num_layers"], t["width"], t["num_heads"],
                             t["mlp_dim"], cfg.output_dim, t["max_positions"], t["pooling"],
-                            t["init_std"], DTYPES[t["dtype"]], embed, name=name)
+                            t["init_std"], compute_dtype(cfg), embed, name=name)
 
 
 TOWERS: dict[str, Callable[..., nn.Module]] = {
