@@ -1,8 +1,9 @@
 """Training and evaluation of a dual encoder, in named sections.
 
 `train_and_evaluate(config, workdir)` runs: workdir → mesh → input → model and
-optimizer → sharded state → update step → checkpoint/resume → loop (logging, evals,
-preemption) → final evaluation. Everything it writes goes under `workdir`.
+optimizer → sharded state → update step → checkpoint/resume → evaluators (built from
+the config, `evaluators.py`) → loop (logging, val evaluations, preemption) → final
+evaluation. Everything it writes goes under `workdir`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from absl import logging
 from tqdm.auto import tqdm
 
 from dualjax import (checkpoints, config_lib, evaluate, features, frequency, objectives,
-                     report, sharding, tokenizers, warm_start)
+                     sharding, tokenizers, warm_start)
+from dualjax import evaluators as evaluators_lib
 from dualjax import workdir as workdir_lib
 from dualjax import tasks as tasks_lib
 from dualjax.metrics_log import MetricsLog
@@ -207,7 +209,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                         hooks: Sequence[Hook], signals: Signals,
                         log: MetricsLog) -> dict[str, dict]:
     tasks = tasks_lib.make_tasks(config, workdir)
-    main = workdir_lib.is_main()  # of several processes (multi-host), 0 writes the files
 
     # Input: the datasets' tables and one vocabulary over all tasks. With num_train_steps
     # = 0 (evaluation only) no training pairs are needed and the vocabularies come from
@@ -294,59 +295,31 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                   "report.md. To evaluate it again: --config.eval.rerun=True")
             return done
 
+    # Evaluators (evaluators.py): each task's retrieval evaluation, then the typo sweep.
+    # They get encode functions; what their val rows decide (eval.select_by) is decided here.
+    evaluators = evaluators_lib.from_config(config, tasks, splits, inputs, mesh, workdir, log,
+                                            main=workdir_lib.is_main())  # 0 writes the files
     encoders = make_encoders(model)
     system = config.model.name  # the trained model's rows: "dual_encoder" or "pses"
 
-    def towers_of(systems: dict[str, Any]) -> dict[str, tuple[Callable, Callable]]:
+    def towers_of(systems: dict[str, Any]) -> evaluators_lib.Systems:
         """name -> params  to  name -> (encode_queries, encode_documents) with those params."""
         return {name: tuple(functools.partial(f, p) for f in encoders)
                 for name, p in systems.items()}
 
-    hybrid_weights: dict[str, dict[str, float]] = {}  # task -> model -> val's choice
-
-    def run_eval(task: tasks_lib.Task, systems: dict[str, Any], split: str, step: int,
-                 baselines: Sequence[str] = (), final: bool = False,
-                 row_fields: dict[str, dict] | None = None) -> list[dict]:
-        """Evaluates towers (name -> params) and baselines on a task's split; logs every
-        row (with `row_fields[system]` added to that system's rows). The hybrid weight
-        is chosen on val and kept for the task's other splits."""
-        data = task.eval_task(split)
-        if final:
-            evaluate.log_missing_fields(data, inputs)
-        where = os.path.join(workdir, "index", *([task.name] if task.name else []), split)
-        rows, ranked = evaluate.evaluate_split(
-            data, towers_of(systems), inputs, config.eval, mesh, baselines=baselines,
-            index_dir=where if final and main else None, ann_systems=(system,) if final else (),
-            index_extra=f"step {step}", hybrid_systems=(system,),
-            hybrid_weights=None if split == "val" else hybrid_weights.get(task.name, {}))
-        if split == "val":
-            hybrid_weights[task.name] = {system: r["hybrid_weight"] for r in rows
-                                         if "hybrid_weight" in r}
-        for row in rows:
-            row.update((row_fields or {}).get(row["system"], {}))
-            log.write(step, split, row, **task.fields())
-            evaluate.log_metrics(f"eval {task.name + ' ' if task.name else ''}{split} step {step} "
-                                 f"{evaluate.row_label(row)} ({len(data.queries)} queries, "
-                                 f"{len(data.corpus)} candidates)",
-                                 {k: v for k, v in row.items() if k not in ("system", "index")})
-        if final and main:
-            report.write_report(workdir, split, step, rows, ranked, data.relevant,
-                                len(data.corpus), task.name)
-        return rows
-
     # eval.select_by: the params of the best validation step so far (first task with val).
-    selecting = next((t for t in tasks if "val" in splits[t.name]), None)
+    selecting = next((e for e in evaluators if "val" in e.splits), None)
     if best and selecting is None:
         logging.warning("eval.select_by=%s: no task has a val split; the last step is used",
                         config.eval.select_by)
 
-    def offer(task: tasks_lib.Task, rows: list[dict], step: int) -> None:
-        if best and task is selecting:
-            value = next(r[config.eval.select_by] for r in rows
-                         if r["system"] == system and r["index"] == "exact")
-            if best.offer(step, value, state["params"]):
-                logging.info("eval.select_by: step %d is the best so far (val %s %.4f)", step,
-                             config.eval.select_by, value)
+    def offer(rows: list[dict], step: int) -> None:
+        """The selecting task's val rows of `step` to eval.select_by."""
+        value = next(r[config.eval.select_by] for r in rows
+                     if r["system"] == system and r["index"] == "exact")
+        if best.offer(step, value, state["params"]):
+            logging.info("eval.select_by: step %d is the best so far (val %s %.4f)", step,
+                         config.eval.select_by, value)
 
     def save(step: int) -> None:
         nonlocal last_saved
@@ -354,9 +327,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         last_saved = step
 
     def validate(step: int) -> None:
-        for task in tasks:
-            if "val" in splits[task.name]:
-                offer(task, run_eval(task, {system: state["params"]}, "val", step), step)
+        """Every task's val split, on the trained towers (the typo sweep waits for the end)."""
+        for ev in evaluators:
+            rows = ev.run(towers_of({system: state["params"]}), step).get("val")
+            if best and ev is selecting:
+                offer(rows, step)
 
     if workdir_lib.agree(
             best and selecting and start and start < config.num_train_steps
@@ -430,54 +405,38 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         bar.close()
         ckpt.close()
 
-    # Final evaluation: the trained towers, their initialisation and the baselines.
+    # Final evaluation: every evaluator on the trained towers, their initialisation
+    # (eval.untrained) and the baselines. The selecting task's val split comes first: when
+    # eval.select_by's best val step is not the last, it joins the systems from there on.
     step = int(state["step"])  # num_train_steps, or where early stopping ended training
     signals.stage = (f"during the final evaluation; training is finished and saved at step "
                      f"{step}, and running again evaluates it")
     systems = {system: state["params"]}
     if config.eval.untrained:
         systems["untrained"] = jax.jit(init_state, static_argnums=0)(config.seed)["params"]
-    baselines = config_lib.baseline_names(config)
+    row_fields: dict[str, dict] = {}  # {"<system>_best": {"selected_step": its step}}
     out = {}
-    row_fields = {}
-    for task in (t for t in tasks if splits[t.name]):  # a pre-training collection has none
+    for ev in evaluators:
+        if not isinstance(ev, evaluators_lib.Retrieval):  # the typo sweep: not returned
+            ev.run(towers_of(systems), step, final=True)
+            continue
         results = {}
-        for split in splits[task.name]:
-            results[split] = run_eval(task, systems, split, step, baselines, final=True,
-                                      row_fields=row_fields)
-            if split == "val":
-                offer(task, results[split], step)
-                if best and best.step is not None and best.step != step and not row_fields:
-                    # the best validation step, beside the last one, on the splits to come
+        if ev is selecting:
+            results = ev.run(towers_of(systems), step, final=True, splits=("val",))
+            if best:
+                offer(results["val"], step)
+                if best.step is not None and best.step != step:
                     systems[f"{system}_best"] = jax.device_put(best.params(), replicated)
                     row_fields = {f"{system}_best": {"selected_step": best.step}}
-        last = splits[task.name][-1]
-        name = f"task {task.name}, " if task.name else ""
-        if main:
-            print(f"\n{name}{last} split, step {step} ({workdir}):\n"
-                  + evaluate.format_table(results[last], report.KEYS)
-                  + f"\nReport: {os.path.join(workdir, report.report_name(task.name))}")
-        out.update({(f"{task.name}: " if task.name else "") + evaluate.row_label(r): r
-                    for r in results[last]})
-    typo_probs = config_lib.typo_probs(config)
-    evaluated = [t for t in tasks if splits[t.name]]
-    if typo_probs and evaluated:  # typo robustness: the first evaluated task's last split
-        task = evaluated[0]
-        last = splits[task.name][-1]
-        name = f"task {task.name}, " if task.name else ""
-        typo_rows = evaluate.typo_sweep(task.eval_task(last), towers_of(systems), inputs,
-                                        config.eval, mesh, typo_probs,
-                                        config.eval.typo_seed, baselines, (system,),
-                                        hybrid_weights.get(task.name, {}))
-        for row in typo_rows:
-            log.write(step, last, row, **task.fields())
-            evaluate.log_metrics(f"eval {last} typo_p={row['typo_p']} {evaluate.row_label(row)}",
-                                 {k: v for k, v in row.items()
-                                  if k not in ("system", "index", "typo_p")})
-        if main:
-            report.plot_typo_robustness(os.path.join(workdir, "typo_robustness.png"), typo_rows,
-                                        f"{name}{last} split, step {step}: queries with typos")
+        results.update(ev.run(towers_of(systems), step, final=True, row_fields=row_fields,
+                              splits=[s for s in ev.splits if s not in results]))
+        out.update(labelled(ev.task, results[ev.splits[-1]]))
     return out
+
+
+def labelled(task: tasks_lib.Task, rows: Iterable[dict]) -> dict[str, dict]:
+    """{"[task: ]system [index]": row}, as `train_and_evaluate` returns a task's rows."""
+    return {(f"{task.name}: " if task.name else "") + evaluate.row_label(r): r for r in rows}
 
 
 def finished_results(log: MetricsLog, tasks: Sequence[tasks_lib.Task],
@@ -491,8 +450,7 @@ def finished_results(log: MetricsLog, tasks: Sequence[tasks_lib.Task],
                 and "typo_p" not in r and r.get("task", "") == task.name]
         if not mine:
             return None
-        out.update({(f"{task.name}: " if task.name else "") + evaluate.row_label(r): r
-                    for r in mine})
+        out.update(labelled(task, mine))
     return out
 
 
