@@ -71,6 +71,19 @@ def _lines(path: str, skipper: _Skipper) -> Iterator[tuple[int, str]]:
             yield lineno, line
 
 
+def json_objects(path: str) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of a JSONL file's non-blank lines; DataError naming the file
+    and line for bad UTF-8, bad JSON or a line that is not an object."""
+    for lineno, line in _lines(path, _Skipper(path, skip=False)):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{lineno}: malformed JSON: {e}") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        yield lineno, obj
+
+
 def _read_jsonl(path: str, fields: tuple[str, ...], skip_bad_lines: bool
                 ) -> tuple[list[str], list[dict]]:
     """Ids and records of a corpus or queries file, in file order.

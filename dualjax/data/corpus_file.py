@@ -11,11 +11,10 @@ Every problem is a `DataError` naming the file and line.
 
 from __future__ import annotations
 
-import json
 import os
 
 from dualjax.data import beir
-from dualjax.data.pairs_file import DataError, _read_bytes
+from dualjax.data.pairs_file import DataError
 
 
 def read_corpus(path: str) -> tuple[list[str], list[str]]:
@@ -29,17 +28,6 @@ def read_corpus(path: str) -> tuple[list[str], list[str]]:
     if path.endswith((".tsv", ".txt")):
         return _read_tsv(path)
     raise DataError(f"{path}: a corpus is a .jsonl, .json, .tsv or .txt file or a BEIR folder")
-
-
-def _lines(path: str):
-    for lineno, raw in enumerate(_read_bytes(path).split(b"\n"), start=1):
-        try:
-            line = raw.removesuffix(b"\r").decode("utf-8-sig" if lineno == 1 else "utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}:{lineno}: invalid UTF-8 (byte "
-                            f"{raw[e.start:e.start + 1]!r} at column {e.start + 1})") from None
-        if line.strip():
-            yield lineno, line
 
 
 def _add(path: str, lineno: int, doc_id: str, text: str, seen: dict[str, int],
@@ -60,13 +48,7 @@ def _done(path: str, seen: dict[str, int], texts: list[str]) -> tuple[list[str],
 def _read_jsonl(path: str) -> tuple[list[str], list[str]]:
     seen: dict[str, int] = {}
     texts: list[str] = []
-    for lineno, line in _lines(path):
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{lineno}: malformed JSON: {e}") from None
-        if not isinstance(obj, dict):
-            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+    for lineno, obj in beir.json_objects(path):
         key = "text" if "text" in obj else "document"
         text, title = obj.get(key), obj.get("title") or ""
         if not isinstance(text, str):
@@ -83,7 +65,7 @@ def _read_jsonl(path: str) -> tuple[list[str], list[str]]:
 def _read_tsv(path: str) -> tuple[list[str], list[str]]:
     seen: dict[str, int] = {}
     texts: list[str] = []
-    for lineno, line in _lines(path):
+    for lineno, line in beir._lines(path, beir._Skipper(path, skip=False)):
         parts = line.split("\t")
         if len(parts) > 2:
             raise DataError(f"{path}:{lineno}: {len(parts) - 1} tabs; a corpus line is "

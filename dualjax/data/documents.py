@@ -188,13 +188,7 @@ def chunk_sentences(sentences: Iterable[str], max_words: int) -> list[str]:
 def _jsonl_articles(path: str, passage_words: int) -> list[_Article]:
     """Wikispeedia-layout or plain-text articles, one JSON object per line."""
     rows, index = [], {}
-    for lineno, line in beir._lines(path, beir._Skipper(path, skip=False)):
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{lineno}: malformed JSON: {e}") from None
-        if not isinstance(obj, dict):
-            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+    for lineno, obj in beir.json_objects(path):
         title = obj.get("title") or ""
         if not isinstance(title, str):
             raise DataError(f"{path}:{lineno}: \"title\" must be a string")
