@@ -235,7 +235,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval = ml_collections.ConfigDict()
     c.eval.index = "scann"          # "scann": ScaNN index (also searched exactly, to report
                                     # its recall and MAP gap) | "exact": chunked matmul + top_k
+                                    # | "hnsw": faiss HNSW graph (pip install faiss-cpu)
     c.eval.scann = index.default_scann_config()  # ScaNN knobs; "auto" picks by corpus size
+    c.eval.hnsw = ml_collections.ConfigDict()  # faiss HNSW knobs (eval.index = "hnsw")
+    c.eval.hnsw.M = 32              # graph neighbours per node (memory ~ 2M ids per point)
+    c.eval.hnsw.ef_construction = 200  # candidate list while building (build time grows with it)
+    c.eval.hnsw.ef_search = 0       # candidate list per query (0: max(128, 2 * (top_k + 1));
+                                    # at least k + 1; lower: faster, less recall)
     c.eval.top_k = 100              # results kept per query (>= every metric's cutoff)
     c.eval.batch_size = 512         # texts per jitted encoding batch
     c.eval.query_chunk = 256        # queries scored at once against the corpus

@@ -3,6 +3,7 @@ work starts, and the message names the key and what would work."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import pathlib
 import re
@@ -215,6 +216,14 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     _one_of("optimizer.name", config.optimizer.name, OPTIMIZERS)
     _one_of("optimizer.decay", config.optimizer.decay, DECAYS)
     _one_of("eval.index", config.eval.index, index.INDEXES)
+    if config.eval.get("hnsw") is not None:
+        try:
+            index.hnsw_settings(1, 1, 1, config.eval.hnsw)
+        except ValueError as e:
+            raise ConfigError(f"config.eval.{e}") from None
+    if config.eval.index == "hnsw" and importlib.util.find_spec("faiss") is None:
+        raise ConfigError("config.eval.index='hnsw' needs faiss: pip install 'dualjax[bench]' "
+                          "(or pip install faiss-cpu)")
     for name in baseline_names(config):
         _one_of("eval.baselines", name, baselines.BASELINES)
     if config.eval.get("select_by", ""):

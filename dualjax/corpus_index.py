@@ -5,14 +5,13 @@
 
 The corpus is a TSV, a JSONL or a BEIR folder (`data/corpus_file.py`). OUT holds
 corpus.jsonl (id and text per line, in index order), embeddings.npy (float32 [n, dim]),
-scann/ (a ScaNN searcher, unless --kind=exact) and index.json, written last: the
-encoder's id (a digest of its bundle) and the fingerprint the searcher was saved under.
-Loading checks the encoder's id against it and never re-encodes the corpus.
+scann/ or hnsw/ (the searcher of --kind, none for exact) and index.json, written last,
+with the encoder's id (a digest of its bundle). Loading checks the encoder's id against
+it and never re-encodes the corpus: the searcher is keyed by the saved vectors.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -33,16 +32,17 @@ META = "index.json"
 FORMAT = 1
 
 
-def _eval_config(kind: str) -> ml_collections.ConfigDict:
-    return ml_collections.ConfigDict({"index": kind, "query_chunk": 256, "corpus_chunk": 4096,
-                                      "scann": index_lib.default_scann_config()})
+def _eval_config() -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict({"query_chunk": 256, "corpus_chunk": 4096,
+                                      "scann": index_lib.default_scann_config(),
+                                      "hnsw": index_lib.default_hnsw_config()})
 
 
 def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: str = "scann",
           k: int = 100, batch_size: int = 1024) -> "CorpusIndex":
     """Encodes `texts` with the encoder's document side (a progress bar over batches),
-    builds a `kind` index ("scann" or "exact") and writes it all to `out` (replacing what
-    is there). Returns it loaded."""
+    builds a `kind` index ("scann", "hnsw" or "exact") for `k` results and writes it all
+    to `out` (replacing what is there). Returns it loaded."""
     if kind not in index_lib.INDEXES:
         raise ValueError(f"--kind={kind!r} is not one of: {', '.join(index_lib.INDEXES)}")
     start = time.perf_counter()
@@ -60,17 +60,12 @@ def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: st
     with open(os.path.join(tmp, "corpus.jsonl"), "w", encoding="utf-8") as f:
         f.writelines(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n"
                      for i, t in zip(ids, texts))
-    digest = hashlib.sha256(encoder.id.encode())
-    digest.update(open(os.path.join(tmp, "corpus.jsonl"), "rb").read())
-    fingerprint, settings = digest.hexdigest(), {}
-    if kind == "scann":
-        searcher = index_lib.ScannIndex.build(embeddings, _eval_config(kind).scann,
-                                              min(k, len(texts)))
-        searcher.save(os.path.join(tmp, "scann"), fingerprint)
-        settings = searcher.settings
-    meta = {"format": FORMAT, "encoder_id": encoder.id, "fingerprint": fingerprint,
-            "kind": kind, "n": len(texts), "dim": int(embeddings.shape[1]),
-            "settings": settings, "encode_seconds": round(encoded, 3),
+    k = min(k, len(texts))
+    _, info = index_lib.make_index(kind, embeddings, _eval_config(), k,
+                                   directory=_searcher_dir(tmp, kind), extra=encoder.id)
+    meta = {"format": FORMAT, "encoder_id": encoder.id, "kind": kind, "k": k,
+            "n": len(texts), "dim": int(embeddings.shape[1]), "settings": info["settings"],
+            "encode_seconds": round(encoded, 3),
             "build_seconds": round(time.perf_counter() - start - encoded, 3)}
     atomic_write(os.path.join(tmp, META), json.dumps(meta, indent=1) + "\n")
     shutil.rmtree(out, ignore_errors=True)
@@ -78,8 +73,12 @@ def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: st
     return CorpusIndex(out, encoder.id)
 
 
+def _searcher_dir(directory: str, kind: str) -> str | None:
+    return None if kind == "exact" else os.path.join(directory, kind)
+
+
 class CorpusIndex:
-    """A saved corpus index: its ids, texts and searcher (ScaNN or exact)."""
+    """A saved corpus index: its ids, texts and searcher (ScaNN, HNSW or exact)."""
 
     def __init__(self, directory: str, encoder_id: str | None = None):
         path = os.path.join(directory, META)
@@ -94,16 +93,12 @@ class CorpusIndex:
         with open(os.path.join(directory, "corpus.jsonl"), encoding="utf-8") as f:
             rows = [json.loads(line) for line in f]
         self.ids, self.texts = [r["id"] for r in rows], [r["text"] for r in rows]
-        n, dim = self.meta["n"], self.meta["dim"]
-        if self.meta["kind"] == "scann":
-            self.searcher = index_lib.ScannIndex.load(os.path.join(directory, "scann"),
-                                                      self.meta["fingerprint"], n, dim)
-            if self.searcher is None:
-                raise ValueError(f"{directory}/scann: not the searcher {META} describes; "
-                                 "build the index again")
-        else:
-            self.searcher = index_lib.ExactIndex(
-                np.load(os.path.join(directory, "embeddings.npy"), mmap_mode="r"))
+        # The saved vectors, not the texts again: the searcher saved beside them is loaded
+        # when their fingerprint matches (else rebuilt from them, with a warning).
+        embeddings = np.load(os.path.join(directory, "embeddings.npy"), mmap_mode="r")
+        self.searcher, _ = index_lib.make_index(
+            self.meta["kind"], embeddings, _eval_config(), self.meta["k"],
+            directory=_searcher_dir(directory, self.meta["kind"]), extra=self.meta["encoder_id"])
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores [nq, k], ids [nq, k]) of queries [nq, dim], best first, -1 padding."""
@@ -132,7 +127,8 @@ def run() -> None:
     flags.DEFINE_string("encoder", None, "An exported encoder (python -m dualjax.export).")
     flags.DEFINE_string("corpus", None, "A corpus: .jsonl, .json, .tsv, .txt or a BEIR folder.")
     flags.DEFINE_string("out", None, "The index's folder (made or replaced).")
-    flags.DEFINE_enum("kind", "scann", list(index_lib.INDEXES), "The searcher to build.")
+    flags.DEFINE_enum("kind", "scann", list(index_lib.INDEXES), "The searcher to build "
+                      "(hnsw needs faiss-cpu).")
     flags.DEFINE_integer("batch_size", 1024, "Texts per encoding batch.")
     flags.mark_flags_as_required(["encoder", "corpus", "out"])
     app.run(main)

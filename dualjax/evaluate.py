@@ -88,9 +88,9 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
 
     towers: system name -> (encode_queries, encode_documents), reading `inputs` (each
     side's tokens, max length and categorical fields). Each is searched exactly;
-    with eval.index = "scann", the systems in `ann_systems` are also searched with a
-    ScaNN index (saved under `index_dir`), whose row adds `ann_recall@10` (overlap with
-    the exact top 10) and `map@100_gap` (exact minus ScaNN). Lexical `baselines` run on
+    with eval.index = "scann" or "hnsw", the systems in `ann_systems` are also searched
+    with that approximate index (saved under `index_dir`), whose row adds
+    `ann_recall@10` (overlap with the exact top 10) and `map@100_gap` (exact minus it). Lexical `baselines` run on
     the same task. With eval.hybrid (a lexical system, e.g. "bm25"), each tower's (of
     `hybrid_systems`; None: all) exact ranking is fused with that system's (hybrid
     search, `hybrid.py`) twice: by reciprocal rank fusion (eval.hybrid_rrf_k) as the
@@ -120,16 +120,17 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
         exact_index, _ = index.make_index("exact", corpus, eval_cfg, k)
         scored[system] = exact_index.search(queries, k, exclude)[::-1]  # (ids, scores)
         exact = add(system, "exact", scored[system][0])
-        if eval_cfg.index == "scann" and system in ann_systems:
-            ann_index, info = index.make_index("scann", corpus, eval_cfg, k, directory=index_dir,
+        ann = eval_cfg.index  # "scann" or "hnsw": an approximate index beside exact search
+        if ann != "exact" and system in ann_systems:
+            ann_index, info = index.make_index(ann, corpus, eval_cfg, k, directory=index_dir,
                                                extra=index_extra)
             ann_ids = ann_index.search(queries, k, exclude)[1]
-            row = add(system, "scann", ann_ids, **{"ann_recall@10": ann_recall(ann_ids, ranked[
+            row = add(system, ann, ann_ids, **{"ann_recall@10": ann_recall(ann_ids, ranked[
                 f"{system} [exact]"])})
             row["map@100_gap"] = exact["map@100"] - row["map@100"]
             row["index_seconds"] = info["build_seconds"]
             row["index_built"] = info["built"]
-            logging.info("ScaNN %s: %s, ready in %.2fs, %.1f MB on disk", system,
+            logging.info("%s %s: %s, ready in %.2fs, %.1f MB on disk", ann, system,
                          info["settings"], info["build_seconds"], info["bytes_on_disk"] / 2**20)
     lexical = eval_cfg.get("hybrid", "")
     for name in dict.fromkeys(list(baselines) + ([lexical] if lexical else [])):

@@ -9,7 +9,11 @@ matrix.
 of thumb (see `default_scann_config`), saved to and reloaded from a directory keyed by a
 fingerprint of the corpus and settings.
 
-`make_index` gives either behind one `search(queries, k, exclude)` contract.
+`hnsw`: a faiss HNSW graph (`IndexHNSWFlat`, inner product; faiss-cpu, imported only
+then), saved and reloaded the same way. On the Quora benchmark (BENCHMARKS.md) it is
+faster than ScaNN at recall@10 >= 0.95, but takes several times longer to build.
+
+`make_index` gives any of them behind one `search(queries, k, exclude)` contract.
 """
 
 from __future__ import annotations
@@ -92,7 +96,7 @@ def exact_search(queries: np.ndarray, corpus: np.ndarray, k: int,
     return scores, ids
 
 
-INDEXES = ("exact", "scann")
+INDEXES = ("exact", "scann", "hnsw")
 _MODES = ("auto", "brute_force", "ah", "tree_ah")
 
 
@@ -162,6 +166,10 @@ def scann_settings(n: int, dim: int, k: int, cfg: ml_collections.ConfigDict) -> 
                  soar_lambda=soar)
         if soar:
             s["overretrieve_factor"] = float(cfg.overretrieve_factor)
+        if cfg.get("quantize_centroids", False):  # int8 query-centroid scoring
+            s["quantize_centroids"] = True
+    if cfg.get("reorder_int8", False):  # reordering on int8 copies, not float32
+        s["reorder_int8"] = True
     return s
 
 
@@ -181,6 +189,20 @@ def _pad(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.nd
     width = min(k, scores.shape[1])
     out_s[:, :width], out_i[:, :width] = scores[:, :width], ids[:, :width]
     return out_s, out_i
+
+
+def _drop_excluded(ids: np.ndarray, scores: np.ndarray, exclude: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """ids / scores [nq, w] (best first) of a search for one more than wanted: row i's first
+    exclude[i] (if any) moves last as -1 / -inf, so the first w - 1 are the results."""
+    exclude = np.asarray(exclude, np.int64)[:, None]
+    hit = (ids == exclude) & (exclude >= 0)
+    drop = hit & (np.cumsum(hit, axis=1) == 1)  # the first match only
+    order = np.argsort(drop, axis=1, kind="stable")  # the dropped one goes last
+    ids, scores = np.take_along_axis(ids, order, 1), np.take_along_axis(scores, order, 1)
+    drop = np.take_along_axis(drop, order, 1)
+    ids[drop], scores[drop] = -1, -np.inf
+    return ids, scores
 
 
 class ExactIndex:
@@ -221,21 +243,26 @@ class ScannIndex:
                     if s.get("soar_lambda") else {})
             b = b.tree(s["num_leaves"], s["num_leaves_to_search"],
                        training_sample_size=s["training_sample_size"], spherical=s["spherical"],
-                       **soar)
+                       quantize_centroids=s.get("quantize_centroids", False), **soar)
         if s["mode"] == "brute_force":
             b = b.score_brute_force()
         else:
+            from scann.scann_ops.py.scann_builder import ReorderType
             b = b.score_ah(s["dims_per_block"], s["anisotropic_threshold"],
-                           training_sample_size=s["training_sample_size"]).reorder(s["reorder_k"])
+                           training_sample_size=s["training_sample_size"]).reorder(
+                s["reorder_k"], quantize=ReorderType.INT8 if s.get("reorder_int8")
+                else ReorderType.FLOAT32)
         return cls(b.build(), s, *corpus.shape)
 
     def search(self, queries: np.ndarray, k: int, exclude: np.ndarray | None = None,
-               leaves_to_search: int | None = None, reorder_k: int | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
+               leaves_to_search: int | None = None, reorder_k: int | None = None,
+               batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(scores [nq, k] float32, ids [nq, k] int32), best first, -inf / -1 padded.
 
         Asks ScaNN for k + 1 neighbours, drops exclude[i] from row i (or the surplus last one).
-        leaves_to_search / reorder_k override the built settings for this call (tree_ah / AH).
+        leaves_to_search / reorder_k override the built settings for this call (tree_ah / AH);
+        batch_size the queries per `search_batched_parallel` batch (None: one batch per thread,
+        at most 256).
         """
         queries = np.ascontiguousarray(queries, np.float32)
         nq, want = len(queries), min(self.n, k + (exclude is not None))
@@ -243,7 +270,7 @@ class ScannIndex:
             return _pad(np.zeros((nq, 0), np.float32), np.zeros((nq, 0), np.int32), k)
         # final_num_neighbors above the reorder count silently comes back as NaN rows.
         pre = max(want, reorder_k or self.settings.get("reorder_k", want))
-        batch = min(256, -(-nq // self.settings["num_threads"]))  # one batch per thread
+        batch = batch_size or min(256, -(-nq // self.settings["num_threads"]))  # 1 per thread
         kwargs = {"leaves_to_search": int(leaves_to_search)} if leaves_to_search else {}
         ids, scores = self.searcher.search_batched_parallel(
             queries, final_num_neighbors=want, pre_reorder_num_neighbors=pre, batch_size=batch,
@@ -252,13 +279,7 @@ class ScannIndex:
         missing = ~np.isfinite(scores)  # fewer than `want` found: NaN score, id 0
         ids[missing], scores[missing] = -1, -np.inf
         if exclude is not None:
-            exclude = np.asarray(exclude, np.int64)[:, None]
-            hit = (ids == exclude) & (exclude >= 0)
-            drop = hit & (np.cumsum(hit, axis=1) == 1)  # the first match only
-            order = np.argsort(drop, axis=1, kind="stable")  # the dropped one goes last
-            ids, scores = np.take_along_axis(ids, order, 1), np.take_along_axis(scores, order, 1)
-            drop = np.take_along_axis(drop, order, 1)
-            ids[drop], scores[drop] = -1, -np.inf
+            ids, scores = _drop_excluded(ids, scores, exclude)
         return _pad(scores, ids.astype(np.int32), k)
 
     def set_num_threads(self, num_threads: int) -> None:
@@ -269,7 +290,8 @@ class ScannIndex:
     def save(self, directory: str, fingerprint: str) -> None:
         """Writes the searcher and meta.json (last, so a partial save never loads)."""
         occupied = os.path.isfile(directory) or os.path.isdir(directory) and os.listdir(directory)
-        if occupied and not os.path.isfile(os.path.join(directory, "scann_assets.pbtxt")):
+        if occupied and not (os.path.isfile(os.path.join(directory, "scann_assets.pbtxt"))
+                             or os.path.isfile(os.path.join(directory, _META))):
             raise ValueError(f"{directory} exists and is not a ScaNN index: not replacing it")
         tmp = f"{directory.rstrip('/')}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -314,35 +336,164 @@ class ScannIndex:
         return cls(searcher, meta["settings"], meta["n"], meta["dim"])
 
 
+def default_hnsw_config() -> ml_collections.ConfigDict:
+    """faiss HNSW knobs, for callers whose eval config has no `hnsw` (configs/default.py's
+    `eval.hnsw` holds the same values, commented)."""
+    return ml_collections.ConfigDict({"M": 32, "ef_construction": 200, "ef_search": 0})
+
+
+def hnsw_settings(n: int, dim: int, k: int, cfg: ml_collections.ConfigDict) -> dict:
+    """The knobs actually used (ef_search 0: max(128, 2 * (k + 1))). Raises ValueError
+    naming the knob when a value cannot work."""
+    if n < 1 or dim < 1:
+        raise ValueError(f"cannot build an HNSW index over a corpus of shape ({n}, {dim})")
+    if cfg.M < 2:
+        raise ValueError(f"hnsw.M={cfg.M} must be >= 2")
+    if cfg.ef_construction < 1 or cfg.ef_search < 0:
+        raise ValueError(f"hnsw.ef_construction={cfg.ef_construction} must be >= 1 and "
+                         f"hnsw.ef_search={cfg.ef_search} >= 0 (0: auto)")
+    return {"M": int(cfg.M), "ef_construction": int(cfg.ef_construction),
+            "ef_search": int(cfg.ef_search) or max(128, 2 * (k + 1))}
+
+
+def _faiss():
+    """faiss, imported on first use: only eval.index = "hnsw" needs it."""
+    try:
+        import faiss
+    except ImportError:
+        raise ImportError("eval.index='hnsw' needs faiss: pip install 'dualjax[bench]' "
+                          "(or pip install faiss-cpu)") from None
+    return faiss
+
+
+class HnswIndex:
+    """faiss HNSW (`IndexHNSWFlat`, inner product) with `ExactIndex.search`'s contract.
+
+    settings: the knobs used (`hnsw_settings`); n, dim: the corpus shape it was built over.
+    Searches use faiss' OpenMP threads (all cores unless OMP_NUM_THREADS says otherwise).
+    """
+
+    FILE = "hnsw.faiss"
+
+    def __init__(self, faiss_index, settings: dict, n: int, dim: int):
+        self.index, self.settings, self.n, self.dim = faiss_index, settings, n, dim
+
+    @classmethod
+    def build(cls, corpus: np.ndarray, hnsw_cfg: ml_collections.ConfigDict, k: int
+              ) -> "HnswIndex":
+        """Builds the graph over corpus [n, dim] (unit vectors: inner product = cosine)."""
+        faiss = _faiss()
+        corpus = np.ascontiguousarray(corpus, np.float32)
+        s = hnsw_settings(*corpus.shape, k, hnsw_cfg)
+        idx = faiss.IndexHNSWFlat(corpus.shape[1], s["M"], faiss.METRIC_INNER_PRODUCT)
+        idx.hnsw.efConstruction = s["ef_construction"]
+        idx.add(corpus)
+        return cls(idx, s, *corpus.shape)
+
+    def search(self, queries: np.ndarray, k: int, exclude: np.ndarray | None = None,
+               ef_search: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(scores [nq, k] float32, ids [nq, k] int32), best first, -inf / -1 padded.
+
+        Asks for k + 1 neighbours, drops exclude[i] from row i (or the surplus last one).
+        ef_search overrides the setting for this call (faiss searches at least k + 1 wide).
+        """
+        queries = np.ascontiguousarray(queries, np.float32)
+        nq, want = len(queries), min(self.n, k + (exclude is not None))
+        if nq == 0 or want == 0:
+            return _pad(np.zeros((nq, 0), np.float32), np.zeros((nq, 0), np.int32), k)
+        self.index.hnsw.efSearch = int(ef_search or self.settings["ef_search"])
+        scores, ids = self.index.search(queries, want)
+        ids, scores = ids.astype(np.int64), scores.astype(np.float32)
+        missing = ids < 0
+        ids[missing], scores[missing] = -1, -np.inf
+        if exclude is not None:
+            ids, scores = _drop_excluded(ids, scores, exclude)
+        return _pad(scores, ids.astype(np.int32), k)
+
+    def save(self, directory: str, fingerprint: str) -> None:
+        """Writes the index (faiss.write_index) and meta.json (last, so a partial save never
+        loads). Replaces only an empty directory or a saved dualjax index."""
+        occupied = os.path.isfile(directory) or os.path.isdir(directory) and os.listdir(directory)
+        if occupied and not os.path.isfile(os.path.join(directory, _META)):
+            raise ValueError(f"{directory} exists and is not a saved index: not replacing it")
+        faiss = _faiss()
+        tmp = f"{directory.rstrip('/')}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        faiss.write_index(self.index, os.path.join(tmp, self.FILE))
+        meta = {"kind": "hnsw", "fingerprint": fingerprint, "n": self.n, "dim": self.dim,
+                "settings": self.settings, "faiss": faiss.__version__}
+        with open(os.path.join(tmp, _META), "w") as f:
+            json.dump(meta, f, indent=1)
+        shutil.rmtree(directory, ignore_errors=True)
+        os.replace(tmp, directory)
+
+    @classmethod
+    def load(cls, directory: str, fingerprint: str, n: int | None = None,
+             dim: int | None = None) -> "HnswIndex | None":
+        """The index saved in `directory`, or None, logging why, when there is none or it was
+        saved under another fingerprint, n or dim (None: unchecked)."""
+        path = os.path.join(directory, _META)
+        meta = None
+        if os.path.isfile(path):
+            with open(path) as f:
+                meta = json.load(f)
+        if meta is None or meta.get("kind") != "hnsw":
+            logging.warning("HNSW index: none saved at %s; building", directory)
+            return None
+        for what, saved, now in (("corpus size", meta["n"], n), ("dim", meta["dim"], dim),
+                                 ("fingerprint", meta["fingerprint"], fingerprint)):
+            if now is not None and saved != now:
+                logging.warning("HNSW index at %s was saved for %s %.16s, not %.16s; rebuilding",
+                                directory, what, saved, now)
+                return None
+        try:
+            idx = _faiss().read_index(os.path.join(directory, cls.FILE))
+        except (RuntimeError, OSError) as e:
+            logging.warning("HNSW index at %s could not be loaded (%s); rebuilding", directory, e)
+            return None
+        if idx.ntotal != meta["n"]:
+            logging.warning("HNSW index at %s holds %d rows, meta.json says %d; rebuilding",
+                            directory, idx.ntotal, meta["n"])
+            return None
+        return cls(idx, meta["settings"], meta["n"], meta["dim"])
+
+
 def make_index(kind: str, corpus: np.ndarray, eval_cfg: ml_collections.ConfigDict, k: int,
                directory: str | None = None, extra: str = ""
-               ) -> tuple[ExactIndex | ScannIndex, dict]:
+               ) -> tuple[ExactIndex | ScannIndex | HnswIndex, dict]:
     """A searcher over corpus [n, dim] and info {built, build_seconds, bytes_on_disk, settings}.
 
-    "scann" with a directory loads the index saved there when its fingerprint (corpus bytes,
-    `extra` such as the checkpoint step, and every build setting) matches, else builds and
-    saves it. build_seconds is the time to have the index ready (building or loading).
+    "scann" (eval_cfg.scann) or "hnsw" (faiss; eval_cfg.hnsw) with a directory loads the
+    index saved there when its fingerprint (corpus bytes, `extra` such as the checkpoint
+    step, and every build setting) matches, else builds and saves it. build_seconds is the
+    time to have the index ready (building or loading).
     """
     start = time.perf_counter()
     if kind == "exact":
         idx, built = ExactIndex(corpus, eval_cfg.query_chunk, eval_cfg.corpus_chunk), True
-    elif kind == "scann":
-        cfg = eval_cfg.get("scann") or default_scann_config()
+    elif kind in ("scann", "hnsw"):
+        cls, cfg = ((ScannIndex, eval_cfg.get("scann") or default_scann_config())
+                    if kind == "scann" else (HnswIndex, eval_cfg.get("hnsw") or
+                                             default_hnsw_config()))
         corpus = np.ascontiguousarray(corpus, np.float32)
-        settings = scann_settings(*corpus.shape, k, cfg)
-        build = {key: v for key, v in settings.items() if key != "num_threads"}
+        settings = (scann_settings if kind == "scann" else hnsw_settings)(*corpus.shape, k, cfg)
+        # Search-time knobs stay out of the fingerprint: changing them reuses the index.
+        build = {key: v for key, v in settings.items() if key not in ("num_threads", "ef_search")}
         fingerprint = corpus_fingerprint(corpus, extra + json.dumps(build, sort_keys=True))
-        idx = ScannIndex.load(directory, fingerprint, *corpus.shape) if directory else None
+        idx = cls.load(directory, fingerprint, *corpus.shape) if directory else None
         built = idx is None
         if built:
-            idx = ScannIndex.build(corpus, cfg, k)
+            idx = cls.build(corpus, cfg, k)
             if directory:
                 idx.save(directory, fingerprint)
-        else:
+        elif kind == "scann":
             idx.set_num_threads(settings["num_threads"])
+        else:
+            idx.settings["ef_search"] = settings["ef_search"]
     else:
         raise ValueError(f"index {kind!r} is not one of: {', '.join(INDEXES)}")
-    on_disk = kind == "scann" and directory and os.path.isdir(directory)
+    on_disk = kind in ("scann", "hnsw") and directory and os.path.isdir(directory)
     info = {"built": built, "build_seconds": time.perf_counter() - start,
             "bytes_on_disk": sum(e.stat().st_size for e in os.scandir(directory)
                                  if e.is_file()) if on_disk else 0,

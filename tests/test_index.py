@@ -133,4 +133,57 @@ def test_padding_rows_never_returned_when_all_scores_negative(corpus_chunk):
 
 
 def test_registered_kinds():
-    assert index.INDEXES == ("exact", "scann")
+    assert index.INDEXES == ("exact", "scann", "hnsw")
+
+
+# ----------------------------------------------------------------------------- HNSW (faiss)
+def _unit_corpus(n=600, dim=16, seed=3):
+    rng = np.random.default_rng(seed)
+    c = rng.normal(size=(n, dim)).astype(np.float32)
+    return c / np.linalg.norm(c, axis=1, keepdims=True)
+
+
+def test_hnsw_exact_top_k_at_high_ef_search_and_exclude():
+    pytest.importorskip("faiss", reason="faiss-cpu is not installed (pip install faiss-cpu)")
+    import ml_collections
+    corpus = _unit_corpus()
+    queries, k = corpus[:40], 7
+    cfg = ml_collections.ConfigDict({"M": 16, "ef_construction": 200, "ef_search": 600})
+    hnsw = index.HnswIndex.build(corpus, cfg, k)
+    assert hnsw.settings == {"M": 16, "ef_construction": 200, "ef_search": 600}
+    exclude = np.arange(40) - 1  # query i (corpus row i) excludes row i - 1; -1: nothing
+    exclude[::2] = np.arange(0, 40, 2)  # even queries exclude themselves
+    for ex in (None, exclude):
+        scores, ids = hnsw.search(queries, k, ex)
+        want_scores, want_ids = index.exact_search(queries, corpus, k, ex)
+        assert ids.dtype == np.int32 and scores.dtype == np.float32 and ids.shape == (40, k)
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_allclose(scores, want_scores, atol=1e-5)
+    # k above the corpus size pads with -1 / -inf, as ExactIndex does.
+    small = index.HnswIndex.build(corpus[:5], cfg, 8)
+    scores, ids = small.search(queries[:3], 8, np.array([0, -1, 2]))
+    assert (ids[:, 5:] == -1).all() and np.isneginf(scores[:, 5:]).all()
+    assert (ids[[0, 2], 4] == -1).all() and 0 not in ids[0] and 2 not in ids[2]
+    assert sorted(ids[1, :5]) == [0, 1, 2, 3, 4]
+
+
+def test_hnsw_make_index_saves_loads_and_rebuilds(tmp_path):
+    pytest.importorskip("faiss", reason="faiss-cpu is not installed (pip install faiss-cpu)")
+    import ml_collections
+    corpus, k = _unit_corpus(300, 8), 5
+    cfg = ml_collections.ConfigDict({"query_chunk": 64, "corpus_chunk": 1024,
+                                     "hnsw": index.default_hnsw_config()})
+    directory = str(tmp_path / "hnsw")
+    first, info = index.make_index("hnsw", corpus, cfg, k, directory)
+    assert isinstance(first, index.HnswIndex) and info["built"] and info["bytes_on_disk"] > 0
+    assert info["settings"]["ef_search"] == 128  # auto: max(128, 2 * (k + 1))
+    cfg.hnsw.ef_search = 300  # search-time knob: the saved index is reused
+    again, info = index.make_index("hnsw", corpus, cfg, k, directory)
+    assert not info["built"] and again.settings["ef_search"] == 300
+    np.testing.assert_array_equal(again.search(corpus[:10], k, np.arange(10))[1],
+                                  first.search(corpus[:10], k, np.arange(10))[1])
+    cfg.hnsw.M = 8  # build knob: rebuilt
+    assert index.make_index("hnsw", corpus, cfg, k, directory)[1]["built"]
+    with pytest.raises(ValueError, match="M=1"):
+        index.hnsw_settings(10, 4, 1, ml_collections.ConfigDict(
+            {"M": 1, "ef_construction": 10, "ef_search": 0}))

@@ -1,8 +1,10 @@
 """The search command: a trained workdir answers typed queries with its saved index."""
 
+import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import load_config
@@ -138,3 +140,21 @@ def test_search_command_line_from_a_bundle_says_when_no_token_is_known(bundle, w
     bad = subprocess.run([sys.executable, "-m", "dualjax.search", f"--encoder={bundle}",
                           "--query=x"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and "give --encoder and --index" in bad.stderr
+
+
+def test_an_hnsw_corpus_index_is_built_saved_and_loaded(bundle, tmp_path):
+    pytest.importorskip("faiss", reason="eval.index=hnsw needs faiss-cpu (the test extra)")
+    import dualjax
+    from dualjax import corpus_index, index
+    encoder = dualjax.Encoder.load(bundle)
+    texts = [f"how do i fix my {w} {i} ?" for i in range(30) for w in ("car", "bike")]
+    built = corpus_index.build(encoder, [str(i) for i in range(60)], texts,
+                               str(tmp_path / "idx"), kind="hnsw", k=5)
+    assert isinstance(built.searcher, index.HnswIndex)
+    assert sorted(os.listdir(tmp_path / "idx" / "hnsw")) == ["hnsw.faiss", "meta.json"]
+    loaded = corpus_index.CorpusIndex(str(tmp_path / "idx"), encoder.id)
+    q = encoder.encode_queries(["how do i fix my car 3 ?"])
+    np.testing.assert_array_equal(loaded.search(q, 5)[1], built.search(q, 5)[1])
+    docs = encoder.encode_documents(texts)
+    scores, ids = loaded.search(q, 5)
+    assert scores[0, 0] == pytest.approx(float(np.max(q @ docs.T)), abs=1e-5)  # (ties: any id)
