@@ -87,9 +87,9 @@ def child(batch: int, block: int, dim: int, steps: int) -> dict:
 
 
 def towers_child(batch: int, chunks: int, layers: int, width: int, max_len: int,
-                 steps: int) -> dict:
-    """One train step of a transformer dual encoder with encode_chunks=`chunks`, in this
-    process; returns its figures."""
+                 steps: int, block: int = 0) -> dict:
+    """One train step of a transformer dual encoder with encode_chunks=`chunks` and the
+    loss's column_block=`block`, in this process; returns its figures."""
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + f" --xla_force_host_platform_device_count={DEVICES}").strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -113,8 +113,9 @@ def towers_child(batch: int, chunks: int, layers: int, width: int, max_len: int,
     vocab = 8000
     mesh = sharding.make_mesh(DEVICES)
     model = dual_encoder.make_model(cfg, vocab)
-    objective = objective_lib.objective(model, losses.sharded("in_batch_softmax", mesh),
-                                        max_len, encode_chunks=chunks)
+    objective = objective_lib.objective(
+        model, losses.sharded("in_batch_softmax", mesh, column_block=block), max_len,
+        encode_chunks=chunks)
     tx = optax.adamw(1e-3)
     replicated, batch_sharding = sharding.replicated(mesh), sharding.batch_sharding(mesh)
     params = objective.init(jax.random.key(0))
@@ -142,18 +143,19 @@ def towers_child(batch: int, chunks: int, layers: int, width: int, max_len: int,
         jax.block_until_ready((state, metrics))
         times.append(time.perf_counter() - start)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"batch": batch, "chunks": chunks, "loss": float(metrics["loss"]),
+    return {"batch": batch, "chunks": chunks, "block": block, "loss": float(metrics["loss"]),
             "compile_s": compile_s, "step_s": statistics.median(times[1:]),
             "temp_mb": temp_mb, "base_gb": base_kb / 2**20, "peak_gb": peak_kb / 2**20}
 
 
 def towers_table(rows: list[dict], layers: int, width: int, max_len: int) -> str:
     """The --towers results as a markdown table."""
-    lines = ["| global batch | encode_chunks K | rows/device/chunk | step (s) | compile (s) | "
-             "peak RSS (GB) | XLA temp/device (MB) | loss (last step) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| global batch | encode_chunks K | column_block | rows/device/chunk | step (s) | "
+             "compile (s) | peak RSS (GB) | XLA temp/device (MB) | loss (last step) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        head = f"| {r['batch']:,} | {r['chunks']} | {r['batch'] // DEVICES // max(r['chunks'], 1)}"
+        head = (f"| {r['batch']:,} | {r['chunks']} | {r.get('block', 0) or 'all'} | "
+                f"{r['batch'] // DEVICES // max(r['chunks'], 1)}")
         if "error" in r:
             lines.append(f"{head} | failed: {r['error'][:60]} | | | | |")
         else:
@@ -215,7 +217,8 @@ def main() -> None:
     parser.add_argument("--modes", default="plain,blockwise")
     parser.add_argument("--towers", action="store_true",
                         help="measure a transformer train step with encode_chunks = --chunks")
-    parser.add_argument("--chunks", default="1,4,8", help="--towers: encode_chunks values")
+    parser.add_argument("--chunks", default="1,4,8",
+                        help="--towers: encode_chunks values, each optionally K:column_block")
     parser.add_argument("--tower-batch", type=int, default=1024, help="--towers: global batch")
     parser.add_argument("--layers", type=int, default=2, help="--towers: transformer layers")
     parser.add_argument("--width", type=int, default=128, help="--towers: transformer width")
@@ -224,17 +227,19 @@ def main() -> None:
     parser.add_argument("--towers-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.towers_child:
-        batch, chunks = map(int, args.towers_child.split(","))
+        batch, chunks, block = map(int, args.towers_child.split(","))
         print(json.dumps(towers_child(batch, chunks, args.layers, args.width, args.max_len,
-                                      args.steps)))
+                                      args.steps, block)))
         return
     if args.towers:
         rows = []
-        for chunks in (int(k) for k in args.chunks.split(",")):
-            row = run_child(["--towers-child", f"{args.tower_batch},{chunks}", "--layers",
+        for combo in args.chunks.split(","):  # K, or K:column_block
+            chunks, _, block = combo.partition(":")
+            chunks, block = int(chunks), int(block or 0)
+            row = run_child(["--towers-child", f"{args.tower_batch},{chunks},{block}", "--layers",
                              str(args.layers), "--width", str(args.width), "--max-len",
                              str(args.max_len), "--steps", str(args.steps)],
-                            {"batch": args.tower_batch, "chunks": chunks})
+                            {"batch": args.tower_batch, "chunks": chunks, "block": block})
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
         print(towers_table(rows, args.layers, args.width, args.max_len))
