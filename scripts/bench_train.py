@@ -15,6 +15,18 @@ two can be compared.
     python scripts/bench_train.py                 # 1 and 8 devices, batch 1024 x 32
     python scripts/bench_train.py --input --json bench.json
     python scripts/bench_train.py --devices=8 --param-sharding=replicated,fsdp
+    python scripts/bench_train.py --vs-torch      # dualjax vs PyTorch, alternating
+
+`--vs-torch` (needs `pip install -e .[bench]`, which pins torch) times, instead of the
+device-count table, dualjax's step and a PyTorch step written as a user would write it, on
+the same work and one CPU device (torch with `--torch-threads` threads), alternating
+dualjax and PyTorch subprocesses `--rounds` times per workload, and prints the medians of
+each and the ratio. The workloads (`--workloads`, see COMPARE_WORKLOADS): "A" two separate
+bow_mlp towers (each its own vocab x dim table) at `--batch` x `--seq-len`; "B-2x128" and
+"B-4x256" two separate Transformer towers (pre-LN, GELU MLP of 4x width, 4 heads, [CLS]
+pooling) at `--transformer-batch` x `--seq-len`. Both sides: in-batch softmax over
+alpha * cos + beta (alpha, beta learned, 10 and 0 at init), plain Adam (dense gradients)
+at a constant learning rate of 3e-3.
 """
 from __future__ import annotations
 
@@ -80,6 +92,42 @@ def child_env(devices: int) -> dict[str, str]:
     return env
 
 
+# --vs-torch: name -> the tower both sides build (two separate towers per side, each with
+# its own vocab x width token table). "A" is issue 13's workload (at --batch); the
+# Transformers run at --transformer-batch.
+COMPARE_WORKLOADS: dict[str, dict[str, Any]] = {
+        "A": {"tower": "bow_mlp"},
+        "B-2x128": {"tower": "transformer", "num_layers": 2, "width": 128},
+        "B-4x256": {"tower": "transformer", "num_layers": 4, "width": 256},
+}
+COMPARE_HEADS = 4  # attention heads of the Transformer workloads (dualjax's default)
+COMPARE_LR = 3e-3  # constant Adam learning rate on both sides (configs/default.py's peak)
+
+
+def comparison_config(config, args: argparse.Namespace) -> None:
+    """Sets `config` (configs/default.py's) to `--vs-torch` workload `args.workload`: two
+    separate towers, in-batch softmax over alpha * cos + beta, plain Adam at a constant rate."""
+    w = COMPARE_WORKLOADS[args.workload]
+    m = config.model
+    m.tower = w["tower"]
+    m.shared_towers = False
+    m.shared_embedding = False
+    m.max_len = args.seq_len
+    m.similarity = "cosine_affine"
+    if w["tower"] == "bow_mlp":
+        m.embed_dim = m.hidden_dim = m.output_dim = args.dim
+    else:
+        t = m.transformer
+        t.preset, t.num_layers, t.width = "", w["num_layers"], w["width"]
+        t.num_heads, t.mlp_dim, t.pooling = COMPARE_HEADS, 4 * w["width"], "cls"
+        m.output_dim = w["width"]
+    config.loss.name = "in_batch_softmax"
+    config.loss.symmetric = False
+    o = config.optimizer
+    o.name, o.learning_rate, o.warmup_steps, o.decay = "adam", COMPARE_LR, 0, "constant"
+    o.grad_clip_norm = 0.0
+
+
 # ----------------------------------------------------------------------------- workers
 def random_batch(rng, batch: int, seq_len: int, vocab: int) -> dict[str, Any]:
     """Uniform token ids in [1, vocab) with random lengths 1..seq_len, right-padded with 0."""
@@ -109,6 +157,8 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
     config.model.max_len = args.seq_len
     config.model.embed_dim = config.model.hidden_dim = config.model.output_dim = args.dim
     config.loss.name = "in_batch_softmax"
+    if args.workload:  # --vs-torch
+        comparison_config(config, args)
     config.global_batch_size = args.batch
     if args.batch % devices:
         raise SystemExit(f"--batch {args.batch} is not divisible by {devices} devices")
@@ -160,12 +210,131 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
     if not np.isfinite(loss):
         raise SystemExit(f"non-finite loss {loss} on {devices} devices")
 
-    return {"kind": "train", "devices": devices, "param_sharding": args.param_sharding[0],
+    return {"kind": "train", "framework": "dualjax", "workload": args.workload,
+            "devices": devices, "param_sharding": args.param_sharding[0],
             "state_mb_per_device": device_bytes / 2**20, "jax_devices": jax.device_count(),
             "jax_version": jax.__version__, "backend": jax.default_backend(),
             "num_params": int(num_params), "state_mb": state_bytes / 2**20,
             "first_step_s": first_step_s, "last_loss": loss, "step_times_s": times,
             **summarize(times, args.batch)}
+
+
+def torch_dual_encoder(workload: str, vocab: int, dim: int):
+    """The PyTorch model of `--vs-torch` workload `workload`, written as a user would: two
+    towers (each its own nn.Embedding), F.normalize, and a learned alpha, beta; calling it
+    on a batch gives the in-batch softmax loss (F.cross_entropy over alpha * q @ d.T + beta).
+
+    "A": nn.Embedding -> masked mean -> Linear -> tanh -> Linear -> tanh, as dualjax's
+    BowMlpTower. "B-*": token + learned position (512 rows) embeddings, a learned [CLS]
+    vector prepended, nn.TransformerEncoder (pre-LN, GELU MLP of 4x width, no dropout,
+    padding keys masked) with a final LayerNorm, Linear on the [CLS] state, as dualjax's
+    TransformerTower.
+    """
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+    class BowMlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, dim)
+            self.hidden = nn.Linear(dim, dim)
+            self.output = nn.Linear(dim, dim)
+
+        def forward(self, ids, mask):
+            m = mask.unsqueeze(-1).to(torch.float32)
+            x = (self.embed(ids) * m).sum(1) / m.sum(1).clamp(min=1.0)
+            return torch.tanh(self.output(torch.tanh(self.hidden(x))))
+
+    class Transformer(nn.Module):
+        def __init__(self, num_layers: int, width: int, max_positions: int = 512):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, width)
+            self.pos = nn.Parameter(0.02 * torch.randn(max_positions, width))
+            self.cls = nn.Parameter(0.02 * torch.randn(width))
+            layer = nn.TransformerEncoderLayer(
+                width, COMPARE_HEADS, 4 * width, dropout=0.0,
+                activation=nn.GELU(approximate="tanh"),  # flax's nn.gelu default
+                layer_norm_eps=1e-6, batch_first=True, norm_first=True)
+            self.encoder = nn.TransformerEncoder(layer, num_layers,
+                                                 norm=nn.LayerNorm(width, eps=1e-6),
+                                                 enable_nested_tensor=False)
+            self.output = nn.Linear(width, width)
+
+        def forward(self, ids, mask):
+            b, n = ids.shape
+            x = self.embed(ids) + self.pos[:n]
+            x = torch.cat([self.cls.expand(b, 1, -1), x], dim=1)
+            keys = torch.cat([mask.new_ones(b, 1), mask], dim=1)
+            x = self.encoder(x, src_key_padding_mask=~keys)
+            return self.output(x[:, 0])
+
+    w = COMPARE_WORKLOADS[workload]
+
+    def tower():
+        return BowMlp() if w["tower"] == "bow_mlp" else Transformer(w["num_layers"], w["width"])
+
+    class DualEncoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.query_tower, self.doc_tower = tower(), tower()
+            self.alpha = nn.Parameter(torch.tensor(10.0))
+            self.beta = nn.Parameter(torch.tensor(0.0))
+
+        def forward(self, q_ids, q_mask, d_ids, d_mask):
+            q = F.normalize(self.query_tower(q_ids, q_mask), dim=-1)
+            d = F.normalize(self.doc_tower(d_ids, d_mask), dim=-1)
+            logits = self.alpha * (q @ d.T) + self.beta
+            return F.cross_entropy(logits, torch.arange(q.shape[0]))
+
+    return DualEncoder()
+
+
+def bench_torch_step(args: argparse.Namespace) -> dict[str, Any]:
+    """Times the PyTorch step of `--vs-torch` workload `args.workload` (run in a
+    subprocess): zero_grad, forward, backward, Adam step, on `--torch-threads` threads."""
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(args.torch_threads)
+    torch.manual_seed(0)
+    model = torch_dual_encoder(args.workload, args.vocab, args.dim)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=COMPARE_LR)
+    num_params = sum(p.numel() for p in model.parameters())
+
+    rng = np.random.default_rng(0)  # the same batches as the dualjax worker
+    batches = []
+    for _ in range(4):
+        b = random_batch(rng, args.batch, args.seq_len, args.vocab)
+        batches.append((torch.from_numpy(b["q_ids"]).long(), torch.from_numpy(b["q_mask"]),
+                        torch.from_numpy(b["d_ids"]).long(), torch.from_numpy(b["d_mask"])))
+
+    def step(batch):
+        opt.zero_grad(set_to_none=True)
+        loss = model(*batch)
+        loss.backward()
+        opt.step()
+        return loss
+
+    t0 = time.perf_counter()
+    loss = step(batches[0])
+    first_step_s = time.perf_counter() - t0
+    for i in range(1, args.warmup):
+        loss = step(batches[i % len(batches)])
+    times = []
+    for i in range(args.steps):
+        batch = batches[i % len(batches)]
+        t0 = time.perf_counter()
+        loss = step(batch)
+        times.append(time.perf_counter() - t0)
+    loss = float(loss.detach())
+    if not np.isfinite(loss):
+        raise SystemExit(f"non-finite torch loss {loss}")
+    return {"kind": "train", "framework": "pytorch", "workload": args.workload, "devices": 1,
+            "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "num_params": int(num_params), "first_step_s": first_step_s, "last_loss": loss,
+            "step_times_s": times, **summarize(times, args.batch)}
 
 
 def bench_input(args: argparse.Namespace) -> dict[str, Any]:
@@ -213,18 +382,23 @@ def bench_input(args: argparse.Namespace) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- parent
 def run_worker(args: argparse.Namespace, worker: str, devices: int,
-               param_sharding: str = "replicated") -> dict[str, Any]:
-    """Re-invokes this script as `--worker WORKER --devices N` and returns its result."""
+               param_sharding: str = "replicated", workload: str = "",
+               batch: int | None = None, steps: int | None = None) -> dict[str, Any]:
+    """Re-invokes this script as `--worker WORKER --devices N` and returns its result
+    (`workload`, `batch`, `steps`: a `--vs-torch` measurement)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
+    batch = args.batch if batch is None else batch
+    steps = args.steps if steps is None else steps
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", worker,
-           "--devices", str(devices), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
-           "--vocab", str(args.vocab), "--dim", str(args.dim), "--steps", str(args.steps),
+           "--devices", str(devices), "--batch", str(batch), "--seq-len", str(args.seq_len),
+           "--vocab", str(args.vocab), "--dim", str(args.dim), "--steps", str(steps),
            "--warmup", str(args.warmup), "--input-batches", str(args.input_batches),
            "--prefetch-batches", str(args.prefetch_batches), "--param-sharding",
-           param_sharding, "--out", out]
-    print(f"# running {worker} on {devices} device(s), {param_sharding} state ...",
-          file=sys.stderr, flush=True)
+           param_sharding, "--workload", workload, "--torch-threads", str(args.torch_threads),
+           "--out", out]
+    what = f"workload {workload}, batch {batch}" if workload else f"{param_sharding} state"
+    print(f"# running {worker} on {devices} device(s), {what} ...", file=sys.stderr, flush=True)
     try:
         subprocess.run(cmd, env=child_env(devices), check=True)
         with open(out, encoding="utf-8") as f:
@@ -279,6 +453,74 @@ def print_report(args: argparse.Namespace, train_results: list[dict], input_resu
                   f"{side} is the bottleneck (input/compute = {r['per_s'] / t['per_s']:.2f})")
 
 
+def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
+    """`--vs-torch`: per workload, `--rounds` rounds of (dualjax, PyTorch) subprocesses
+    alternating; the step times of each side's rounds pooled."""
+    load_before = os.getloadavg()
+    t_start = time.perf_counter()
+    workloads = {}
+    for name in args.workloads:
+        transformer = COMPARE_WORKLOADS[name]["tower"] == "transformer"
+        batch = args.transformer_batch if transformer else args.batch
+        steps = args.transformer_steps if transformer else args.steps
+        runs: dict[str, list[dict]] = {"dualjax": [], "pytorch": []}
+        for _ in range(args.rounds):
+            runs["dualjax"].append(run_worker(args, "train", 1, workload=name, batch=batch,
+                                              steps=steps))
+            runs["pytorch"].append(run_worker(args, "torch", 1, workload=name, batch=batch,
+                                              steps=steps))
+        sides = {}
+        for side, rs in runs.items():
+            times = [t for r in rs for t in r["step_times_s"]]
+            sides[side] = {**summarize(times, batch),
+                           "round_median_ms": [r["median_ms"] for r in rs],
+                           "num_params": rs[0]["num_params"],
+                           "first_step_s": [r["first_step_s"] for r in rs],
+                           "last_loss": [r["last_loss"] for r in rs]}
+        workloads[name] = {"batch": batch, "steps": steps, "runs": runs, **sides,
+                           "ratio": sides["dualjax"]["per_s"] / sides["pytorch"]["per_s"]}
+    return {"load_before": load_before, "load_after": os.getloadavg(),
+            "wall_s": time.perf_counter() - t_start, "workloads": workloads,
+            "versions": {"jax": runs["dualjax"][0]["jax_version"],
+                         "torch": runs["pytorch"][0]["torch_version"],
+                         "torch_threads": runs["pytorch"][0]["torch_threads"]}}
+
+
+def print_comparison(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """The machine, the load, and one table row per workload and side, with the ratio."""
+    v = result["versions"]
+    print(f"\nMachine: {cpu_model()}; os.cpu_count()={os.cpu_count()}; "
+          f"python {platform.python_version()}; jax {v['jax']} (CPU backend, 1 device); "
+          f"torch {v['torch']} ({v['torch_threads']} threads)")
+    fmt = lambda la: ", ".join(f"{x:.2f}" for x in la)
+    print(f"Load average (1, 5, 15 min): before {fmt(result['load_before'])}; after "
+          f"{fmt(result['load_after'])}; comparison took {result['wall_s'] / 60:.1f} min")
+    print(f"Both sides: two separate towers, in-batch softmax over alpha*cos+beta (learned), "
+          f"Adam lr {COMPARE_LR} (constant, dense gradients); {args.seq_len} tokens per text, "
+          f"random lengths; vocab {args.vocab} rows per tower; {args.rounds} rounds alternating "
+          f"dualjax, pytorch; each run {args.warmup} warm-up + the timed steps; medians over "
+          "every timed step of the rounds.\n")
+    header = (f"{'workload':>8} | {'side':>7} | {'batch':>5} | {'params':>10} | "
+              f"{'median ms':>9} | {'p10 ms':>8} | {'p90 ms':>8} | {'pairs/s':>8} | "
+              f"{'round medians ms':>22} | {'dualjax/pytorch':>15}")
+    print(header)
+    print("-" * len(header))
+    for name, w in result["workloads"].items():
+        for side in ("dualjax", "pytorch"):
+            r = w[side]
+            rounds = ", ".join(f"{x:.0f}" for x in r["round_median_ms"])
+            ratio = f"x{w['ratio']:.2f}" if side == "dualjax" else ""
+            print(f"{name:>8} | {side:>7} | {w['batch']:>5} | {r['num_params']:>10,} | "
+                  f"{r['median_ms']:>9.1f} | {r['p10_ms']:>8.1f} | {r['p90_ms']:>8.1f} | "
+                  f"{r['per_s']:>8.0f} | {rounds:>22} | {ratio:>15}")
+    for name, w in result["workloads"].items():
+        losses = {side: ", ".join(f"{x:.3f}" for x in w[side]["last_loss"])
+                  for side in ("dualjax", "pytorch")}
+        print(f"{name}: {w['steps']} timed steps per run; last loss per round: dualjax "
+              f"{losses['dualjax']}; pytorch {losses['pytorch']}")
+    print("dualjax/pytorch = dualjax pairs/s / PyTorch pairs/s at the pooled median step time.")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -303,35 +545,67 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma-separated train-state shardings (mesh.param_sharding), each "
                         "measured on every device count")
     p.add_argument("--json", help="write all results to this path")
-    p.add_argument("--worker", choices=("train", "input"), help=argparse.SUPPRESS)
+    p.add_argument("--vs-torch", action="store_true",
+                   help="instead of the device-count table: dualjax vs a PyTorch step of the "
+                        "same work, alternating (needs torch: pip install -e .[bench])")
+    p.add_argument("--workloads", default=",".join(COMPARE_WORKLOADS),
+                   help="--vs-torch: comma-separated workloads, of: "
+                        + ", ".join(COMPARE_WORKLOADS))
+    p.add_argument("--rounds", type=int, default=3,
+                   help="--vs-torch: rounds of (dualjax, pytorch) per workload")
+    p.add_argument("--torch-threads", type=int, default=2,
+                   help="--vs-torch: torch.set_num_threads")
+    p.add_argument("--transformer-batch", type=int, default=256,
+                   help="--vs-torch: global batch of the Transformer workloads")
+    p.add_argument("--transformer-steps", type=int, default=6,
+                   help="--vs-torch: timed steps per run of the Transformer workloads")
+    p.add_argument("--worker", choices=("train", "input", "torch"), help=argparse.SUPPRESS)
+    p.add_argument("--workload", default="", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.devices = [int(d) for d in args.devices.split(",") if d.strip()]
     args.param_sharding = [s.strip() for s in args.param_sharding.split(",") if s.strip()]
+    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     if min(args.steps, args.warmup, args.input_batches) < 1:
         p.error("--steps, --warmup and --input-batches must be >= 1")
-    if not args.devices and not args.input:
+    if not args.devices and not args.input and not args.vs_torch:
         p.error("nothing to do: give --devices and/or --input")
+    if args.vs_torch:
+        unknown = sorted(set(args.workloads) - set(COMPARE_WORKLOADS))
+        if unknown or not args.workloads:
+            p.error(f"--workloads: unknown {unknown}; choose from {', '.join(COMPARE_WORKLOADS)}")
+        if min(args.rounds, args.torch_threads, args.transformer_batch,
+               args.transformer_steps) < 1:
+            p.error("--rounds, --torch-threads, --transformer-batch and --transformer-steps "
+                    "must be >= 1")
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.worker:  # a subprocess: one measurement, written to --out
-        result = bench_train_step(args) if args.worker == "train" else bench_input(args)
+        workers = {"train": bench_train_step, "input": bench_input, "torch": bench_torch_step}
+        result = workers[args.worker](args)
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(result, f)
         return
 
-    train_results = [run_worker(args, "train", n, strategy) for strategy in args.param_sharding
-                     for n in args.devices]
-    input_result = run_worker(args, "input", 1) if args.input else None
-    print_report(args, train_results, input_result)
+    if args.vs_torch:
+        train_results, input_result = [], None
+        comparison = run_comparison(args)
+        print_comparison(args, comparison)
+    else:
+        comparison = None
+        train_results = [run_worker(args, "train", n, strategy)
+                         for strategy in args.param_sharding for n in args.devices]
+        input_result = run_worker(args, "input", 1) if args.input else None
+        print_report(args, train_results, input_result)
     if args.json:
-        payload = {"args": {k: v for k, v in vars(args).items() if k not in ("worker", "out")},
+        payload = {"args": {k: v for k, v in vars(args).items()
+                            if k not in ("worker", "workload", "out")},
                    "machine": {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
                                "python": platform.python_version()},
-                   "train": train_results, "input": input_result}
+                   "train": train_results, "input": input_result, "vs_torch": comparison}
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(payload, f, indent=2)
         print(f"\nWrote {args.json}")
