@@ -29,8 +29,9 @@ class Retrieval:
     """One task's retrieval evaluation (`evaluate.evaluate_split`) on its splits, in order.
 
     During training (not `final`) it evaluates the val split only, by exact search and
-    without the baselines. The final evaluation adds the lexical baselines, a ScaNN index
-    of the trained system (eval.index = "scann"; saved under WORKDIR/index/[TASK/]SPLIT)
+    without the baselines. The final evaluation adds the lexical baselines, an approximate
+    index of the trained system (eval.index = "scann" or "hnsw"; saved under
+    WORKDIR/index/[TASK/]SPLIT)
     and, per split, report[_TASK].md with its recall plot; after the last split it prints
     that split's table. With eval.hybrid, the trained system's interpolation weight is
     chosen on val and carried to the task's later splits (and to a typo sweep of it).
