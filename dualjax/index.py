@@ -75,23 +75,37 @@ def exact_search(queries: np.ndarray, corpus: np.ndarray, k: int,
     Returns:
       (scores [num_queries, k] float32, ids [num_queries, k] int32), best first.
     """
+    return _search(queries, _device_corpus(corpus, corpus_chunk), k, exclude, query_chunk)
+
+
+def _device_corpus(corpus: np.ndarray, corpus_chunk: int) -> tuple[jax.Array, jax.Array]:
+    """The corpus on the device as chunks [n_chunks, cc, dim] (zero-padded) and their
+    validity [n_chunks, cc]."""
+    n, dim = corpus.shape
+    cc = max(1, min(corpus_chunk, n))
+    n_chunks = -(-n // cc)
+    padded = np.zeros((n_chunks * cc, dim), np.float32)
+    padded[:n] = corpus
+    valid = (np.arange(n_chunks * cc) < n).reshape(n_chunks, cc)
+    return jnp.asarray(padded.reshape(n_chunks, cc, dim)), jnp.asarray(valid)
+
+
+def _search(queries: np.ndarray, corpus: tuple[jax.Array, jax.Array], k: int,
+            exclude: np.ndarray | None, query_chunk: int) -> tuple[np.ndarray, np.ndarray]:
+    """`exact_search` over a `_device_corpus`: every query chunk is dispatched before any
+    result is read back, so the device works while the host prepares the next chunk."""
     nq, dim = queries.shape
     exclude = np.full(nq, -1, np.int32) if exclude is None else np.asarray(exclude, np.int32)
-    cc = max(1, min(corpus_chunk, len(corpus)))
-    n_chunks = -(-len(corpus) // cc)
-    padded = np.zeros((n_chunks * cc, dim), np.float32)
-    padded[:len(corpus)] = corpus
-    valid = (np.arange(n_chunks * cc) < len(corpus)).reshape(n_chunks, cc)
-    corpus_chunks = jnp.asarray(padded.reshape(n_chunks, cc, dim))
-    valid = jnp.asarray(valid)
     qc = max(1, min(query_chunk, nq))
-    scores, ids = np.empty((nq, k), np.float32), np.empty((nq, k), np.int32)
+    pending = []
     for start in range(0, nq, qc):
         q = np.zeros((qc, dim), np.float32)
         ex = np.full(qc, -1, np.int32)
         n = min(qc, nq - start)
         q[:n], ex[:n] = queries[start:start + n], exclude[start:start + n]
-        s, i = _search_chunk(jnp.asarray(q), corpus_chunks, valid, jnp.asarray(ex), k)
+        pending.append((start, n, _search_chunk(jnp.asarray(q), *corpus, jnp.asarray(ex), k)))
+    scores, ids = np.empty((nq, k), np.float32), np.empty((nq, k), np.int32)
+    for start, n, (s, i) in pending:
         scores[start:start + n], ids[start:start + n] = np.asarray(s)[:n], np.asarray(i)[:n]
     return scores, ids
 
@@ -206,16 +220,20 @@ def _drop_excluded(ids: np.ndarray, scores: np.ndarray, exclude: np.ndarray
 
 
 class ExactIndex:
-    """Exact search (`exact_search`) over a fixed corpus [n, dim]."""
+    """Exact search (`exact_search`) over a fixed corpus [n, dim], kept on the device
+    (placed once, on the first search) for every search after."""
 
     def __init__(self, corpus: np.ndarray, query_chunk: int = 256, corpus_chunk: int = 4096):
         self.corpus = np.asarray(corpus, np.float32)
         self.settings = {"query_chunk": int(query_chunk), "corpus_chunk": int(corpus_chunk)}
+        self._device = None
 
     def search(self, queries: np.ndarray, k: int, exclude: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
         """(scores [nq, k] float32, ids [nq, k] int32), best first; see `exact_search`."""
-        return exact_search(queries, self.corpus, k, exclude=exclude, **self.settings)
+        if self._device is None:
+            self._device = _device_corpus(self.corpus, self.settings["corpus_chunk"])
+        return _search(queries, self._device, k, exclude, self.settings["query_chunk"])
 
 
 class ScannIndex:
