@@ -465,3 +465,17 @@ def test_text_ids_match_exactly_the_texts_that_normalise_alike():
     ids = pipeline.text_ids(["How do I cook rice?", "how do i cook rice", "how do i cook pasta"])
     assert ids[0] == ids[1] != ids[2]
     assert (ids >= 0).all()
+
+
+def test_pretokenized_batches_equal_the_records_encoded_per_batch(train_src, tokenizer):
+    """The pairs are encoded once and a batch gathers rows; the arrays are those that
+    encoding the batch's records would give."""
+    inputs = _inputs(tokenizer, 7, 12)
+    once = pipeline.ReadPairs(train_src, inputs)
+    each = pipeline.ReadPairs(train_src, inputs, pretokenize=False)
+    assert once._table is not None and each._table is None
+    assert len(once._table["q_ids"]) == len(train_src)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        indices = rng.choice(len(train_src), 16, replace=False)
+        _assert_same([once.map(indices)], [each.map(indices)])

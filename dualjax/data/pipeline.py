@@ -1,7 +1,8 @@
 """grain input pipeline: shuffled, tokenized, batched training pairs.
 
-Each process reads its own slice of the source and yields its share of every global
-batch as numpy arrays; `sharding.put_global_batch` assembles the global batch on the
+The pairs are tokenized once, when the iterator is made (`ReadPairs`), so a batch is a
+gather of rows of token-id arrays. Each process yields its share of every global batch
+as numpy arrays; `sharding.put_global_batch` assembles the global batch on the
 mesh. The iterator's position is part of every checkpoint (`get_state`/`set_state`),
 so a resumed run sees exactly the batches an uninterrupted one would have.
 """
@@ -88,20 +89,39 @@ def pair_texts(source) -> Iterable[str]:
         yield r["document"].decode("utf-8")
 
 
+PRETOKENIZE_MAX_BYTES = 2 * 2 ** 30  # a source whose token ids fit in this is encoded once
+
+
 class ReadPairs(grain.transforms.Map):
     """A batch of record indices -> `encode_pairs` of those records, and with
     `num_hard_negatives` k each record's mined negatives: n_ids, n_mask [batch, k,
     document max_len] and n_doc_ids [batch, k].
 
-    Records are read with one bulk `__getitems__` per batch: array_record then fetches
-    them together, many times faster than one random read per record.
+    With `pretokenize` (and a source whose encoded arrays take at most
+    `PRETOKENIZE_MAX_BYTES`), every record is encoded once, here, in bulk chunks, and a
+    batch is a gather of rows of those arrays: no record read and no Python string
+    work per batch. Otherwise records are read with one bulk `__getitems__` per batch
+    (array_record then fetches them together) and encoded then. Both give the same
+    arrays (`_encode` does either).
     """
 
-    def __init__(self, source, inputs: Inputs, num_hard_negatives: int = 0):
+    def __init__(self, source, inputs: Inputs, num_hard_negatives: int = 0,
+                 pretokenize: bool = True):
         self._source, self._inputs, self._k = source, inputs, num_hard_negatives
+        row_bytes = 5 * (inputs.query.max_len + (1 + num_hard_negatives) * inputs.document.max_len)
+        self._table = None
+        if pretokenize and len(source) * row_bytes <= PRETOKENIZE_MAX_BYTES:
+            parts = [self._encode(read_records(source, range(start, min(start + 4096,
+                                                                        len(source)))))
+                     for start in range(0, len(source), 4096)]
+            self._table = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def map(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-        records = read_records(self._source, indices.tolist())
+        if self._table is not None:
+            return {k: v[indices] for k, v in self._table.items()}
+        return self._encode(read_records(self._source, indices.tolist()))
+
+    def _encode(self, records: Sequence[dict]) -> dict[str, np.ndarray]:
         out = encode_pairs(records, self._inputs)
         if self._k:
             negatives = [[t.decode("utf-8") for t in r.get("hard_negatives", ())[:self._k]]
@@ -167,9 +187,10 @@ def _iterate(ds: grain.MapDataset, worker_count: int, prefetch_batches: int
 
 def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
                    worker_count: int = 0, num_mixed_negatives: int = 0,
-                   num_hard_negatives: int = 0, prefetch_batches: int = 4
-                   ) -> grain.DatasetIterator:
-    """An endless iterator of this process's share of each global training batch.
+                   num_hard_negatives: int = 0, prefetch_batches: int = 4,
+                   pretokenize: bool = True) -> grain.DatasetIterator:
+    """An endless iterator of this process's share of each global training batch (its
+    pairs encoded once up front with `pretokenize`, see `ReadPairs`).
 
     Every epoch is reshuffled (seeded); the last incomplete batch of an epoch does not
     exist because the data repeats before batching. Every process shuffles and batches
@@ -189,7 +210,7 @@ def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
     ds = ds.batch(global_batch_size)
     if n_proc > 1:
         ds = ds.map(lambda rows: rows[i * local:(i + 1) * local])
-    ds = ds.map(ReadPairs(source, inputs, num_hard_negatives))
+    ds = ds.map(ReadPairs(source, inputs, num_hard_negatives, pretokenize))
     if num_mixed_negatives:
         u = num_mixed_negatives // n_proc
         ds = ds.random_map(MixedNegatives(source, inputs.document, num_mixed_negatives,
