@@ -18,7 +18,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.num_train_steps = 1200        # optimizer steps (0: evaluate the initialisation only)
     c.global_batch_size = 256       # pairs per step over all devices; each query sees all
                                     # other documents of the global batch as negatives
-    c.encode_chunks = 0             # dual encoder: the towers encode the global batch this many
+    c.train = ml_collections.ConfigDict()
+    c.train.encode_chunks = 0       # dual encoder: the towers encode the global batch this many
                                     # chunks at a time, recomputing each in the backward pass
                                     # (GradCache: one chunk's activations alive; 0, 1: off)
     c.checkpoint_every_steps = 400  # Orbax save cadence (a save also happens at the end)

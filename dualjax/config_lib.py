@@ -273,15 +273,15 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
         raise ConfigError("config.loss.log_q_buckets (logQ correction) does not combine with "
                           "loss.num_mixed_negatives: the uniform draws have another sampling "
                           "probability; set one of them to 0")
-    chunks = config.get("encode_chunks", 0)
+    chunks = config.get("train", {}).get("encode_chunks", 0)
     if type(chunks) is not int or chunks < 0 or chunks > 1 and any(
             n % (chunks * num_devices) for n in (config.global_batch_size, mixed)):
-        raise ConfigError(f"config.encode_chunks={chunks!r} must split config.global_batch_size "
+        raise ConfigError(f"config.train.encode_chunks={chunks!r} must split config.global_batch_size "
                           f"(and loss.num_mixed_negatives) into chunks of a multiple of the "
                           f"{num_devices} devices of the mesh (0, 1: off)")
     if chunks > 1 and (config.model.name == "pses" or any(
             d.name == tasks_lib.PRETRAIN and d.tasks.strip() == "mlm" for _, d, _ in task_list)):
-        raise ConfigError(f"config.encode_chunks={chunks} chunks the dual encoder's in-batch "
+        raise ConfigError(f"config.train.encode_chunks={chunks} chunks the dual encoder's in-batch "
                           "objective; model.name='pses' and data.tasks='mlm' do not use it")
     if config.global_batch_size % num_devices:
         raise ConfigError(f"config.global_batch_size={config.global_batch_size} must be divisible "

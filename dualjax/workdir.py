@@ -34,7 +34,7 @@ T = TypeVar("T")
 # Keys (or groups, ending in ".") that may change when a run resumes.
 RESUMABLE = ("num_train_steps", "checkpoint_every_steps", "keep_checkpoints",
              "eval_every_steps", "log_every_steps", "init_from", "mesh.", "eval.",
-             "loss.column_block", "encode_chunks",  # memory only: the same loss and gradients
+             "loss.column_block", "train.encode_chunks",  # memory only: the same loss and gradients
              "data.worker_count", "data.prefetch_batches", "data.tfds_dir")
 
 

@@ -12,7 +12,7 @@ configuration runs in a fresh subprocess, so its peak resident memory
     python scripts/bench_scale.py                                  # 8k to 128k
     python scripts/bench_scale.py --batches 8192,32768 --steps 2
 
-`--towers` measures cached tower gradients instead (`config.encode_chunks`, GradCache):
+`--towers` measures cached tower gradients instead (`config.train.encode_chunks`, GradCache):
 one full train step (`train.make_train_step`: the objective's loss and gradient, then
 AdamW) of a transformer dual encoder (`--layers` x `--width`, texts of `--max-len`
 tokens, in_batch_softmax) at global batch `--tower-batch`, for each chunk count K of

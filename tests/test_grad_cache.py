@@ -1,4 +1,4 @@
-"""Cached tower gradients (config.encode_chunks, GradCache): the towers encode the global
+"""Cached tower gradients (config.train.encode_chunks, GradCache): the towers encode the global
 batch K chunks at a time under jax.checkpoint, and the loss and every gradient equal the
 unchunked ones on 8 devices; dropout masks are replayed by the recomputation; one
 chunk's activations per device; config checks."""
@@ -183,27 +183,27 @@ def test_one_chunk_of_mlp_activations_per_device():
 def test_encode_chunks_config_checks_and_plumbing():
     cfg = load_config("tiny")  # global batch 32 on 8 devices
     for chunks in (0, 1, 2, 4):
-        cfg.encode_chunks = chunks
+        cfg.train.encode_chunks = chunks
         config_lib.validate(cfg, 8)
     for chunks in (3, 8, -1):  # 3 does not divide 32; 32 / 8 = 4 rows for 8 devices
-        cfg.encode_chunks = chunks
-        with pytest.raises(config_lib.ConfigError, match=r"config\.encode_chunks"):
+        cfg.train.encode_chunks = chunks
+        with pytest.raises(config_lib.ConfigError, match=r"config\.train\.encode_chunks"):
             config_lib.validate(cfg, 8)
-    cfg.encode_chunks, cfg.loss.num_mixed_negatives = 2, 8  # 8 mixed negatives: 4 a chunk
-    with pytest.raises(config_lib.ConfigError, match=r"config\.encode_chunks=2"):
+    cfg.train.encode_chunks, cfg.loss.num_mixed_negatives = 2, 8  # 8 mixed negatives: 4 a chunk
+    with pytest.raises(config_lib.ConfigError, match=r"config\.train\.encode_chunks=2"):
         config_lib.validate(cfg, 8)
     cfg.loss.num_mixed_negatives = 16
     config_lib.validate(cfg, 8)
     pses = load_config("pses")
-    pses.encode_chunks = 2
-    with pytest.raises(config_lib.ConfigError, match=r"config\.encode_chunks=2.*pses"):
+    pses.train.encode_chunks = 2
+    with pytest.raises(config_lib.ConfigError, match=r"config\.train\.encode_chunks=2.*pses"):
         config_lib.validate(pses, 8)
     # from_config hands the key to the objective: its loss maps checkpointed chunks.
     cfg = load_config("tiny")
     model = dual_encoder.make_model(cfg.model, VOCAB)
     batch, extras = make_batch(negatives=False)
     for chunks, chunked in ((0, False), (4, True)):
-        cfg.encode_chunks = chunks
+        cfg.train.encode_chunks = chunks
         objective = objectives.from_config(cfg, model, sharding.make_mesh())
         params = jax.eval_shape(objective.init, jax.random.key(0))
         jaxpr = str(jax.make_jaxpr(objective.loss)(params, batch, jax.random.key(1), extras))

@@ -41,4 +41,4 @@ def from_config(config, model, mesh: jax.sharding.Mesh) -> Objective:
     if config.model.name == "pses":
         return pses.objective(model, config.loss.pses, mesh, max(q_len, d_len), loss_fn, *hits)
     return dual_encoder.objective(model, loss_fn, max(q_len, d_len), *hits,
-                                  encode_chunks=config.get("encode_chunks", 0))
+                                  encode_chunks=config.get("train", {}).get("encode_chunks", 0))

@@ -3,7 +3,7 @@ global batch (with mixed and mined hard negatives, accidental-hit ids and logQ w
 batch and the step's extras carry them). Every run that pairs queries with documents
 without `model.name="pses"` uses it.
 
-With `encode_chunks` K > 1 (config.encode_chunks) the towers encode the batch K chunks
+With `encode_chunks` K > 1 (config.train.encode_chunks) the towers encode the batch K chunks
 at a time (`encode_in_chunks`), so that only one chunk's activations are alive, in the
 forward and in the backward pass, while the loss still sees the whole global batch's
 embeddings (cached tower gradients, GradCache: Gao et al. 2021)."""
