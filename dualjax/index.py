@@ -26,6 +26,7 @@ import math
 import os
 import shutil
 import time
+from typing import Callable
 
 from absl import logging
 import jax
@@ -236,6 +237,52 @@ class ExactIndex:
         return _search(queries, self._device, k, exclude, self.settings["query_chunk"])
 
 
+def _save_index(directory: str, label: str, write: Callable[[str], None], meta: dict) -> None:
+    """`write(folder)` then meta.json (last, so a partial save never loads) into a fresh
+    folder that replaces `directory`; refuses to replace a folder that is not a saved index."""
+    occupied = os.path.isfile(directory) or os.path.isdir(directory) and os.listdir(directory)
+    if occupied and not (os.path.isfile(os.path.join(directory, "scann_assets.pbtxt"))
+                         or os.path.isfile(os.path.join(directory, _META))):
+        raise ValueError(f"{directory} exists and is not a {label} index: not replacing it")
+    tmp = f"{directory.rstrip('/')}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    write(tmp)
+    with open(os.path.join(tmp, _META), "w") as f:
+        json.dump(meta, f, indent=1)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(tmp, directory)
+
+
+_WORDS = {"n": "corpus size", "scann": "scann version"}  # meta.json keys, as the log says them
+
+
+def _saved_meta(directory: str, label: str, expected: dict) -> dict | None:
+    """meta.json of the index saved in `directory` if each of its `expected` values (None:
+    unchecked) matches; else None, logging why."""
+    path = os.path.join(directory, _META)
+    if not os.path.isfile(path):
+        logging.warning("%s index: nothing saved at %s; building", label, directory)
+        return None
+    with open(path) as f:
+        meta = json.load(f)
+    for what, now in expected.items():
+        if now is not None and meta.get(what) != now:  # fingerprint: another model/corpus/settings
+            logging.warning("%s index at %s was saved for %s %.16s, not %.16s; rebuilding",
+                            label, directory, _WORDS.get(what, what), meta.get(what), now)
+            return None
+    return meta
+
+
+def _loaded(directory: str, label: str, searcher, size: int, meta: dict):
+    """`searcher` if it holds meta.json's n rows; else None, logging why."""
+    if size != meta["n"]:
+        logging.warning("%s index at %s holds %d rows, meta.json says %d; rebuilding",
+                        label, directory, size, meta["n"])
+        return None
+    return searcher
+
+
 class ScannIndex:
     """ScaNN (pybind, dot product) searcher with `ExactIndex.search`'s contract.
 
@@ -307,51 +354,30 @@ class ScannIndex:
 
     def save(self, directory: str, fingerprint: str) -> None:
         """Writes the searcher and meta.json (last, so a partial save never loads)."""
-        occupied = os.path.isfile(directory) or os.path.isdir(directory) and os.listdir(directory)
-        if occupied and not (os.path.isfile(os.path.join(directory, "scann_assets.pbtxt"))
-                             or os.path.isfile(os.path.join(directory, _META))):
-            raise ValueError(f"{directory} exists and is not a ScaNN index: not replacing it")
-        tmp = f"{directory.rstrip('/')}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        self.searcher.serialize(tmp, relative_path=True)  # movable: asset paths relative
         meta = {"fingerprint": fingerprint, "n": self.n, "dim": self.dim,
                 "settings": self.settings, "scann": importlib.metadata.version("scann")}
-        with open(os.path.join(tmp, _META), "w") as f:
-            json.dump(meta, f, indent=1)
-        shutil.rmtree(directory, ignore_errors=True)
-        os.replace(tmp, directory)
+        # movable: asset paths relative
+        _save_index(directory, "ScaNN", lambda tmp: self.searcher.serialize(
+            tmp, relative_path=True), meta)
 
     @classmethod
     def load(cls, directory: str, fingerprint: str, n: int | None = None,
              dim: int | None = None) -> "ScannIndex | None":
         """The searcher saved in `directory`, or None, logging why, when there is none or it
         was saved under another fingerprint, n or dim (None: unchecked) or scann version."""
-        path = os.path.join(directory, _META)
-        if not os.path.isfile(path):
-            logging.warning("ScaNN index: nothing saved at %s; building", directory)
+        meta = _saved_meta(directory, "ScaNN", {
+            "n": n, "dim": dim, "fingerprint": fingerprint,
+            "scann": importlib.metadata.version("scann")})
+        if meta is None:
             return None
-        with open(path) as f:
-            meta = json.load(f)
-        version = importlib.metadata.version("scann")
-        for what, saved, now in (("corpus size", meta["n"], n), ("dim", meta["dim"], dim),
-                                 ("fingerprint", meta["fingerprint"], fingerprint),
-                                 ("scann version", meta.get("scann"), version)):
-            if now is not None and saved != now:  # fingerprint: another model/corpus/settings
-                logging.warning("ScaNN index at %s was saved for %s %.16s, not %.16s; rebuilding",
-                                directory, what, saved, now)
-                return None
         from scann import scann_ops_pybind
         try:
             searcher = scann_ops_pybind.load_searcher(directory)
         except (RuntimeError, ValueError, OSError) as e:
             logging.warning("ScaNN index at %s could not be loaded (%s); rebuilding", directory, e)
             return None
-        if searcher.size() != meta["n"]:
-            logging.warning("ScaNN index at %s holds %d rows, meta.json says %d; rebuilding",
-                            directory, searcher.size(), meta["n"])
-            return None
-        return cls(searcher, meta["settings"], meta["n"], meta["dim"])
+        return _loaded(directory, "ScaNN", cls(searcher, meta["settings"], meta["n"], meta["dim"]),
+                       searcher.size(), meta)
 
 
 def default_hnsw_config() -> ml_collections.ConfigDict:
@@ -431,50 +457,28 @@ class HnswIndex:
     def save(self, directory: str, fingerprint: str) -> None:
         """Writes the index (faiss.write_index) and meta.json (last, so a partial save never
         loads). Replaces only an empty directory or a saved dualjax index."""
-        occupied = os.path.isfile(directory) or os.path.isdir(directory) and os.listdir(directory)
-        if occupied and not os.path.isfile(os.path.join(directory, _META)):
-            raise ValueError(f"{directory} exists and is not a saved index: not replacing it")
         faiss = _faiss()
-        tmp = f"{directory.rstrip('/')}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        faiss.write_index(self.index, os.path.join(tmp, self.FILE))
         meta = {"kind": "hnsw", "fingerprint": fingerprint, "n": self.n, "dim": self.dim,
                 "settings": self.settings, "faiss": faiss.__version__}
-        with open(os.path.join(tmp, _META), "w") as f:
-            json.dump(meta, f, indent=1)
-        shutil.rmtree(directory, ignore_errors=True)
-        os.replace(tmp, directory)
+        _save_index(directory, "HNSW", lambda tmp: faiss.write_index(
+            self.index, os.path.join(tmp, self.FILE)), meta)
 
     @classmethod
     def load(cls, directory: str, fingerprint: str, n: int | None = None,
              dim: int | None = None) -> "HnswIndex | None":
         """The index saved in `directory`, or None, logging why, when there is none or it was
         saved under another fingerprint, n or dim (None: unchecked)."""
-        path = os.path.join(directory, _META)
-        meta = None
-        if os.path.isfile(path):
-            with open(path) as f:
-                meta = json.load(f)
-        if meta is None or meta.get("kind") != "hnsw":
-            logging.warning("HNSW index: none saved at %s; building", directory)
+        meta = _saved_meta(directory, "HNSW", {"kind": "hnsw", "n": n, "dim": dim,
+                                               "fingerprint": fingerprint})
+        if meta is None:
             return None
-        for what, saved, now in (("corpus size", meta["n"], n), ("dim", meta["dim"], dim),
-                                 ("fingerprint", meta["fingerprint"], fingerprint)):
-            if now is not None and saved != now:
-                logging.warning("HNSW index at %s was saved for %s %.16s, not %.16s; rebuilding",
-                                directory, what, saved, now)
-                return None
         try:
             idx = _faiss().read_index(os.path.join(directory, cls.FILE))
         except (RuntimeError, OSError) as e:
             logging.warning("HNSW index at %s could not be loaded (%s); rebuilding", directory, e)
             return None
-        if idx.ntotal != meta["n"]:
-            logging.warning("HNSW index at %s holds %d rows, meta.json says %d; rebuilding",
-                            directory, idx.ntotal, meta["n"])
-            return None
-        return cls(idx, meta["settings"], meta["n"], meta["dim"])
+        return _loaded(directory, "HNSW", cls(idx, meta["settings"], meta["n"], meta["dim"]),
+                       idx.ntotal, meta)
 
 
 def make_index(kind: str, corpus: np.ndarray, eval_cfg: ml_collections.ConfigDict, k: int,
