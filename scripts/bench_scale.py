@@ -48,7 +48,6 @@ def child(batch: int, block: int, dim: int, steps: int) -> dict:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + f" --xla_force_host_platform_device_count={DEVICES}").strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import resource
 
     import jax
     import jax.numpy as jnp
@@ -70,20 +69,37 @@ def child(batch: int, block: int, dim: int, steps: int) -> dict:
     loss = losses.sharded("in_batch_softmax", mesh, column_block=block)
     scale, bias = jnp.float32(20.0), jnp.float32(0.0)
     step = jax.jit(jax.value_and_grad(lambda q, d: loss(q, d, scale, bias)[0], argnums=(0, 1)))
+    timed = time_compiled(step, (q, d), steps, carry=False)
+    return {"batch": batch, "block": block, "loss": float(timed.pop("out")[0]), **timed}
+
+
+def time_compiled(fn, args: tuple, steps: int, carry: bool) -> dict:
+    """Compiles jitted `fn` for `args`, runs it once to warm up and `steps` more times
+    (with `carry`, each run's first output replaces the first argument, as a train state),
+    and returns {"compile_s", "step_s" (median), "temp_mb" (XLA's temp buffers per
+    device), "base_gb", "peak_gb" (this process's resident memory before compiling and
+    at the end), "out" (the last outputs)}."""
+    import resource
+
+    import jax
+
     base_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
-    compiled = step.lower(q, d).compile()
+    compiled = fn.lower(*args).compile()
     compile_s = time.perf_counter() - start
-    times, value = [], None
+    analysis = compiled.memory_analysis()
+    times, out = [], None
     for _ in range(steps + 1):  # the first run warms up
         start = time.perf_counter()
-        value, grads = compiled(q, d)
-        jax.block_until_ready((value, grads))
+        out = compiled(*args)
+        jax.block_until_ready(out)
         times.append(time.perf_counter() - start)
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"batch": batch, "block": block, "loss": float(value), "compile_s": compile_s,
-            "step_s": statistics.median(times[1:]), "base_gb": base_kb / 2**20,
-            "peak_gb": peak_kb / 2**20}
+        if carry:
+            args = (out[0], *args[1:])
+    return {"compile_s": compile_s, "step_s": statistics.median(times[1:]),
+            "temp_mb": analysis.temp_size_in_bytes / 2**20 if analysis else float("nan"),
+            "base_gb": base_kb / 2**20,
+            "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "out": out}
 
 
 def towers_child(batch: int, chunks: int, layers: int, width: int, max_len: int,
@@ -93,7 +109,6 @@ def towers_child(batch: int, chunks: int, layers: int, width: int, max_len: int,
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + f" --xla_force_host_platform_device_count={DEVICES}").strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import resource
     import runpy
 
     import jax
@@ -130,22 +145,9 @@ def towers_child(batch: int, chunks: int, layers: int, width: int, max_len: int,
     data = sharding.put_global_batch(data, mesh)
     step = train.make_train_step(objective, tx, lambda s: 1e-3, replicated, batch_sharding,
                                  replicated)
-    base_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.perf_counter()
-    compiled = step.lower(state, data).compile()
-    compile_s = time.perf_counter() - start
-    analysis = compiled.memory_analysis()
-    temp_mb = analysis.temp_size_in_bytes / 2**20 if analysis is not None else float("nan")
-    times, metrics = [], None
-    for _ in range(steps + 1):  # the first run warms up
-        start = time.perf_counter()
-        state, metrics = compiled(state, data)
-        jax.block_until_ready((state, metrics))
-        times.append(time.perf_counter() - start)
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"batch": batch, "chunks": chunks, "block": block, "loss": float(metrics["loss"]),
-            "compile_s": compile_s, "step_s": statistics.median(times[1:]),
-            "temp_mb": temp_mb, "base_gb": base_kb / 2**20, "peak_gb": peak_kb / 2**20}
+    timed = time_compiled(step, (state, data), steps, carry=True)
+    return {"batch": batch, "chunks": chunks, "block": block,
+            "loss": float(timed.pop("out")[1]["loss"]), **timed}
 
 
 def towers_table(rows: list[dict], layers: int, width: int, max_len: int) -> str:
