@@ -94,6 +94,31 @@ def test_bow_is_the_mean_of_the_real_tokens_embeddings():
     np.testing.assert_allclose(tower.apply({"params": params}, ids, mask), expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_bag_sum_and_its_table_gradient_equal_the_sum_of_gathered_token_vectors(dtype):
+    """towers.bag_sum (a loop over positions, with its own backward pass) against the plain
+    gather-then-sum it replaces: the same sums, and the same gradient w.r.t. the table,
+    with repeated ids, pads and an empty text; in bfloat16 the rows are rounded before
+    the float32 sum, both ways."""
+    rng = np.random.default_rng(0)
+    table = jnp.asarray(rng.normal(size=(30, 8)), jnp.float32)
+    ids = jnp.asarray(rng.integers(0, 6, (5, 7)), jnp.int32)  # few ids: many repeats
+    mask = jnp.asarray(rng.random((5, 7)) < 0.6).at[2].set(False)
+    weights = jnp.asarray(rng.normal(size=(5, 8)), jnp.float32)
+
+    def reference(t):
+        x = jnp.where(mask[..., None], t[ids].astype(dtype), 0)
+        return x.sum(axis=1, dtype=jnp.float32)
+
+    bag = lambda t: towers.bag_sum(t, ids, mask, dtype)
+    np.testing.assert_array_equal(jax.jit(bag)(table), reference(table))
+    assert (np.asarray(bag(table))[2] == 0).all()  # the empty text
+    grad = lambda f: jax.jit(jax.grad(lambda t: (f(t) * weights).sum()))(table)
+    np.testing.assert_allclose(grad(bag), grad(reference), rtol=1e-6, atol=1e-6)
+    untouched = np.setdiff1d(np.arange(30), np.asarray(ids)[np.asarray(mask)])
+    assert (np.asarray(grad(bag))[untouched] == 0).all()
+
+
 def test_masked_max_ignores_pads_even_over_negative_values():
     x = -jnp.arange(1.0, 13.0).reshape(2, 3, 2)  # every value negative
     mask = jnp.array([[True, True, False], [False, False, False]])
@@ -159,15 +184,17 @@ def _eqns(jaxpr):
 def compute_dtypes(fn, *args):
     """What `fn(*args)` computes in: (dtypes of the operands of every matmul, i.e.
     dot_general / conv_general_dilated; dtypes of the operands of every reduce_sum;
-    whether a bfloat16 [batch, len, d] value, the token vectors, appears)."""
+    whether bfloat16 token vectors appear: a [batch, len, d] value, or the [batch, d]
+    vectors of one position that `towers.bag_sum` casts inside its loop)."""
     jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
     eqns = list(_eqns(jaxpr))
     ids = args[1]
     matmul = {v.aval.dtype for e in eqns if e.primitive.name in ("dot_general",
               "conv_general_dilated") for v in e.invars}
     sums = {v.aval.dtype for e in eqns if e.primitive.name == "reduce_sum" for v in e.invars}
-    tokens = any(v.aval.dtype == jnp.bfloat16 and v.aval.shape[:2] == ids.shape
-                 and len(v.aval.shape) == 3 for e in eqns for v in e.outvars)
+    tokens = any(v.aval.dtype == jnp.bfloat16 and v.aval.shape[:1] == ids.shape[:1]
+                 and len(v.aval.shape) in (2, 3) and v.aval.shape[-1] > 1
+                 for e in eqns for v in e.outvars)
     return matmul, sums, tokens
 
 
