@@ -18,6 +18,7 @@ from dualjax.data import builders, pretraining, reqa
 from dualjax.models import dual_encoder, pses, towers
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
+TABLE_UPDATES = ("dense", "lazy")  # optimizer.table_updates (dualjax/tables.py)
 DECAYS = ("linear", "constant")
 
 
@@ -215,6 +216,13 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
             sharding.PARAM_SHARDINGS)
     _one_of("optimizer.name", config.optimizer.name, OPTIMIZERS)
     _one_of("optimizer.decay", config.optimizer.decay, DECAYS)
+    table_updates = config.optimizer.get("table_updates", "dense")
+    _one_of("optimizer.table_updates", table_updates, TABLE_UPDATES)
+    if table_updates == "lazy" and (config.model.name == "pses" or any(
+            d.name == tasks_lib.PRETRAIN and "mlm" in d.tasks for _, d, _ in task_list)):
+        raise ConfigError("config.optimizer.table_updates='lazy' updates the token-table rows "
+                          "a batch looks up; model.name='pses' and data.tasks='mlm' also read "
+                          "the tables otherwise: use 'dense'")
     _one_of("eval.index", config.eval.index, index.INDEXES)
     if config.eval.get("hnsw") is not None:
         try:

@@ -23,7 +23,7 @@ from absl import logging
 from tqdm.auto import tqdm
 
 from dualjax import (checkpoints, config_lib, evaluate, features, frequency, objectives,
-                     sharding, tokenizers, warm_start)
+                     sharding, tables, tokenizers, warm_start)
 from dualjax import evaluators as evaluators_lib
 from dualjax import workdir as workdir_lib
 from dualjax import tasks as tasks_lib
@@ -135,8 +135,14 @@ def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
 
 # ----------------------------------------------------------------------------- step
 def make_train_step(objective: objectives.Objective, tx, schedule, state_sharding,
-                    batch_sharding, replicated, log_q_alpha: float = 0.01):
-    """The jitted update: state, global batch -> new state, flat dict of metrics."""
+                    batch_sharding, replicated, log_q_alpha: float = 0.01,
+                    table_updates: str = "dense"):
+    """The jitted update: state, global batch -> new state, flat dict of metrics.
+    table_updates="lazy": the token tables' gradient and update cover only the rows the
+    batch reads (`dualjax.tables`; the objective must name its tables)."""
+    if table_updates == "lazy" and objective.tables is None:
+        raise ValueError("optimizer.table_updates='lazy' needs an objective whose token "
+                         "tables are read only by lookups of the batch's ids")
 
     def step(state: State, batch: dict) -> tuple[State, dict]:
         rng = jax.random.fold_in(state["rng"], state["step"])
@@ -156,10 +162,17 @@ def make_train_step(objective: objectives.Objective, tx, schedule, state_shardin
                 objective.critic, state["critic"], state["params"], batch, critic_rng)
             extras["critic"] = new_state["critic"]["params"]
 
-        (loss, aux), grads = jax.value_and_grad(objective.loss, has_aux=True)(
-            state["params"], batch, rng, extras)
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
+        if table_updates == "lazy":
+            (loss, aux), grads, index = tables.value_and_grad(
+                objective.loss, state["params"], batch, rng, extras,
+                objective.tables(state["params"]))
+            params, opt_state = tables.update(tx, grads, state["opt_state"],
+                                              state["params"], index)
+        else:
+            (loss, aux), grads = jax.value_and_grad(objective.loss, has_aux=True)(
+                state["params"], batch, rng, extras)
+            updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+            params = optax.apply_updates(state["params"], updates)
         new_state.update(params=params, opt_state=opt_state)
         metrics = {"loss": loss, **aux, **critic_metrics, "grad_norm": optax.tree.norm(grads),
                    "param_norm": optax.tree.norm(params),
@@ -256,7 +269,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         models.logical_axes(model, config_lib.max_lens(config.model)))
     state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(config.seed)
     train_step = make_train_step(objective, tx, schedule, state_sharding,
-                                 sharding.batch_sharding(mesh), replicated, config.loss.log_q_alpha)
+                                 sharding.batch_sharding(mesh), replicated, config.loss.log_q_alpha,
+                                 config.optimizer.get("table_updates", "dense"))
 
     def data_state() -> dict:
         """The iterators' positions (one task: its own, as single-task checkpoints hold)."""

@@ -180,7 +180,8 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
         dual_encoder.logical_axes(model, args.seq_len))
     state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(0)
     step_fn = train.make_train_step(objective, tx, schedule, state_sharding,
-                                    sharding.batch_sharding(mesh), replicated)
+                                    sharding.batch_sharding(mesh), replicated,
+                                    table_updates=args.table_updates)
     num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
     device_bytes = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(state))
@@ -212,6 +213,7 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
 
     return {"kind": "train", "framework": "dualjax", "workload": args.workload,
             "devices": devices, "param_sharding": args.param_sharding[0],
+            "table_updates": args.table_updates,
             "state_mb_per_device": device_bytes / 2**20, "jax_devices": jax.device_count(),
             "jax_version": jax.__version__, "backend": jax.default_backend(),
             "num_params": int(num_params), "state_mb": state_bytes / 2**20,
@@ -405,6 +407,7 @@ def run_worker(args: argparse.Namespace, worker: str, devices: int,
            "--warmup", str(args.warmup), "--input-batches", str(args.input_batches),
            "--prefetch-batches", str(args.prefetch_batches), "--param-sharding",
            param_sharding, "--workload", workload, "--torch-threads", str(args.torch_threads),
+           "--table-updates", args.table_updates,
            "--out", out]
     what = f"workload {workload}, batch {batch}" if workload else f"{param_sharding} state"
     print(f"# running {worker} on {devices} device(s), {what} ...", file=sys.stderr, flush=True)
@@ -556,6 +559,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--param-sharding", default="replicated",
                    help="comma-separated train-state shardings (mesh.param_sharding), each "
                         "measured on every device count")
+    p.add_argument("--table-updates", default="dense", choices=("dense", "lazy"),
+                   help="dualjax's optimizer.table_updates (lazy: only the rows a batch reads)")
     p.add_argument("--json", help="write all results to this path")
     p.add_argument("--vs-torch", action="store_true",
                    help="instead of the device-count table: dualjax vs a PyTorch step of the "

@@ -147,6 +147,23 @@ class DualEncoder(nn.Module):
         return q, d, scale, bias
 
 
+# Which batch texts each tower's token table reads (prefixes of the "<prefix>_ids" fields:
+# queries, documents, mixed and hard negatives), by the params' top-level key.
+TABLE_READERS = {"tower": ("q", "d", "m", "n"), "embed": ("q", "d", "m", "n"),
+                 "query_tower": ("q",), "doc_tower": ("d", "m", "n")}
+
+
+def token_tables(params: dict) -> dict[tuple[str, ...], tuple[str, ...]]:
+    """{module path of a token table (towers.TokenTable): the batch fields that index it},
+    for `dualjax.tables` (the categorical feature tables are not token tables)."""
+    out = {}
+    for keypath, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
+        keys = tuple(k.key for k in keypath)
+        if keys[-1] == "embedding" and keys[0] in TABLE_READERS:
+            out[keys[:-1]] = TABLE_READERS[keys[0]]
+    return out
+
+
 def make_model(model_config: ml_collections.ConfigDict, vocab_size: int,
                feature_sizes: dict[str, tuple[tuple[int, int], ...]] | None = None,
                num_tasks: int = 1) -> DualEncoder:

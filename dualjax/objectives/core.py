@@ -39,11 +39,15 @@ class Critic:
 class Objective:
     """`init(rng) -> params`; `loss(params, batch, rng, extras) -> (loss, metrics)`;
     `trainable(params)`: a bool tree, False where the optimizer leaves a param as it is
-    (None: every param trains); `critic`: a second player, or None."""
+    (None: every param trains); `critic`: a second player, or None; `tables(params)`:
+    {token table's module path: the batch's id fields that index it} when every read of
+    those tables is a lookup of those ids, so that a step may update only the rows a batch
+    reads (`dualjax.tables`); None: it may not."""
     init: Callable[[jax.Array], Params]
     loss: LossFn
     trainable: Callable[[Params], Any] | None = None
     critic: Critic | None = None
+    tables: Callable[[Params], dict] | None = None
 
 
 def init_critic_state(critic: Critic, rng: jax.Array) -> dict:

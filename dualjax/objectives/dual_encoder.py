@@ -65,7 +65,8 @@ def objective(model: dual_encoder.DualEncoder, loss_fn, max_len: int,
         value, aux = loss_fn(q, d, scale, bias, {**extras, **more} or None)
         return value, {**aux, "scale": scale}
 
-    return Objective(lambda rng: dual_encoder.init_params(model, rng, max_len), loss)
+    return Objective(lambda rng: dual_encoder.init_params(model, rng, max_len), loss,
+                     tables=dual_encoder.token_tables)
 
 
 def encode_in_chunks(model: dual_encoder.DualEncoder, params: dict, batch: dict,

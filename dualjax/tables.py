@@ -1,0 +1,158 @@
+"""Row-wise ("lazy") updates of the token tables: `optimizer.table_updates="lazy"`.
+
+A dense step differentiates and updates every row of every token table, whatever the
+batch read. With lazy updates a step instead:
+
+1. finds, per token table, the distinct ids its batch reads (`touched`: the fields the
+   objective names for that table, pads included), as a sorted list padded to a static
+   length with an id past the table's end;
+2. gathers those rows, and runs the loss with every read of the table
+   (`towers.TokenTable.source`) answered from them (`reading`), so the table's gradient
+   is [rows, dim], one row per distinct id;
+3. runs the optimizer (any elementwise optax transformation: sgd, adam, adamw, with
+   global-norm clipping) on the tree where each table and each of its optimizer slots
+   (Adam's moments, the momentum) are those rows, then writes the rows back (`update`).
+
+Rows a batch does not read keep their values and their slots. That is TensorFlow's
+LazyAdam, not Adam: with Adam an untouched row still moves (its first moment is not
+zero) and its moments decay every step; AdamW's decay also reaches only touched rows.
+The step count, the learning-rate schedule and the bias correction stay global. The
+gradient-norm clipping is exact: the rows are distinct and the padding rows are zero.
+The optimizer state has the dense run's layout, so a checkpoint resumes either way.
+
+Gathers and scatters run `CHUNK` rows at a time: XLA on CPU moves one [32k, 256] gather
+several times slower than 32 gathers of [1k, 256].
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from dualjax.models.towers import TokenTable
+
+CHUNK = 1024  # rows per gather / scatter
+Path = tuple[str, ...]  # a TokenTable's module path in the params tree
+
+
+def touched(params: dict, batch: Mapping[str, jax.Array], tables: Mapping[Path, tuple[str, ...]]
+            ) -> dict[Path, tuple[jax.Array, jax.Array]]:
+    """{table path: (ids [U] int32, position [rows] int32)}: the distinct ids the batch
+    reads from each table (`tables`: path -> prefixes of the batch's "<prefix>_ids" fields
+    that index it), ascending, then `rows` (past the end) up to U, a multiple of CHUNK
+    at least min(ids read, rows); position[i]: where id i is in that list."""
+    out = {}
+    for path, prefixes in tables.items():
+        rows = _get(params, path)["embedding"].shape[0]
+        ids = jnp.concatenate([batch[f"{p}_ids"].reshape(-1) for p in prefixes
+                               if f"{p}_ids" in batch])
+        present = jnp.zeros((rows,), bool).at[ids].set(True)
+        size = -(-min(ids.shape[0], rows) // CHUNK) * CHUNK
+        (unique,) = jnp.nonzero(present, size=size, fill_value=rows)
+        out[path] = (unique.astype(jnp.int32), jnp.cumsum(present, dtype=jnp.int32) - 1)
+    return out
+
+
+def gather(x: jax.Array, ids: jax.Array) -> jax.Array:
+    """x[ids] ([U, ...]), zeros where an id is past x's end, CHUNK rows at a time."""
+    chunks = ids.reshape(-1, CHUNK)
+    rows = jax.lax.map(lambda i: x.at[i].get(mode="fill", fill_value=0), chunks)
+    return rows.reshape(ids.shape[0], *x.shape[1:])
+
+
+def scatter(x: jax.Array, ids: jax.Array, rows: jax.Array) -> jax.Array:
+    """x with x[ids] = rows (ids distinct; those past x's end dropped), CHUNK at a time."""
+    ids, rows = ids.reshape(-1, CHUNK), rows.reshape(-1, CHUNK, *rows.shape[1:])
+
+    def put(c, x):
+        return x.at[ids[c]].set(rows[c], mode="drop", unique_indices=True)
+    return jax.lax.fori_loop(0, ids.shape[0], put, x)
+
+
+@contextlib.contextmanager
+def reading(rows: Mapping[Path, jax.Array], index: Mapping[Path, tuple[jax.Array, jax.Array]]):
+    """Within: every TokenTable in `rows` reads its gathered rows (ids mapped to their
+    positions) instead of its table."""
+
+    def intercept(next_fun, args, kwargs, context):
+        path = tuple(context.module.path)
+        if (context.method_name == "source" and isinstance(context.module, TokenTable)
+                and path in rows):
+            (ids,) = args
+            return rows[path], index[path][1][ids]
+        return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(intercept):
+        yield
+
+
+def value_and_grad(loss: Callable, params: dict, batch: dict, rng: jax.Array, extras: dict,
+                   tables: Mapping[Path, tuple[str, ...]]):
+    """((loss, aux), row grads, index): the loss and the gradient w.r.t. the params, with
+    each table's gradient [U, dim] over its touched rows (the table leaves of the params
+    tree replaced by them), and `touched`'s index."""
+    index = touched(params, batch, tables)
+    rows = {p: gather(_get(params, p)["embedding"], ids) for p, (ids, _) in index.items()}
+
+    def with_rows(params, rows):
+        with reading(rows, index):
+            return loss(params, batch, rng, extras)
+
+    (value, aux), (grads, row_grads) = jax.value_and_grad(with_rows, argnums=(0, 1),
+                                                          has_aux=True)(params, rows)
+    for path, g in row_grads.items():  # the tables' own gradients are zero: never read
+        grads = _set(grads, path + ("embedding",), g)
+    return (value, aux), grads, index
+
+
+def update(tx: optax.GradientTransformation, grads: dict, opt_state: Any, params: dict,
+           index: Mapping[Path, tuple[jax.Array, jax.Array]]) -> tuple[dict, Any]:
+    """(new params, new optimizer state): `tx` on the touched rows of each table and its
+    slots (`grads` from `value_and_grad`), and on every other param as usual."""
+    slot = _slots(opt_state, params, index)
+    row_params = params
+    for path, (ids, _) in index.items():
+        row_params = _set(row_params, path + ("embedding",),
+                          gather(_get(params, path)["embedding"], ids))
+    row_state = jax.tree_util.tree_map_with_path(
+        lambda kp, x: gather(x, index[slot[kp]][0]) if kp in slot else x, opt_state)
+    updates, row_state = tx.update(grads, row_state, row_params)
+    row_params = optax.apply_updates(row_params, updates)
+    new_params = row_params
+    for path, (ids, _) in index.items():
+        new_params = _set(new_params, path + ("embedding",),
+                          scatter(_get(params, path)["embedding"], ids,
+                                  _get(row_params, path)["embedding"]))
+    old = dict(jax.tree_util.tree_flatten_with_path(opt_state)[0])
+    new_state = jax.tree_util.tree_map_with_path(
+        lambda kp, x: scatter(old[kp], index[slot[kp]][0], x) if kp in slot else x, row_state)
+    return new_params, new_state
+
+
+def _slots(opt_state: Any, params: dict, index: Mapping[Path, Any]) -> dict:
+    """{key path of an optimizer-state leaf: table path} for the leaves that are a
+    table's slot: their key path ends with the table's param path, and their shape is
+    the table's."""
+    slots = {}
+    for kp, x in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
+        keys = tuple(getattr(k, "key", None) for k in kp)
+        for path in index:
+            full = path + ("embedding",)
+            if keys[-len(full):] == full and x.shape == _get(params, full).shape:
+                slots[kp] = path
+    return slots
+
+
+def _get(tree: dict, path: Path) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _set(tree: dict, path: Path, value: Any) -> dict:
+    return value if not path else {**tree, path[0]: _set(tree[path[0]], path[1:], value)}
