@@ -23,19 +23,24 @@ def batch(seed):
     return sharding.put_global_batch(out, sharding.make_mesh())
 
 
-def run(table_updates, batches):
-    """The train states after each batch, from the same init (two bow_mlp towers, Adam
-    with global-norm clipping that binds), on every device of the mesh."""
+def run(table_updates, batches, shared_towers=False, shared_embedding=False, chunks=0,
+        param_sharding="replicated"):
+    """The train states after each batch, from the same init (bow_mlp towers, two unless
+    `shared_towers`, Adam with global-norm clipping that binds), on every device of the
+    mesh."""
     cfg = load_config("tiny")
     m = cfg.model
-    m.tower, m.shared_towers, m.embed_dim, m.hidden_dim, m.output_dim = "bow_mlp", False, 8, 8, 8
+    m.tower, m.embed_dim, m.hidden_dim, m.output_dim = "bow_mlp", 8, 8, 8
+    m.shared_towers, m.shared_embedding = shared_towers, shared_embedding
     cfg.optimizer.update(name="adam", warmup_steps=0, decay="constant", grad_clip_norm=0.5)
     mesh = sharding.make_mesh()
     model = dual_encoder.make_model(m, VOCAB)
-    objective = de_objective.objective(model, losses.sharded("in_batch_softmax", mesh), L)
+    objective = de_objective.objective(model, losses.sharded("in_batch_softmax", mesh), L,
+                                       encode_chunks=chunks)
     tx, schedule = train.make_optimizer(cfg.optimizer, 100)
     init = train.make_init_state(objective, tx)
-    shardings = sharding.state_shardings(jax.eval_shape(init, 0), mesh, "replicated")
+    shardings = sharding.state_shardings(jax.eval_shape(init, 0), mesh, param_sharding,
+                                         dual_encoder.logical_axes(model, L))
     state = jax.jit(init, static_argnums=0, out_shardings=shardings)(0)
     step = train.make_train_step(objective, tx, schedule, shardings, sharding.batch_sharding(mesh),
                                  sharding.replicated(mesh), table_updates=table_updates)
@@ -82,6 +87,21 @@ def test_lazy_adam_moves_only_the_rows_a_batch_reads_and_is_adam_on_them():
         moved += int((d2[unread] != x1[unread]).any())
     assert len(slot_paths) == 4 and len(table_params) == 2
     assert moved == 6  # dense Adam moves both tables' unread rows and both their moments
+
+
+@pytest.mark.parametrize("options", [
+    {"shared_towers": True}, {"shared_embedding": True}, {"chunks": 2},
+    {"param_sharding": "fsdp"}])
+def test_lazy_first_step_equals_adam_with_shared_tables_cached_towers_and_fsdp(options):
+    """Adam's first step from zero moments leaves every unread row where it is, so the
+    lazy step must equal it exactly: with one table for both sides (read by queries and
+    documents), towers encoded in chunks (the rows read inside jax.checkpoint and
+    lax.map), and tables sharded over the devices."""
+    b = batch(1)
+    _, (dense,) = run("dense", [b], **options)
+    _, (lazy,) = run("lazy", [b], **options)
+    for x, y in zip(jax.tree.leaves(lazy), jax.tree.leaves(dense), strict=True):
+        np.testing.assert_allclose(x, y, rtol=2e-5, atol=1e-7)
 
 
 def test_table_updates_key_is_checked():
