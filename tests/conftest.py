@@ -26,3 +26,15 @@ CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 def load_config(name: str) -> ml_collections.ConfigDict:
     """`configs/<name>.py`'s get_config(), loaded by path as main.py does."""
     return runpy.run_path(str(CONFIGS / f"{name}.py"))["get_config"]()
+
+
+# The longest tests (30 s and more on 2 cores), started first: pytest-xdist hands tests
+# out in collection order, and one of these started last leaves the other worker idle.
+SLOW_FIRST = ("test_multiprocess.py", "test_mlm.py::test_mlm_pretraining_then_fine_tuning",
+              "test_grad_cache.py::test_cached_loss_and_every_gradient_equal_uncached")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = lambda item: next((i for i, key in enumerate(SLOW_FIRST) if key in item.nodeid),
+                             len(SLOW_FIRST))
+    items.sort(key=rank)  # stable: the rest keep their order

@@ -90,12 +90,12 @@ def test_lazy_adam_moves_only_the_rows_a_batch_reads_and_is_adam_on_them():
 
 
 @pytest.mark.parametrize("options", [
-    {"shared_towers": True}, {"shared_embedding": True}, {"chunks": 2},
+    {"shared_towers": True}, {"chunks": 2},
     {"param_sharding": "fsdp"}])
 def test_lazy_first_step_equals_adam_with_shared_tables_cached_towers_and_fsdp(options):
     """Adam's first step from zero moments leaves every unread row where it is, so the
-    lazy step must equal it exactly: with one table for both sides (read by queries and
-    documents), towers encoded in chunks (the rows read inside jax.checkpoint and
+    lazy step must equal it exactly: with one tower for both sides (its table read by
+    queries and documents), towers encoded in chunks (the rows read inside jax.checkpoint and
     lax.map), and tables sharded over the devices."""
     b = batch(1)
     _, (dense,) = run("dense", [b], **options)
