@@ -113,12 +113,3 @@ def test_table_updates_key_is_checked():
     cfg.model.name = "pses"
     with pytest.raises(config_lib.ConfigError, match="table_updates='lazy'"):
         config_lib.validate(cfg, 1)
-
-
-def test_a_run_with_lazy_updates_trains_and_evaluates(tmp_path):
-    cfg = load_config("tiny")
-    cfg.optimizer.table_updates = "lazy"
-    cfg.eval.baselines = ""
-    result = train.train_and_evaluate(cfg, str(tmp_path))
-    # 20 steps of the tiny run: dense updates reach 0.2016 from the untrained 0.1634.
-    assert result["dual_encoder [exact]"]["map@100"] > result["untrained [exact]"]["map@100"] + 0.02

@@ -1,5 +1,6 @@
 """Training end to end: a tiny run, kill-and-resume equality, bad values and bad input."""
 
+import inspect
 import json
 import os
 import signal
@@ -230,10 +231,12 @@ def test_pairs_file_run_and_bad_line(tmp_path):
     assert train.train_and_evaluate(cfg, str(tmp_path / "skip_run"))["dual_encoder [exact]"]
 
 
-def test_categorical_fields_and_side_lengths_train_evaluate_and_search(tmp_path):
+def test_categorical_fields_and_side_lengths_train_evaluate_and_search(tmp_path, monkeypatch):
     """A pairs JSONL whose documents carry a category (some missing): the field's
     vocabulary is saved, training and evaluation read it, and search reloads it; queries
-    and documents are cut at their own lengths."""
+    and documents are cut at their own lengths. Trained with lazy table updates
+    (optimizer.table_updates): the shared token table by the rows a batch reads, the
+    category table (not a token table) as every other param."""
     lines = [{"query": f"how do i fix my {obj} {i} ?", "document": f"how can i repair my {obj} {i} ?",
               **({"document_fields": {"category": obj}} if i % 5 else {})}
              for i in range(40) for obj in ("bike", "car", "phone")]
@@ -243,8 +246,18 @@ def test_categorical_fields_and_side_lengths_train_evaluate_and_search(tmp_path)
     cfg = tiny(**{"data.name": "pairs", "data.path": str(path), "data.test_fraction": 0.2,
                   "model.tower": "bow_mlp", "model.shared_towers": False,
                   "model.shared_embedding": True, "model.doc_features": "category:8",
-                  "model.query_max_len": 6, "model.doc_max_len": 12})
+                  "model.query_max_len": 6, "model.doc_max_len": 12,
+                  "optimizer.table_updates": "lazy"})
+    step_options, make_step = [], train.make_train_step
+
+    def spy(*args, **kwargs):
+        bound = inspect.signature(make_step).bind(*args, **kwargs)
+        step_options.append(bound.arguments.get("table_updates"))
+        return make_step(*args, **kwargs)
+
+    monkeypatch.setattr(train, "make_train_step", spy)
     results = train.train_and_evaluate(cfg, workdir)
+    assert step_options == ["lazy"]
     assert results["dual_encoder [exact]"]["num_queries"] > 10
     from dualjax import features, search
     _, doc_side = features.load(os.path.join(workdir, "features.json"))
