@@ -142,7 +142,7 @@ def table3(args) -> dict:
     pretrained = {}
     for tower in towers:
         models.append((f"{tower}, no pre-training", tower, ""))
-        for tasks in (("mlm", "ict", "ict,bfs,wlp") if tower.startswith("transformer")
+        for tasks in (args.transformer_tasks.split(";") if tower.startswith("transformer")
                       else ("ict,bfs,wlp",)):
             p = pretrained[(tower, tasks)] = pretrain(args, tower, tasks)
             models.append((f"{tower}, {tasks.upper().replace(',', '+')}", tower, p["workdir"]))
@@ -246,6 +246,8 @@ def main() -> None:
     p.add_argument("--finetune_steps", type=int, default=500)
     p.add_argument("--towers", default="bow_mlp,transformer",
                    help=f"table3: towers to run, of {', '.join(TOWERS)}.")
+    p.add_argument("--transformer_tasks", default="mlm;ict;ict,bfs,wlp",
+                   help="table3: a Transformer's pre-training rows, separated by ';'.")
     p.add_argument("--fractions", default=",".join(map(str, FRACTIONS)),
                    help="table3: the train fractions to fine-tune at.")
     p.add_argument("--tfds_dir", default="", help="Shared data cache (default OUT/tfds).")
