@@ -34,6 +34,7 @@ Suites:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -117,7 +118,12 @@ SUITES = {"losses": (losses_suite, 400, 1), "batch": (batch_suite, 150, 8),
 
 
 def slug(label: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in label).strip("_")[:60]
+    """A folder name for `label`; a long one is cut and ends in a hash of the whole, so
+    labels that differ only at their end (a train fraction) keep their own folders."""
+    s = "".join(c if c.isalnum() else "_" for c in label).strip("_")
+    if len(s) <= 60:
+        return s
+    return s[:51] + "_" + hashlib.sha1(label.encode()).hexdigest()[:8]
 
 
 def read_rows(workdir: str) -> list[dict]:
