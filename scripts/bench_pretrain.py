@@ -90,6 +90,8 @@ def pretrain(args, tower: str, tasks: str, path: str = WIKISPEEDIA, extra: dict 
     flags = {"data.path": os.path.abspath(path), "data.tasks": tasks,
              "checkpoint_every_steps": args.pretrain_steps,
              "log_every_steps": max(1, args.pretrain_steps // 20), **TOWERS[tower],
+             # configs/pretrain.py warms up for 200 steps; a shorter run, for half of it
+             "optimizer.warmup_steps": min(200, args.pretrain_steps // 2),
              **(extra or {}), **({"init_from": init_from} if init_from else {})}
     workdir, wall = run(args, name, "configs/pretrain.py", flags, args.pretrain_steps, False)
     rows = [r for r in read_rows(workdir) if r["split"] == "train"]
