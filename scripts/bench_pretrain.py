@@ -2,7 +2,7 @@
 
     python scripts/bench_pretrain.py --out=runs/bench_pretrain [--suite=table3]
         [--pretrain_steps=1000] [--finetune_steps=500] [--towers=bow_mlp,transformer]
-        [--fractions=0.01,0.05,0.8]
+        [--fractions=0.01,0.05,0.8] [--transformer_tasks="mlm;ict;ict,bfs,wlp"]
         [--json=out.json]
 
 Every run is one `python -m dualjax.main` call with its own workdir under --out (a
