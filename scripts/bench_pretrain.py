@@ -96,7 +96,8 @@ def pretrain(args, tower: str, tasks: str, path: str = WIKISPEEDIA, extra: dict 
     workdir, wall = run(args, name, "configs/pretrain.py", flags, args.pretrain_steps, False)
     rows = [r for r in read_rows(workdir) if r["split"] == "train"]
     return {"workdir": workdir, "wall_seconds": wall, "steps": args.pretrain_steps,
-            "final_loss": rows[-1]["loss"], "final_in_batch_p@1": rows[-1]["in_batch_p@1"],
+            "final_loss": rows[-1]["loss"],  # MLM logs its accuracy instead of in-batch p@1
+            "final_in_batch_p@1": rows[-1].get("in_batch_p@1", rows[-1].get("mlm_accuracy")),
             "pairs_per_second": sorted(r["pairs_per_second"] for r in rows[1:])[len(rows[1:]) // 2]
             if len(rows) > 1 else None}
 
