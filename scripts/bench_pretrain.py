@@ -161,12 +161,11 @@ def table3(args) -> dict:
             rows = zero_shot(args, tower, p["workdir"], target, tasks)
             results["zero_shot"][f"{tower}, {tasks} -> {target}"] = {
                 "dual_encoder": rows["dual_encoder"], "bm25": rows["bm25"]}
-    fractions = args.fractions
-    lines = ["| model | " + " | ".join(f"{f:g}: R@1 / 5 / 10 / 50 / 100" for f in fractions)
-             + " |", "|---|" + "---|" * len(fractions),
-             "| BM25 | " + " | ".join(recall_cells(results["bm25"][f]) for f in fractions) + " |"]
+    lines = ["| model | " + " | ".join(f"{f:g}: R@1 / 5 / 10 / 50 / 100" for f in args.fractions)
+             + " |", "|---|" + "---|" * len(args.fractions),
+             "| BM25 | " + " | ".join(recall_cells(results["bm25"][f]) for f in args.fractions) + " |"]
     for label, per in results["models"].items():
-        lines.append(f"| {label} | " + " | ".join(recall_cells(per[f]) for f in fractions) + " |")
+        lines.append(f"| {label} | " + " | ".join(recall_cells(per[f]) for f in args.fractions) + " |")
     results["table"] = "\n".join(lines)
     results["zero_shot_table"] = zero_shot_table(results["zero_shot"])
     return results
