@@ -92,17 +92,29 @@ def get_config() -> ml_collections.ConfigDict:
                                     # embedding spaces, Li & Jia 2018: model.pses, loss.pses)
     c.model.tokenizer = "word"      # "word" (unigrams) | "char_trigram" | "word+char_trigram" |
                                     # "bigram" (unigrams + word bigrams) | "sentencepiece"
-                                    # (trained on the training texts); all + hashed OOV buckets
+                                    # (trained on the training texts); all + hashed OOV buckets;
+                                    # "hf": model.tokenizer_path's or model.pretrained's
     c.model.vocab_size = 20000      # most frequent training words (bigram: unigrams + bigrams;
                                     # sentencepiece: pieces) kept in the vocabulary
     c.model.trigram_vocab_size = 40000  # char_trigram, word+char_trigram: trigrams kept
     c.model.num_oov_buckets = 1000  # hashed buckets for every other word
+    c.model.tokenizer_path = ""     # tokenizer="hf": a Hugging Face tokenizer.json (or a folder
+                                    # holding one); "" with model.pretrained: the start's own
+    c.model.pretrained = ""         # start the towers from pretrained weights: a fetched name
+                                    # ("all-MiniLM-L6-v2", "wordllama:l2_supercat_256",
+                                    # "potion-base-8M": python -m dualjax.pretrained fetch NAME)
+                                    # or a folder (Hugging Face BERT, model2vec). A BERT needs
+                                    # tower="bert"; a static table tower="bow" or "bow_mlp"
+                                    # with embed_dim its width; both tokenizer="hf"
+    c.model.pretrained_pooling = ""  # a BERT folder without sentence-transformers' Pooling
+                                    # module: "cls" or "mean" ("": cls); with one: its own
     c.model.max_len = 32            # tokens per text (longer texts are truncated)
     c.model.query_max_len = 0       # tokens per query (0: max_len); Chang et al.: 64
     c.model.doc_max_len = 0         # tokens per document (0: max_len); Chang et al.: 288
     c.model.tower = "bow_mlp"       # "bow" (mean of embeddings) | "bow_mlp" (+ 2-layer tanh MLP)
                                     # | "cnn" (convolutions + max pooling, Bonadiman et al.
                                     # 2019) | "transformer" (pre-LN encoder, Chang et al. 2020)
+                                    # | "bert" (model.pretrained's BERT encoder, its sizes)
     c.model.query_tower = ""        # the query side's tower instead of model.tower ("": same);
                                     # needs shared_towers=False
     c.model.doc_tower = ""          # the document side's tower instead of model.tower ("": same);

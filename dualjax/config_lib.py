@@ -78,7 +78,7 @@ def _check_towers(model: ml_collections.ConfigDict) -> None:
     table only with two towers, and the cnn / transformer settings of the towers in use."""
     for key in ("tower", "query_tower", "doc_tower"):
         if key == "tower" or model[key]:
-            _one_of(f"model.{key}", model[key], towers.TOWERS)
+            _one_of(f"model.{key}", model[key], dual_encoder.TOWER_KINDS)
     _one_of("model.dtype", model.get("dtype", "float32"), towers.DTYPES)
     for key in ("query_tower", "doc_tower", "shared_embedding"):
         if model[key] and model.shared_towers:
@@ -108,6 +108,55 @@ def _check_towers(model: ml_collections.ConfigDict) -> None:
                           f"on both sides: {used[0]} has {towers.embedding_dim(model, used[0])}, "
                           f"{used[1]} {towers.embedding_dim(model, used[1])} (model.embed_dim; "
                           "model.transformer.width for a transformer)")
+
+
+def _check_pretrained(config: ml_collections.ConfigDict) -> None:
+    """model.pretrained / tokenizer="hf" / tower="bert": the start exists (fetched, its
+    digests right) and the towers and tokenizer are the ones it fits."""
+    from dualjax import pretrained  # reads the folder; needs safetensors for a table
+    m = config.model
+    name, tok = m.get("pretrained", ""), m.tokenizer
+    used = dual_encoder.tower_names(m)
+    if not name:
+        if "bert" in used and not config.init_from:
+            raise ConfigError("config.model.tower='bert' takes its sizes and weights from "
+                              "model.pretrained (e.g. all-MiniLM-L6-v2 or a Hugging Face BERT "
+                              "folder)")
+        if tok == "hf" and not m.get("tokenizer_path", "") and not config.init_from:
+            raise ConfigError("config.model.tokenizer='hf' reads model.tokenizer_path (a "
+                              "tokenizer.json) or model.pretrained's tokenizer: set one")
+        return
+    try:
+        start = pretrained.resolve(name, m.get("pretrained_pooling", ""))
+    except (pretrained.PretrainedError, ImportError) as e:
+        raise ConfigError(f"config.{e}" if str(e).startswith("model.") else str(e)) from None
+    if tok != "hf" or m.get("tokenizer_path", ""):
+        raise ConfigError(f"config.model.pretrained={name!r} reads its own tokenizer: set "
+                          "--config.model.tokenizer=hf and leave model.tokenizer_path empty")
+    if m.name != "dual_encoder":
+        raise ConfigError(f"config.model.pretrained: model.name={m.name!r}; pretrained starts "
+                          "are for model.name='dual_encoder'")
+    if start.kind == "bert":
+        if set(used) != {"bert"}:
+            raise ConfigError(f"config.model.pretrained={name!r} is a BERT encoder: set "
+                              "--config.model.tower=bert (both sides)")
+        if m.shared_embedding:
+            raise ConfigError("config.model.shared_embedding: two bert towers start from one "
+                              "table already; set it to False")
+        for key, length in zip(("query_max_len", "doc_max_len"), max_lens(m)):
+            if length > start.bert.max_positions:
+                key = key if m.get(key, 0) else "max_len"
+                raise ConfigError(f"config.model.{key}={length} is longer than {name}'s "
+                                  f"{start.bert.max_positions} positions")
+    else:
+        bad = [t for t in used if t not in ("bow", "bow_mlp", "cnn")]
+        if bad:
+            raise ConfigError(f"config.model.pretrained={name!r} is a static token table: "
+                              f"set --config.model.tower=bow (or bow_mlp, cnn), not {bad[0]!r}")
+        if m.embed_dim != start.dim:
+            raise ConfigError(f"config.model.embed_dim={m.embed_dim}, but {name}'s token "
+                              f"table is {start.dim} wide: set --config.model.embed_dim="
+                              f"{start.dim}")
 
 
 def _check_pses(config: ml_collections.ConfigDict, pretraining: bool) -> None:
@@ -161,9 +210,9 @@ def _check_features(model: ml_collections.ConfigDict) -> None:
     specs = feature_specs(model)
     for key, spec, tower in zip(("query_features", "doc_features"), specs,
                                 dual_encoder.tower_names(model)):
-        if spec and tower == "bow":
-            raise ConfigError(f"config.model.{key}={model[key]!r}: the bow tower has no layer "
-                              "above the mean of its word vectors to feed categorical features "
+        if spec and tower in ("bow", "bert"):
+            raise ConfigError(f"config.model.{key}={model[key]!r}: the {tower} tower has no "
+                              "layer above its pooled vector to feed categorical features "
                               "to; use model.tower (or query_tower / doc_tower) bow_mlp, cnn or "
                               "transformer")
     if model.shared_towers and specs[0] != specs[1]:
@@ -180,9 +229,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
         _check_data(data, f"tasks.{name}.data" if name else "data")
         if not weight > 0:
             raise ConfigError(f"config.tasks.{name}.weight={weight} must be > 0")
-    _one_of("model.tokenizer", config.model.tokenizer, tokenizers.TOKENIZERS)
+    _one_of("model.tokenizer", config.model.tokenizer, tokenizers.KINDS)
     _one_of("model.name", config.model.name, models.MODELS)
     _check_towers(config.model)
+    _check_pretrained(config)
     _check_features(config.model)
     _one_of("model.similarity", config.model.similarity, dual_encoder.SIMILARITIES)
     low, high = (math.exp(x) for x in dual_encoder.LOG_TEMPERATURE_RANGE)

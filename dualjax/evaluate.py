@@ -25,35 +25,56 @@ from dualjax.features import Fields, Inputs, Side
 EncodeFn = Callable[[dict[str, jax.Array]], jax.Array]
 
 
+MIN_BUCKET = 32  # shortest padded length `encode_texts` trims a batch to
+
+
+def length_bucket(longest: int, max_len: int) -> int:
+    """The padded length of a batch whose longest text has `longest` tokens: the next
+    power of two from MIN_BUCKET on, at most max_len (a few shapes, one compile each)."""
+    bucket = MIN_BUCKET
+    while bucket < longest:
+        bucket *= 2
+    return min(bucket, max_len)
+
+
 def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], side: Side, batch_size: int,
                  mesh: jax.sharding.Mesh, desc: str = "encode",
                  fields: Sequence[Fields] | None = None) -> np.ndarray:
     """Embeddings [len(texts), dim] from jitted batches of `batch_size` texts, encoded as
     `side` says (its tokenizer, max length and categorical `fields`, one per text).
 
-    The last batch is padded to the full size so the function compiles once; each
-    batch is sharded over the mesh's `data` axis. In a multi-host run every process
-    calls this with the same texts: each tokenizes and places its share of each batch,
-    and every process gets all the embeddings back.
+    Texts are batched longest first (by characters, as sentence-transformers does) and
+    each batch is cut to `length_bucket` of its longest text, so short texts are not
+    run at the full max length (padding never changes a text's vector). The last batch
+    is padded to the full size (a single batch: to the device count) so each length
+    compiles once; each batch is sharded over the mesh's `data` axis. In a multi-host
+    run every process calls this with the same texts: each tokenizes every batch,
+    places its share, and gets all the embeddings back.
     """
     n_dev, n_proc, me = mesh.devices.size, jax.process_count(), jax.process_index()
-    batch_size = -(-batch_size // n_dev) * n_dev
+    batch_size = -(-min(batch_size, max(len(texts), 1)) // n_dev) * n_dev
     share = batch_size // n_proc  # this process's rows of each batch
-    out = []
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    out = np.zeros((len(texts), 0), np.float32)
     for start in tqdm(range(0, len(texts), batch_size), desc=desc, leave=False,
                       unit="batch", disable=None):
-        chunk = list(texts[start:start + batch_size])
-        pad = batch_size - len(chunk)
-        chunk = (chunk + [""] * pad)[me * share:(me + 1) * share]
-        chunk_fields = (None if fields is None else (list(fields[start:start + batch_size])
-                        + [None] * pad)[me * share:(me + 1) * share])
-        placed = sharding.put_global_batch(side.encode(chunk, chunk_fields), mesh)
-        vectors = encode_fn(placed)
+        rows = order[start:start + batch_size]
+        pad = batch_size - len(rows)
+        chunk = [texts[i] for i in rows] + [""] * pad
+        chunk_fields = None if fields is None else [fields[i] for i in rows] + [None] * pad
+        x = side.encode(chunk, chunk_fields)
+        length = length_bucket(int(x["mask"].sum(1).max()), side.max_len)
+        x = {k: (v[:, :length] if k in ("ids", "mask") else v)[me * share:(me + 1) * share]
+             for k, v in x.items()}
+        vectors = encode_fn(sharding.put_global_batch(x, mesh))
         if n_proc > 1:  # the other processes' rows too
             from jax.experimental import multihost_utils
             vectors = multihost_utils.process_allgather(vectors, tiled=True)
-        out.append(np.asarray(vectors)[:batch_size - pad])
-    return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
+        vectors = np.asarray(vectors)
+        if not out.shape[1]:
+            out = np.zeros((len(texts), vectors.shape[1]), vectors.dtype)
+        out[rows] = vectors[:len(rows)]
+    return out
 
 
 def log_missing_fields(task: RetrievalTask, inputs: Inputs) -> None:

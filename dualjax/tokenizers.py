@@ -283,7 +283,16 @@ _LOADERS: dict[str, Callable[[str | os.PathLike], Tokenizer]] = {
     BigramTokenizer.TYPE: BigramTokenizer.load,
     SentencePieceTokenizer.TYPE: SentencePieceTokenizer.load,
 }
-TOKENIZERS = tuple(_BUILDERS)  # the `model.tokenizer` names
+
+
+def _load_hf(path: str | os.PathLike) -> Tokenizer:
+    from dualjax.pretrained.tokenizer import HFTokenizer  # needs the tokenizers library
+    return HFTokenizer.load(path)
+
+
+_LOADERS["hf"] = _load_hf
+TOKENIZERS = tuple(_BUILDERS)  # the `model.tokenizer` names built from training texts
+KINDS = TOKENIZERS + ("hf",)  # every `model.tokenizer` name; "hf" is read, not built
 
 
 def build_tokenizer(kind: str, texts: Iterable[str], *, vocab_size: int, num_oov_buckets: int,
@@ -325,6 +334,8 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
 def known_tokens(tokenizer: Tokenizer, text: str) -> int:
     """How many of `text`'s tokens the tokenizer knows: in its vocabulary, not an OOV
     bucket or the unknown id (a sentencepiece model's <unk>, our id 1)."""
+    if hasattr(tokenizer, "known"):  # hf: its own unknown token
+        return tokenizer.known(text)
     ids = tokenizer.token_ids(text)
     vocab = getattr(tokenizer, "vocab", None)
     if vocab is None:

@@ -23,7 +23,7 @@ from absl import logging
 from tqdm.auto import tqdm
 
 from dualjax import (checkpoints, config_lib, evaluate, features, frequency, objectives,
-                     sharding, tables, tokenizers, warm_start)
+                     pretrained, sharding, tables, tokenizers, warm_start)
 from dualjax import evaluators as evaluators_lib
 from dualjax import workdir as workdir_lib
 from dualjax import tasks as tasks_lib
@@ -83,29 +83,34 @@ def make_init_state(objective: objectives.Objective, tx: optax.GradientTransform
 
 
 # ----------------------------------------------------------------------------- input
-def load_tokenizer(config, workdir: str, texts: Callable[[], Iterable[str]]) -> Tokenizer:
+def load_tokenizer(config, workdir: str, texts: Callable[[], Iterable[str]],
+                   start: pretrained.Pretrained | None = None) -> Tokenizer:
     """WORKDIR/vocab.json if it exists (a resumed or evaluated run), else built from
-    `texts()` (the training pairs) as `model.tokenizer` says, and saved there."""
+    `texts()` (the training pairs) as `model.tokenizer` says, or read ("hf": the
+    pretrained start's, or model.tokenizer_path), and saved there."""
     path = os.path.join(workdir, "vocab.json")
     if os.path.exists(path):
         return tokenizers.load_tokenizer(path)
     m = config.model
-    tok = tokenizers.build_tokenizer(m.tokenizer, texts(), vocab_size=m.vocab_size,
-                                     num_oov_buckets=m.num_oov_buckets,
-                                     trigram_vocab_size=m.trigram_vocab_size)
+    if m.tokenizer == "hf":
+        tok = start.tokenizer() if start else pretrained.read_tokenizer(m.tokenizer_path)
+    else:
+        tok = tokenizers.build_tokenizer(m.tokenizer, texts(), vocab_size=m.vocab_size,
+                                         num_oov_buckets=m.num_oov_buckets,
+                                         trigram_vocab_size=m.trigram_vocab_size)
     tok.save(path)
     logging.info("Tokenizer %s: %d embedding rows, saved to %s", m.tokenizer, tok.vocab_size, path)
     return tok
 
 
 def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
-                fields: Callable[[], Iterable[tuple[features.Fields, features.Fields]]]
-                ) -> features.Inputs:
+                fields: Callable[[], Iterable[tuple[features.Fields, features.Fields]]],
+                start: pretrained.Pretrained | None = None) -> features.Inputs:
     """What each side reads: the tokenizer (`load_tokenizer`), the side's max length
     (`config_lib.max_lens`) and its categorical fields, whose vocabularies are
     WORKDIR/features.json if it exists, else built from `fields()` ((query fields,
     document fields) per training pair) and saved there."""
-    tokenizer = load_tokenizer(config, workdir, texts)
+    tokenizer = load_tokenizer(config, workdir, texts, start)
     specs = config_lib.feature_specs(config.model)
     sides = (features.SideFeatures(), features.SideFeatures())
     if any(specs):
@@ -227,24 +232,28 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
     # = 0 (evaluation only) no training pairs are needed and the vocabularies come from
     # the test splits. Process 0 prepares and writes them; the other processes of a
     # multi-host run then read them.
-    def prepare() -> tuple[dict[str, tuple[str, ...]], features.Inputs]:
+    def prepare() -> tuple[dict[str, tuple[str, ...]], features.Inputs,
+                           pretrained.Pretrained | None]:
         splits = {t.name: t.splits() for t in tasks}
         for t in tasks:
             for split in splits[t.name]:
                 t.eval_task(split)
         if config.init_from:  # pre-trained elsewhere: its vocabularies (below, its towers)
             warm_start.copy_vocabularies(config.init_from, workdir)
+        start = warm_start.resolve_start(config, workdir)  # model.pretrained's, recorded
         if config.num_train_steps:
             return splits, load_inputs(
                 config, workdir,
                 lambda: itertools.chain.from_iterable(t.train_texts() for t in tasks),
-                lambda: itertools.chain.from_iterable(t.train_fields() for t in tasks))
+                lambda: itertools.chain.from_iterable(t.train_fields() for t in tasks),
+                start), start
         tests = [t.eval_task(splits[t.name][-1]) for t in tasks]
         return splits, load_inputs(config, workdir,
                                    lambda: [x for e in tests for x in e.corpus + e.queries],
-                                   lambda: [f for e in tests for f in eval_fields(e)])
+                                   lambda: [f for e in tests for f in eval_fields(e)],
+                                   start), start
 
-    splits, inputs = workdir_lib.main_first(prepare)
+    splits, inputs, origin = workdir_lib.main_first(prepare)
     data_iters = []  # one iterator of this process's share of the batches per task
     if config.num_train_steps:
         data_iters = [t.train_iterator(inputs, config.global_batch_size, config.seed + i,
@@ -258,7 +267,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
 
     # Model, optimizer and the sharded state.
     model = models.make_model(config.model, inputs.query.tokenizer.vocab_size,
-                              inputs.feature_sizes(), num_tasks=len(tasks))
+                              inputs.feature_sizes(), num_tasks=len(tasks),
+                              bert=origin.bert if origin else None)
     objective = objectives.from_config(config, model, mesh)
     tx, schedule = make_optimizer(config.optimizer, config.num_train_steps)
     tx = objectives.restrict(tx, objective)  # params the objective keeps fixed get no update
@@ -285,9 +295,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         for t, it in zip(tasks, data_iters):
             it.set_state(saved_data if len(tasks) == 1 else saved_data[t.name])
         logging.info("Resumed from %s at step %d", os.path.join(workdir, "checkpoints"), last_saved)
-    elif config.init_from:
-        state["params"] = warm_start.tower_params(config.init_from, state["params"],
-                                                  config.model, state_sharding["params"])
+    else:  # init_from's towers, model.pretrained's weights, or the initialisation as is
+        state["params"] = warm_start.start_params(config, origin, state["params"],
+                                                  state_sharding["params"])
     log.truncate_after(last_saved or 0)  # rows of steps this run will do (again)
     log.start_events((last_saved or 0) + 1, config.to_json_best_effort(indent=2))
     start = int(state["step"])
@@ -426,8 +436,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
     signals.stage = (f"during the final evaluation; training is finished and saved at step "
                      f"{step}, and running again evaluates it")
     systems = {system: state["params"]}
-    if config.eval.untrained:
-        systems["untrained"] = jax.jit(init_state, static_argnums=0)(config.seed)["params"]
+    if config.eval.untrained:  # "start": init_from's or model.pretrained's towers as is
+        first = warm_start.start_params(
+            config, origin, jax.jit(init_state, static_argnums=0)(config.seed)["params"],
+            replicated)
+        systems["start" if config.init_from or origin else "untrained"] = first
     row_fields: dict[str, dict] = {}  # {"<system>_best": {"selected_step": its step}}
     out = {}
     for ev in evaluators:

@@ -1,4 +1,5 @@
-"""Starting a run from another run (`config.init_from = WORKDIR`): pre-train, then fine-tune.
+"""Starting a run from another run (`config.init_from = WORKDIR`: pre-train, then
+fine-tune) or from pretrained weights (`model.pretrained`, `dualjax.pretrained`).
 
 The new run takes the other run's vocabularies (vocab.json, features.json: fine-tuning
 must read the pre-training vocabulary) and its latest checkpoint's tower parameters; the
@@ -6,6 +7,11 @@ optimizer, step, rng and data position are its own, fresh. The similarity's own
 parameters (alpha and beta, or log tau) are taken too when both runs have them with the
 same shape, else they start at the new run's initial values; pre-training heads (MLM's)
 are left behind. Towers that do not match are refused, naming the settings that differ.
+
+A pretrained start is recorded in WORKDIR/pretrained.json (`resolve_start`; copied with
+the vocabularies by init_from) and its weights replace the towers' initial parameters
+(`pretrained_params`): a BERT's whole tower, a static table's token tables. Both kinds of
+start go through `start_params`, which the run also uses for its "start" evaluation row.
 """
 
 from __future__ import annotations
@@ -19,12 +25,12 @@ import jax
 import ml_collections
 from absl import logging
 
-from dualjax import checkpoints
+from dualjax import checkpoints, pretrained
 from dualjax.config_lib import ConfigError
-from dualjax.models.dual_encoder import SIMILARITY_PARAMS
+from dualjax.models.dual_encoder import SIMILARITY_PARAMS, token_tables
 from dualjax.objectives import PRETRAINING_HEADS
 
-VOCABULARIES = ("vocab.json", "features.json")
+VOCABULARIES = ("vocab.json", "features.json", pretrained.RECORD)
 # Model settings that do not shape the towers' parameters.
 _NOT_TOWER = {"dtype", "similarity", "temperature", "init_scale", "init_bias", "max_len",
               "query_max_len", "doc_max_len"}
@@ -102,3 +108,62 @@ def tower_params(init_from: str, params: dict, model: ml_collections.ConfigDict,
         out[key] = value
     logging.info("init_from: towers of %s at step %d", init_from, step)
     return jax.device_put(out, sharding)
+
+
+def resolve_start(config: ml_collections.ConfigDict, workdir: str
+                  ) -> pretrained.Pretrained | None:
+    """The pretrained start the towers are built from: WORKDIR/pretrained.json when the
+    run has one (resumed, or copied from init_from by `copy_vocabularies`, which runs
+    first), else model.pretrained resolved and recorded there; None without one."""
+    start = pretrained.load(workdir)
+    name = config.model.get("pretrained", "")
+    if start is None and name:
+        start = pretrained.resolve(name, config.model.get("pretrained_pooling", ""))
+        pretrained.save(workdir, start)
+    elif start is not None and name and (pretrained.sources.canonical(start.source)
+                                         != pretrained.sources.canonical(name)):
+        where = "config.init_from's run" if config.init_from else "this workdir"
+        raise ConfigError(f"config.model.pretrained={name!r}, but {where} started from "
+                          f"{start.source!r} ({pretrained.RECORD})")
+    return start
+
+
+def _overlay(params: dict, path: tuple[str, ...], value: Any, what: str) -> None:
+    """params[path] = value (in place), refusing a missing param or another shape."""
+    node = params
+    for key in path[:-1]:
+        node = node[key]
+    ours, theirs = _shapes(node.get(path[-1], {})), _shapes(value)
+    if ours != theirs:
+        first = next(k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k))
+        raise ConfigError(f"config.model.pretrained: {what} does not fit this run's towers "
+                          f"(param {'/'.join(path)}{first}: {theirs.get(first, 'absent')} there, "
+                          f"{ours.get(first, 'absent')} here)")
+    node[path[-1]] = value
+
+
+def pretrained_params(start: pretrained.Pretrained, params: dict) -> dict:
+    """`params` with the start's weights: every bert tower whole, or every token table
+    (a static start; the layers above it keep their initialisation)."""
+    tree = start.tower_params()
+    out = jax.tree.map(lambda x: x, params)  # a copy of the containers
+    if start.kind == "bert":
+        for key in ("tower", "query_tower", "doc_tower"):
+            if key in out:
+                _overlay(out, (key,), tree, f"{start.source}'s encoder")
+    else:
+        for path in token_tables(out):
+            _overlay(out, (*path, "embedding"), tree["embedding"],
+                     f"{start.source}'s token table")
+    return out
+
+
+def start_params(config: ml_collections.ConfigDict, start: pretrained.Pretrained | None,
+                 params: dict, sharding: jax.sharding.Sharding) -> dict:
+    """The run's first parameters from its initialisation `params`: init_from's towers,
+    else the pretrained start's weights, else `params` as they are."""
+    if config.init_from:
+        return tower_params(config.init_from, params, config.model, sharding)
+    if start is not None:
+        return jax.device_put(pretrained_params(start, jax.device_get(params)), sharding)
+    return params

@@ -12,11 +12,12 @@ MODELS = ("dual_encoder", "pses")
 
 
 def make_model(model_config: ml_collections.ConfigDict, vocab_size: int,
-               feature_sizes: dict | None = None, num_tasks: int = 1):
-    """The model `model_config.name` names (see `dual_encoder.make_model`)."""
+               feature_sizes: dict | None = None, num_tasks: int = 1, bert=None):
+    """The model `model_config.name` names (see `dual_encoder.make_model`); bert: the
+    "bert" tower's `BertConfig` (a pretrained start's)."""
     if model_config.get("name", "dual_encoder") == "pses":
         return pses.make_model(model_config, vocab_size, num_tasks)
-    return dual_encoder.make_model(model_config, vocab_size, feature_sizes, num_tasks)
+    return dual_encoder.make_model(model_config, vocab_size, feature_sizes, num_tasks, bert)
 
 
 def logical_axes(model, max_lens: tuple[int, int]):

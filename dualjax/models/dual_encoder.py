@@ -17,7 +17,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from dualjax.models import towers
+from dualjax.models.bert import BertConfig, BertTower
 from dualjax.models.towers import TOWERS
+
+TOWER_KINDS = (*TOWERS, "bert")  # model.tower names; "bert" takes its sizes from a BertConfig
 
 SIMILARITIES = ("cosine_affine", "cosine_temperature", "cosine_learned_temperature")
 # cosine_learned_temperature: log tau is clipped to this range (CLIP clips its logit scale
@@ -82,6 +85,14 @@ class DualEncoder(nn.Module):
     query_features: tuple[tuple[int, int], ...] = ()  # (table rows, size) per categorical field
     doc_features: tuple[tuple[int, int], ...] = ()
     num_tasks: int = 1  # several training tasks: one alpha and beta each (Gillick et al. §2)
+    bert: BertConfig | None = None  # the "bert" tower's sizes (model.pretrained's)
+
+    def _tower(self, kind: str, name: str, embed: nn.Module | None = None) -> nn.Module:
+        if kind != "bert":
+            return TOWERS[kind](self.config, self.vocab_size, name, embed)
+        if self.bert is None:  # config_lib says so earlier, naming the keys
+            raise ValueError("model.tower='bert' takes its sizes from model.pretrained")
+        return BertTower(self.bert, towers.compute_dtype(self.config), embed, name=name)
 
     def setup(self):
         cfg = self.config
@@ -93,15 +104,15 @@ class DualEncoder(nn.Module):
                            [self._feature_table(n, d, f"doc_feature_{i}")
                             for i, (n, d) in enumerate(self.doc_features)])
         if cfg.shared_towers:
-            self.query_tower = TOWERS[q_tower](cfg, self.vocab_size, "tower")
+            self.query_tower = self._tower(q_tower, "tower")
             self.doc_tower = self.query_tower
         else:
             embed = None
             if cfg.get("shared_embedding", False):
                 self.embed = towers.make_embedding(cfg, self.vocab_size, q_tower, name="embed")
                 embed = self.embed
-            self.query_tower = TOWERS[q_tower](cfg, self.vocab_size, "query_tower", embed)
-            self.doc_tower = TOWERS[d_tower](cfg, self.vocab_size, "doc_tower", embed)
+            self.query_tower = self._tower(q_tower, "query_tower", embed)
+            self.doc_tower = self._tower(d_tower, "doc_tower", embed)
         self.similarity = similarity_params(self, cfg, self.num_tasks)
 
     def _feature_table(self, rows: int, dim: int, name: str) -> nn.Embed:
@@ -166,14 +177,14 @@ def token_tables(params: dict) -> dict[tuple[str, ...], tuple[str, ...]]:
 
 def make_model(model_config: ml_collections.ConfigDict, vocab_size: int,
                feature_sizes: dict[str, tuple[tuple[int, int], ...]] | None = None,
-               num_tasks: int = 1) -> DualEncoder:
+               num_tasks: int = 1, bert: BertConfig | None = None) -> DualEncoder:
     """feature_sizes: {"query": ((rows, size), ...), "document": ...} of the categorical
     fields (`features.Inputs.feature_sizes()`); None: none. num_tasks: training tasks,
-    each with its own learned scale and bias."""
+    each with its own learned scale and bias. bert: the "bert" tower's sizes."""
     sizes = feature_sizes or {}
     return DualEncoder(ml_collections.FrozenConfigDict(model_config), vocab_size,
                        tuple(sizes.get("query", ())), tuple(sizes.get("document", ())),
-                       num_tasks)
+                       num_tasks, bert)
 
 
 def _init_boxed(model: DualEncoder, rng: jax.Array, max_len: int) -> dict:

@@ -1,0 +1,274 @@
+"""Pretrained starts (`model.pretrained`): outside checkpoints read into the towers.
+
+Two kinds of folder, told apart by their files:
+- a Hugging Face BERT folder (config.json with model_type "bert", model.safetensors,
+  tokenizer.json; the sentence-transformers files modules.json, 1_Pooling/config.json and
+  sentence_bert_config.json when present): the `bert` tower (`models/bert.py`), its
+  pooling as sentence-transformers' Pooling module says (else `model.pretrained_pooling`);
+- a static token table (model2vec's `embeddings`, or a fetched WordLlama table): the
+  token table of a `bow` or `bow_mlp` tower.
+Either way the tokenizer is the folder's tokenizer.json (`model.tokenizer="hf"`).
+
+`model.pretrained` is a known name (`sources.SOURCES`, fetched once with `python -m
+dualjax.pretrained fetch NAME`; its files' digests are checked on every use) or a folder.
+`resolve` reads what the start is without its weights; `Pretrained.tower_params` reads
+the weights in the towers' parameter layout. A run records the resolved start in
+WORKDIR/pretrained.json (`save` / `load`), so resuming, `init_from` and export rebuild the
+same towers without the folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from dualjax.models.bert import POOLINGS, BertConfig
+from dualjax.pretrained.sources import (MARKER, SOURCES, PretrainedError, canonical, fetch,
+                                        folder_of, sha256_file, verify)
+from dualjax.pretrained.tokenizer import HFTokenizer
+from dualjax.workdir import atomic_json
+
+KINDS = ("bert", "static")
+RECORD = "pretrained.json"  # in a workdir: the resolved start its towers came from
+WEIGHTS = "model.safetensors"
+__all__ = ["Pretrained", "PretrainedError", "resolve", "load", "fetch", "SOURCES", "KINDS"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretrained:
+    """A pretrained start, resolved: where it is, what it is and how to read it.
+
+    kind "bert": `bert` holds the encoder's sizes and pooling; max_seq_length is
+    sentence-transformers' (else the encoder's positions). kind "static": `table` is the
+    [rows, dim] token table's tensor name and `dim` its width."""
+
+    source: str  # model.pretrained as given
+    folder: str
+    kind: str
+    tokenizer_settings: dict[str, bool]
+    sha256: str  # of the weights file
+    bert: BertConfig | None = None
+    table: str = ""
+    dim: int = 0
+    max_seq_length: int = 0
+
+    def tokenizer(self) -> HFTokenizer:
+        return HFTokenizer.from_file(os.path.join(self.folder, "tokenizer.json"),
+                                     **self.tokenizer_settings)
+
+    @property
+    def output_dim(self) -> int:
+        """Width of the vectors the start's tower returns (bow) or its table's width."""
+        return self.bert.hidden_size if self.bert else self.dim
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The weights file's tensors, after checking it is the file that was resolved."""
+        path = os.path.join(self.folder, WEIGHTS)
+        if not os.path.isfile(path):
+            raise PretrainedError(f"{path}: missing (model.pretrained={self.source!r})")
+        if sha256_file(path) != self.sha256:
+            raise PretrainedError(f"{path}: changed since this run started from it (sha256 "
+                                  f"{self.sha256[:12]}... recorded in {RECORD})")
+        from safetensors.numpy import load_file
+        return load_file(path)
+
+    def tower_params(self) -> dict[str, Any]:
+        """float32 numpy arrays: for "bert" a `BertTower`'s whole parameter tree; for
+        "static" {"embedding": the table} (a `TokenTable`'s)."""
+        tensors = self.weights()
+        if self.kind == "static":
+            return {"embedding": np.asarray(tensors[self.table], np.float32)}
+        return bert_params(tensors, self.bert, os.path.join(self.folder, WEIGHTS))
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["bert"] = self.bert.to_json() if self.bert else None
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> Pretrained:
+        data = dict(data)
+        data["bert"] = BertConfig.from_json(data["bert"]) if data.get("bert") else None
+        return cls(**data)
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PretrainedError(f"{path}: cannot read: {e}") from None
+    if not isinstance(data, dict):
+        raise PretrainedError(f"{path}: not a JSON object")
+    return data
+
+
+def _folder(value: str) -> tuple[str, dict]:
+    """(the folder, its MARKER settings) of model.pretrained = a known name or a folder."""
+    name = canonical(value)
+    if name in SOURCES:
+        folder = folder_of(name)
+        if not os.path.isdir(folder):
+            raise PretrainedError(f"model.pretrained={value!r} is not fetched yet; run: "
+                                  f"python -m dualjax.pretrained fetch {name}")
+        verify(SOURCES[name], folder)
+    else:
+        folder = os.path.abspath(os.path.expanduser(value))
+        if not os.path.isdir(folder):
+            raise PretrainedError(f"model.pretrained={value!r} is neither a known model "
+                                  f"({', '.join(SOURCES)}) nor a folder")
+    for needed in ("tokenizer.json", WEIGHTS):
+        if not os.path.isfile(os.path.join(folder, needed)):
+            raise PretrainedError(f"{folder}: no {needed} (model.pretrained={value!r} needs a "
+                                  "Hugging Face folder with model.safetensors and tokenizer.json)")
+    marker = os.path.join(folder, MARKER)
+    return folder, (_read_json(marker) if os.path.isfile(marker) else {})
+
+
+def _st_pooling(folder: str) -> str | None:
+    """sentence-transformers' Pooling module's mode ("mean" / "cls"), None without one."""
+    modules = os.path.join(folder, "modules.json")
+    if not os.path.isfile(modules):
+        return None
+    with open(modules, encoding="utf-8") as f:
+        entries = json.load(f)
+    for m in entries:
+        if m.get("type", "").endswith("models.Pooling"):
+            path = os.path.join(folder, m.get("path", ""), "config.json")
+            cfg = _read_json(path)
+            modes = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v]
+            mapping = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
+            if len(modes) != 1 or modes[0] not in mapping:
+                raise PretrainedError(f"{path}: pooling {modes} is not one of "
+                                      "mean_tokens, cls_token")
+            return mapping[modes[0]]
+    return None
+
+
+def resolve(value: str, pooling: str = "") -> Pretrained:
+    """What model.pretrained=`value` is (weights not read). pooling: a BERT folder's
+    pooling when it has no sentence-transformers Pooling module ("" there: "cls"); given
+    with one, it must agree."""
+    folder, marker = _folder(value)
+    sha = sha256_file(os.path.join(folder, WEIGHTS))
+    config_path = os.path.join(folder, "config.json")
+    hf = _read_json(config_path) if os.path.isfile(config_path) else {}
+    if marker.get("kind") == "static" or hf.get("model_type") == "model2vec":
+        return _static(value, folder, marker, sha)
+    if hf.get("model_type") != "bert":
+        raise PretrainedError(f"{config_path}: model_type {hf.get('model_type')!r}; "
+                              f"model.pretrained reads BERT folders and static tables")
+    st = _st_pooling(folder)
+    if pooling and pooling not in POOLINGS:
+        raise PretrainedError(f"model.pretrained_pooling={pooling!r} is not one of "
+                              f"{', '.join(POOLINGS)}")
+    if st and pooling and pooling != st:
+        raise PretrainedError(f"model.pretrained_pooling={pooling!r}, but {folder} was trained "
+                              f"with {st} pooling (1_Pooling/config.json); leave it empty")
+    try:
+        bert = BertConfig.from_hf(hf, st or pooling or "cls")
+    except (KeyError, ValueError) as e:
+        raise PretrainedError(f"{config_path}: {e}") from None
+    st_config = os.path.join(folder, "sentence_bert_config.json")
+    max_len = (_read_json(st_config).get("max_seq_length") if os.path.isfile(st_config)
+               else None) or bert.max_positions
+    return Pretrained(value, folder, "bert", {"lowercase": False, "add_special_tokens": True},
+                      sha, bert=bert, max_seq_length=int(max_len))
+
+
+def _static(value: str, folder: str, marker: dict, sha: str) -> Pretrained:
+    from safetensors import safe_open
+    path = os.path.join(folder, WEIGHTS)
+    with safe_open(path, "numpy") as f:
+        names = list(f.keys())
+        table = marker.get("tensor") or ("embeddings" if "embeddings" in names else "")
+        if table not in names:
+            raise PretrainedError(f"{path}: no token table (tensor 'embeddings'); has "
+                                  f"{', '.join(names[:5])}")
+        shape = f.get_slice(table).get_shape()
+    if len(shape) != 2:
+        raise PretrainedError(f"{path}: {table} has shape {shape}, not [rows, dim]")
+    # model2vec: the tokenizer's own normaliser; pieces alone, the unknown one dropped.
+    settings = {"lowercase": bool(marker.get("lowercase", False)),
+                "add_special_tokens": bool(marker.get("add_special_tokens", False)),
+                "drop_unknown": "kind" not in marker}
+    return Pretrained(value, folder, "static", settings, sha, table=table, dim=int(shape[1]))
+
+
+def read_tokenizer(path: str) -> HFTokenizer:
+    """model.tokenizer_path: a tokenizer.json, or a folder holding one."""
+    full = os.path.expanduser(path)
+    if os.path.isdir(full):
+        full = os.path.join(full, "tokenizer.json")
+    if not os.path.isfile(full):
+        raise PretrainedError(f"model.tokenizer_path={path!r}: no such tokenizer.json")
+    return HFTokenizer.from_file(full)
+
+
+def save(workdir: str, start: Pretrained) -> None:
+    atomic_json(os.path.join(workdir, RECORD), start.to_json(), indent=1)
+
+
+def load(workdir: str) -> Pretrained | None:
+    """The start recorded in WORKDIR/pretrained.json (None: the run has none)."""
+    path = os.path.join(workdir, RECORD)
+    if not os.path.exists(path):
+        return None
+    try:
+        return Pretrained.from_json(_read_json(path))
+    except (TypeError, KeyError) as e:
+        raise PretrainedError(f"{path}: corrupt: {e}") from None
+
+
+# ----------------------------------------------------------------------------- BERT weights
+def _linear(tensors: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A torch Linear's (kernel [in, out], bias [out]) (torch stores weight [out, in])."""
+    return tensors[f"{name}.weight"].T, tensors[f"{name}.bias"]
+
+
+def _norm(tensors: dict, name: str) -> dict[str, np.ndarray]:
+    scale = tensors.get(f"{name}.weight", tensors.get(f"{name}.gamma"))
+    bias = tensors.get(f"{name}.bias", tensors.get(f"{name}.beta"))
+    if scale is None or bias is None:
+        raise KeyError(f"{name}.weight")
+    return {"scale": scale, "bias": bias}
+
+
+def bert_params(tensors: dict[str, np.ndarray], c: BertConfig, path: str) -> dict:
+    """A Hugging Face BertModel's tensors (with or without the "bert." prefix) as a
+    `BertTower`'s params; PretrainedError naming a missing tensor or a wrong shape."""
+    t = {k.removeprefix("bert."): v for k, v in tensors.items()}
+    h, heads = c.hidden_size, c.num_heads
+    d = h // heads
+    try:
+        out = {"embed": {"embedding": t["embeddings.word_embeddings.weight"]},
+               "pos_embed": t["embeddings.position_embeddings.weight"],
+               "type_embed": t["embeddings.token_type_embeddings.weight"][0],
+               "ln_embed": _norm(t, "embeddings.LayerNorm")}
+        for i in range(c.num_layers):
+            p = f"encoder.layer.{i}."
+            attn = {}
+            for ours, theirs in (("query", "query"), ("key", "key"), ("value", "value")):
+                w, b = _linear(t, p + "attention.self." + theirs)
+                attn[f"{ours}_kernel"] = w.reshape(h, heads, d)
+                attn[f"{ours}_bias"] = b.reshape(heads, d)
+            w, b = _linear(t, p + "attention.output.dense")
+            attn["out_kernel"], attn["out_bias"] = w.reshape(heads, d, h), b
+            w_in, b_in = _linear(t, p + "intermediate.dense")
+            w_out, b_out = _linear(t, p + "output.dense")
+            out[f"layer_{i}"] = {"attn": attn, "ln_attn": _norm(t, p + "attention.output.LayerNorm"),
+                                 "mlp_in": {"kernel": w_in, "bias": b_in},
+                                 "mlp_out": {"kernel": w_out, "bias": b_out},
+                                 "ln_mlp": _norm(t, p + "output.LayerNorm")}
+    except KeyError as e:
+        raise PretrainedError(f"{path}: no tensor {e.args[0]} (a BERT of {c.num_layers} "
+                              "layers?)") from None
+    except ValueError as e:
+        raise PretrainedError(f"{path}: a tensor does not fit the sizes in config.json: "
+                              f"{e}") from None
+    import jax
+    return jax.tree.map(lambda x: np.ascontiguousarray(x, np.float32), out)

