@@ -74,7 +74,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.train_fraction = 0.8     # reqa_squad with split_by="question": questions to train on
     # data.name = "pretrain": pairs generated from an unlabelled collection at data.path (a
     # SQuAD .json, a BEIR folder, or a documents .jsonl; see dualjax/data/documents.py)
-    c.data.tasks = "ict,bfs,wlp"    # pretrain: any of "ict", "bfs", "wlp", mixed uniformly;
+    c.data.tasks = "ict,bfs,wlp"    # pretrain: any of "ict", "bfs", "wlp", "crop" (Contriever's
+                                    # two random spans of a passage), mixed uniformly;
                                     # or "mlm" alone (masked language modelling, transformer)
     c.data.ict_mask_rate = 0.9      # pretrain ICT: P(the query sentence is removed from its
                                     # passage) (ORQA: 0.9)

@@ -19,22 +19,10 @@ from tqdm.auto import tqdm
 from dualjax import baselines as baselines_lib
 from dualjax import hybrid, index, metrics, sharding, typos
 from dualjax.data.clusters import RetrievalTask
-from dualjax.features import Fields, Inputs, Side
+from dualjax.features import Fields, Inputs, Side, length_bucket
 
 # {"ids", "mask" [b, len], "cats" [b, fields] (a side with categorical fields)} -> [b, dim]
 EncodeFn = Callable[[dict[str, jax.Array]], jax.Array]
-
-
-MIN_BUCKET = 32  # shortest padded length `encode_texts` trims a batch to
-
-
-def length_bucket(longest: int, max_len: int) -> int:
-    """The padded length of a batch whose longest text has `longest` tokens: the next
-    power of two from MIN_BUCKET on, at most max_len (a few shapes, one compile each)."""
-    bucket = MIN_BUCKET
-    while bucket < longest:
-        bucket *= 2
-    return min(bucket, max_len)
 
 
 def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], side: Side, batch_size: int,

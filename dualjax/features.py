@@ -213,3 +213,31 @@ def load(path: str) -> tuple[SideFeatures, SideFeatures]:
     with open(path) as f:
         data = json.load(f)
     return SideFeatures.from_json(data["query"]), SideFeatures.from_json(data["document"])
+
+
+MIN_BUCKET = 32  # shortest padded length a batch is cut to (`length_bucket`)
+TEXT_PREFIXES = ("q", "d", "m", "n")  # a batch's texts: queries, documents, mixed, hard negatives
+
+
+def length_bucket(longest: int, max_len: int) -> int:
+    """The padded length of a batch whose longest text has `longest` tokens: the next
+    power of two from MIN_BUCKET on, at most max_len (a few shapes, one compile each)."""
+    bucket = MIN_BUCKET
+    while bucket < longest:
+        bucket *= 2
+    return min(bucket, max_len)
+
+
+def trim_padding(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`batch` with each text field's ids and mask ("<prefix>_ids", "<prefix>_mask", last
+    axis the length) cut to `length_bucket` of its longest text: padding never changes a
+    text's vector, and a batch of short texts need not run at the full max length."""
+    out = dict(batch)
+    for prefix in TEXT_PREFIXES:
+        mask = batch.get(f"{prefix}_mask")
+        if mask is None or mask.shape[-1] <= MIN_BUCKET:
+            continue
+        length = length_bucket(int(mask.sum(-1).max(initial=0)), mask.shape[-1])
+        out[f"{prefix}_ids"] = batch[f"{prefix}_ids"][..., :length]
+        out[f"{prefix}_mask"] = mask[..., :length]
+    return out

@@ -11,6 +11,7 @@ its own splits; metrics rows carry a "task" field.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import os
@@ -43,11 +44,26 @@ class Task:
     def pretraining(self) -> bool:
         return self.data.name == PRETRAIN
 
+    @functools.cached_property
+    def eval_data(self) -> ml_collections.ConfigDict | None:
+        """The data group its evaluation reads: its own; for a pre-training collection
+        that is a BEIR folder with judgements (qrels/), that folder read as
+        data.name="beir" (adapt to a collection, evaluate on its queries); else None."""
+        if not self.pretraining:
+            return self.data
+        path = os.path.expanduser(self.data.path)
+        if not os.path.isdir(os.path.join(path, "qrels")):
+            return None
+        data = copy.deepcopy(self.data)
+        data.name = "beir"
+        return data
+
     def splits(self) -> tuple[str, ...]:
-        """Its evaluation splits ("val", "test"); none for a pre-training collection."""
-        if self.pretraining:
+        """Its evaluation splits ("val", "test"); none for a pre-training collection
+        without judgements."""
+        if self.eval_data is None:
             return ()
-        return builders.eval_splits(self.data, self.seed, self.tfds_dir)
+        return builders.eval_splits(self.eval_data, self.seed, self.tfds_dir)
 
     @functools.cached_property
     def train_source(self):
@@ -102,7 +118,8 @@ class Task:
     def eval_task(self, split: str) -> RetrievalTask:
         """The retrieval task of a split, read once."""
         if split not in self._eval:
-            self._eval[split] = builders.eval_task(self.data, self.seed, self.tfds_dir, split)
+            self._eval[split] = builders.eval_task(self.eval_data, self.seed, self.tfds_dir,
+                                                   split)
         return self._eval[split]
 
     def fields(self) -> dict[str, str]:

@@ -365,6 +365,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
 
     # Loop.
     weights = [t.weight for t in tasks]
+    trim = (jax.process_count() == 1 and config.model.name == "dual_encoder"
+            and not objectives.is_mlm(config))
     pending: list[tuple[int, dict]] = []
     since = (start, time.perf_counter())  # throughput: steps and time since the last train row
     bar = tqdm(total=config.num_train_steps, initial=start, desc="train", unit="step",
@@ -375,6 +377,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
             t = tasks_lib.task_at_step(step, weights, config.seed)
             local = next(data_iters[t])
             local["task"] = np.full(len(local["q_ids"]), t, np.int32)
+            if trim:  # each process's share must keep one shape: one process only
+                local = features.trim_padding(local)
             state, step_metrics = train_step(state, sharding.put_global_batch(local, mesh))
             pending.append((step, step_metrics))
             for hook in hooks:

@@ -204,3 +204,61 @@ def test_fetch_checks_the_digest(tmp_path, monkeypatch, minilm):
         f.write(b" ")
     with pytest.raises(sources.PretrainedError, match="tokenizer.json: sha256 is not the pinned"):
         pretrained.resolve("all-MiniLM-L6-v2")
+
+
+# --- a run from a pretrained start -----------------------------------------------------
+def test_a_run_from_the_tiny_bert_trains_exports_and_warm_starts(tmp_path):
+    """tower="bert" from a folder, with cached tower gradients, the blockwise loss and
+    FSDP on 8 devices: the "start" row is the folder's model as is; training moves the
+    towers; the bundle encodes as the workdir's model; init_from takes the towers and the
+    recorded start; dualjax.index serves the bundle."""
+    import subprocess
+    import sys
+    from dualjax import checkpoints, export, train, trained
+    cfg = model_config(TINY, max_len=24)
+    cfg.num_train_steps, cfg.checkpoint_every_steps = 4, 4
+    cfg.train.encode_chunks, cfg.loss.column_block = 2, 8
+    cfg.mesh.param_sharding, cfg.eval.index, cfg.eval.baselines = "fsdp", "exact", ""
+    cfg.optimizer.update(learning_rate=1e-3, warmup_steps=1)
+    workdir = str(tmp_path / "run")
+    rows = train.train_and_evaluate(cfg, workdir)
+    assert set(rows) == {"dual_encoder [exact]", "start [exact]"}
+    assert rows["dual_encoder [exact]"]["map@100"] != rows["start [exact]"]["map@100"]
+    record = json.loads(pathlib.Path(workdir, pretrained.RECORD).read_text())
+    assert record["kind"] == "bert" and record["bert"]["hidden_size"] == 32
+
+    # The start row: the folder's weights as is (sentence-transformers' vectors).
+    run = trained.load_trained(workdir)
+    start = pretrained.load(workdir)
+    step, saved = checkpoints.latest_params(workdir)
+    assert step == 4
+    moved = saved["tower"]["layer_0"]["mlp_in"]["kernel"]
+    assert not np.allclose(moved, start.tower_params()["layer_0"]["mlp_in"]["kernel"])
+
+    bundle = str(tmp_path / "bundle")
+    encoder = export.export(workdir, bundle, platforms=("cpu",))
+    texts = list(reference("tiny_bert")["texts"][:5])
+    fn = jax.jit(lambda p, x: run.model.apply({"params": p}, **x, method="encode_documents"))
+    want = np.asarray(fn(run.params, run.inputs.document.encode(texts)))
+    np.testing.assert_allclose(encoder.encode_documents(texts), want, atol=1e-5)
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n"
+                              for i, t in enumerate(texts)))
+    out = subprocess.run([sys.executable, "-m", "dualjax.index", f"--encoder={bundle}",
+                          f"--corpus={corpus}", f"--out={tmp_path / 'idx'}", "--kind=exact"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    from dualjax import search
+    searcher = search.from_bundle(bundle, str(tmp_path / "idx"), k=1)
+    assert [r[0][1] for r in searcher.search(texts[:2])] == texts[:2]
+
+    # init_from: the towers and the record come along (no model.pretrained needed).
+    again = load_config("tiny")
+    again.model.update(tower="bert", tokenizer="hf", max_len=24)
+    again.update(init_from=workdir, num_train_steps=0)
+    again.eval.update(index="exact", baselines="")
+    rows2 = train.train_and_evaluate(again, str(tmp_path / "warm"))
+    assert rows2["dual_encoder [exact]"]["map@100"] == pytest.approx(
+        rows["dual_encoder [exact]"]["map@100"], abs=1e-6)
+    assert pretrained.load(str(tmp_path / "warm")) == start

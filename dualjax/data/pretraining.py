@@ -9,6 +9,10 @@ Three paragraph-level tasks, each making (query, document) pairs from a `Collect
   document is a random passage of the same article outside its lead.
 - WLP, Wiki Link Prediction: the query is a random sentence of article A's lead; the
   document is a passage of another article B that links to A (`Collection.links`).
+- CROP, independent cropping (Contriever, Izacard et al. 2022): the query and the
+  document are two spans of one passage ("title. passage" as words), each of a length
+  drawn uniformly from CROP_RATIO of its words and placed uniformly, independently (they
+  may overlap). No sentence structure is needed, so it applies to any collection.
 And for MLM (`objectives.mlm.objective`, alone): the document is a passage, the query
 empty.
 
@@ -32,7 +36,9 @@ from dualjax.data.beir import document_text
 from dualjax.data.documents import Collection
 from dualjax.data.pairs_file import DataError
 
-TASKS = ("ict", "bfs", "wlp", "mlm")
+TASKS = ("ict", "bfs", "wlp", "crop", "mlm")
+CROP_RATIO = (0.1, 0.5)  # Contriever's span lengths, as fractions of the passage's words
+CROP_MIN_WORDS = 4  # passages shorter than this are not cropped (nothing to split)
 
 
 def parse_tasks(spec: str) -> tuple[str, ...]:
@@ -42,7 +48,7 @@ def parse_tasks(spec: str) -> tuple[str, ...]:
     bad = [t for t in names if t not in TASKS]
     if not names or bad or len(set(names)) != len(names) or ("mlm" in names and len(names) > 1):
         raise ValueError(f"data.tasks={spec!r} must name distinct tasks among "
-                         f"{', '.join(TASKS[:3])}, separated by commas, or mlm alone")
+                         f"{', '.join(TASKS[:-1])}, separated by commas, or mlm alone")
     return names
 
 
@@ -74,6 +80,9 @@ class PairGenerator:
                                           & lead_has_query[article]]
         if "mlm" in tasks:  # every passage (its text is the input; no query)
             self._items["mlm"] = passages
+        if "crop" in tasks:  # passages with enough words to crop twice
+            n_words = np.fromiter((len(p.split()) for p in c.passages), np.int64, len(passages))
+            self._items["crop"] = passages[n_words >= CROP_MIN_WORDS]
         if "wlp" in tasks:  # links (passage of B, A) whose target A has a lead query
             self._items["wlp"] = np.flatnonzero(lead_has_query[c.links[:, 1]]
                                                 if len(c.links) else [])
@@ -106,6 +115,14 @@ class PairGenerator:
             text = " ".join(c.sentences[s] for s in range(start, end) if s != drop)
         return document_text(c.titles[c.passage_article[p]], text)
 
+    def _crop(self, p: int, rng: np.random.Generator) -> str:
+        """A random span of passage p's words (title included), CROP_RATIO long."""
+        words = self._document(p).split()
+        low, high = (max(1, round(r * len(words))) for r in CROP_RATIO)
+        length = int(rng.integers(low, high + 1))
+        start = int(rng.integers(0, len(words) - length + 1))
+        return " ".join(words[start:start + length])
+
     def pair(self, position: int) -> tuple[str, str, str]:
         """(query, document, task name) of pair number `position` of the stream."""
         t, k = position % len(self.tasks), position // len(self.tasks)
@@ -114,6 +131,8 @@ class PairGenerator:
         c = self.collection
         if task == "mlm":
             return "", self._document(item), task
+        if task == "crop":
+            return self._crop(item, rng), self._crop(item, rng), task
         pick = lambda lo_hi: int(self._query_sents[rng.integers(*lo_hi)])  # a query sentence
         if task == "ict":
             s = pick(self._passage_q[item])
@@ -134,4 +153,5 @@ class PairGenerator:
 _NEEDS = {"ict": "passages of two or more sentences",
           "bfs": "articles with a lead and passages after it",
           "wlp": "links between articles, or titles mentioned in other articles",
+          "crop": f"passages of {CROP_MIN_WORDS} or more words",
           "mlm": "passages"}

@@ -1,0 +1,47 @@
+"""Zero-shot retrieval from a pretrained start, adapted to a collection without labels.
+
+Starts from all-MiniLM-L6-v2 (fetch it once: python -m dualjax.pretrained fetch
+all-MiniLM-L6-v2), trains on pairs the collection's own documents make (no query, no
+label is read), then evaluates on the collection's queries, if it has judgements
+(qrels/), against BM25 and fused with it, beside the start as is (the "start" rows):
+    python -m dualjax.main --config=configs/adapt.py --workdir=runs/adapt_npl \\
+        --config.data.path=../shared/data/npl
+data.path: a BEIR folder, or a documents .jsonl (adaptation only: nothing to evaluate).
+The recipe (tasks, steps, learning rate) was chosen on the four shared collections only;
+BENCHMARKS.md ("Zero-shot from pretrained starts") has the figures.
+"""
+import pathlib
+import runpy
+
+import ml_collections
+
+_DEFAULT = runpy.run_path(str(pathlib.Path(__file__).with_name("default.py")))
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = _DEFAULT["get_config"]()
+    c.num_train_steps = 100         # adaptation steps (few: a strong start is easy to spoil)
+    c.global_batch_size = 32        # pairs per step
+    c.checkpoint_every_steps = 100
+    c.eval_every_steps = 0          # no val split: the final evaluation only
+    c.log_every_steps = 10
+    c.data.name = "pretrain"        # pairs made from the collection's documents
+    c.data.path = "../shared/data/npl"  # a BEIR folder (evaluated on its queries) or documents
+    c.data.tasks = "ict,crop"       # ICT sentences and Contriever's random crops
+    c.data.ignore_identical_ids = False  # the shared collections number queries and documents
+                                    # independently (True for BEIR's quora)
+    c.model.pretrained = "all-MiniLM-L6-v2"
+    c.model.tower = "bert"
+    c.model.tokenizer = "hf"
+    c.model.query_max_len = 64      # tokens per query ([CLS] and [SEP] included)
+    c.model.doc_max_len = 256       # sentence-transformers' max_seq_length for MiniLM
+    c.model.similarity = "cosine_temperature"
+    c.model.temperature = 0.05      # sentence-transformers' MultipleNegativesRankingLoss (x20)
+    c.optimizer.learning_rate = 1e-5
+    c.optimizer.warmup_steps = 10
+    c.optimizer.weight_decay = 0.01
+    c.eval.index = "exact"
+    c.eval.batch_size = 64
+    c.eval.baselines = "bm25"
+    c.eval.hybrid = "bm25"
+    return c

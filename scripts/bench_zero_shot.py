@@ -1,0 +1,179 @@
+"""Zero-shot retrieval from pretrained starts, against BM25, on BEIR folders.
+
+    python scripts/bench_zero_shot.py [--collections=../shared/data/npl,...]
+        [--starts=all-MiniLM-L6-v2,wordllama:l2_supercat_256,potion-base-8M]
+        [--adapt] [--out=runs/zero_shot] [--json=FILE]
+
+For every collection (default: the four shared ones, NPL, MED, TIME, ADI), rows of
+nDCG@10 and recall@100, each also as a ratio to BM25 and averaged over the collections:
+- bm25: bm25s, k1 1.2, b 0.75 (dualjax's `eval.baselines`);
+- sentence-transformers: all-MiniLM-L6-v2 through sentence-transformers itself (when
+  it is installed: pip install sentence-transformers), on the very texts dualjax reads,
+  as a reference for fidelity;
+- dualjax from each start as is (`python -m dualjax.main` with model.pretrained and
+  num_train_steps=0), and with --adapt after `configs/adapt.py`'s adaptation;
+- each dense system fused with BM25 ("+bm25": score interpolation at eval.hybrid_weight's
+  default, each list min-max scaled per query; "+rrf": reciprocal rank fusion).
+Every dualjax run is one `python -m dualjax.main` call with its own workdir under --out
+(a finished one is reused), with the wall time it took.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from bench_variants import read_rows, slug  # scripts/ is on the path of a script
+
+SHARED = [f"../shared/data/{c}" for c in ("npl", "med", "time", "adi")]
+STARTS = {  # name -> the flags that start dualjax from it
+    "all-MiniLM-L6-v2": {"model.tower": "bert", "model.max_len": 256},
+    "wordllama:l2_supercat_256": {"model.tower": "bow", "model.embed_dim": 256,
+                                  "model.max_len": 512},
+    "potion-base-8M": {"model.tower": "bow", "model.embed_dim": 256, "model.max_len": 512},
+}
+METRICS = ("ndcg@10", "recall@100")
+
+
+def dualjax_run(args, name: str, config: str, flags: dict) -> tuple[str, float | None]:
+    """Runs (or reuses) one workdir; (workdir, wall seconds or None if reused)."""
+    workdir = os.path.abspath(os.path.join(args.out, slug(name)))
+    if os.path.exists(os.path.join(workdir, "report.md")):
+        return workdir, None
+    cmd = [sys.executable, "-m", "dualjax.main", f"--config={config}", f"--workdir={workdir}",
+           *(f"--config.{k}={v}" for k, v in flags.items())]
+    print("$", " ".join(cmd), flush=True)
+    start = time.time()
+    with open(workdir + ".log", "w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    return workdir, time.time() - start
+
+
+def rows_of(workdir: str) -> dict[str, dict]:
+    """{system: its test row} of the run's final evaluation (exact search)."""
+    rows = [r for r in read_rows(workdir) if r.get("split") == "test" and "system" in r]
+    last = max(r["step"] for r in rows)
+    return {r["system"]: r for r in rows if r["step"] == last and r["index"] == "exact"}
+
+
+def collection_flags(path: str) -> dict:
+    return {"data.path": os.path.abspath(path), "data.ignore_identical_ids": False,
+            "eval.index": "exact", "eval.batch_size": 64, "eval.baselines": "bm25",
+            "eval.hybrid": "bm25"}
+
+
+def sentence_transformers_rows(workdir: str, folder: str, weight: float) -> dict[str, dict]:
+    """all-MiniLM-L6-v2 through sentence-transformers on the texts of `workdir`'s test
+    split (as dualjax read them), searched exactly; alone and fused with BM25."""
+    from sentence_transformers import SentenceTransformer
+
+    from dualjax import baselines, hybrid, metrics
+    from dualjax import tasks as tasks_lib
+    import ml_collections
+    with open(os.path.join(workdir, "config.json")) as f:
+        config = ml_collections.ConfigDict(json.load(f))
+    task = tasks_lib.make_tasks(config, workdir)[0].eval_task("test")
+    model = SentenceTransformer(folder, device="cpu")
+    start = time.time()
+    d = model.encode(task.corpus, batch_size=64, normalize_embeddings=True)
+    q = model.encode(task.queries, batch_size=64, normalize_embeddings=True)
+    seconds = time.time() - start
+    k = min(100, len(task.corpus))
+    scores = q @ d.T
+    ids = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    dense = (ids, np.take_along_axis(scores, ids, 1))
+    lex_scores, lex_ids = baselines.rank_texts("bm25", task.corpus, task.queries, k,
+                                               task.query_corpus_index)
+    m = lambda ranked: metrics.retrieval_metrics(ranked, task.relevant)
+    return {"sentence-transformers": {**m(ids), "seconds": seconds},
+            "sentence-transformers+bm25": m(hybrid.fuse_scores(dense, (lex_ids, lex_scores),
+                                                               weight, k))}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--collections", default=",".join(SHARED))
+    p.add_argument("--starts", default=",".join(STARTS))
+    p.add_argument("--adapt", action="store_true", help="also adapt (configs/adapt.py)")
+    p.add_argument("--adapt_flags", default="", help="extra k=v,k=v for configs/adapt.py")
+    p.add_argument("--out", default="runs/zero_shot")
+    p.add_argument("--json", default="")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    from dualjax.pretrained import sources
+    weight = runpy_default("eval.hybrid_weight")
+    table: dict[str, dict[str, dict]] = {}  # collection -> system -> row
+    for path in args.collections.split(","):
+        c, rows = os.path.basename(path.rstrip("/")), {}
+        common = collection_flags(path)
+        for start in args.starts.split(","):
+            flags = {"data.name": "beir", "model.pretrained": start, "model.tokenizer": "hf",
+                     "num_train_steps": 0, "eval.untrained": False, **STARTS[start], **common}
+            workdir, wall = dualjax_run(args, f"{c} {start} as is", "configs/default.py", flags)
+            got = rows_of(workdir)
+            rows.setdefault("bm25", got["bm25"])
+            rows[start] = {**got["dual_encoder"], "seconds": wall}
+            rows[f"{start}+bm25"] = got["dual_encoder+bm25_interp"]
+            rows[f"{start}+rrf"] = got["dual_encoder+bm25"]
+            if start == "all-MiniLM-L6-v2":
+                try:
+                    rows.update(sentence_transformers_rows(
+                        workdir, sources.folder_of(start), weight))
+                except ImportError:
+                    print("sentence-transformers is not installed: no reference row")
+        if args.adapt:
+            extra = dict(kv.split("=", 1) for kv in args.adapt_flags.split(",") if kv)
+            workdir, wall = dualjax_run(args, f"{c} adapt {args.adapt_flags}",
+                                        "configs/adapt.py", {**common, **extra})
+            got = rows_of(workdir)
+            rows["adapted"] = {**got["dual_encoder"], "seconds": wall}
+            rows["adapted+bm25"] = got["dual_encoder+bm25_interp"]
+            rows["adapted+rrf"] = got["dual_encoder+bm25"]
+        table[c] = rows
+    print_tables(table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
+                       "hybrid_weight": weight, "table": table}, f, indent=1)
+
+
+def runpy_default(key: str):
+    import runpy
+    config = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "configs",
+                                         "default.py"))["get_config"]()
+    for part in key.split("."):
+        config = config[part]
+    return config
+
+
+def print_tables(table: dict[str, dict[str, dict]]) -> None:
+    collections = list(table)
+    systems = list(dict.fromkeys(s for rows in table.values() for s in rows))
+    for metric in METRICS:
+        print(f"\n{metric} (ratio to BM25); mean ratio over {', '.join(collections)}")
+        print("| system | " + " | ".join(collections) + " | mean ratio | seconds |")
+        print("|---|" + "---:|" * (len(collections) + 2))
+        for s in systems:
+            cells, ratios, seconds = [], [], []
+            for c in collections:
+                row, bm25 = table[c].get(s), table[c]["bm25"][metric]
+                if row is None:
+                    cells.append("")
+                    continue
+                ratios.append(row[metric] / bm25)
+                cells.append(f"{row[metric]:.3f} ({ratios[-1]:.2f}x)")
+                if row.get("seconds"):
+                    seconds.append(row["seconds"])
+            mean = f"{np.mean(ratios):.3f}x" if len(ratios) == len(collections) else ""
+            wall = f"{sum(seconds):.0f}" if seconds else ""
+            print(f"| {s} | " + " | ".join(cells) + f" | {mean} | {wall} |")
+
+
+if __name__ == "__main__":
+    main()
