@@ -253,6 +253,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
             raise ConfigError("config.data.tasks='mlm' needs a transformer document tower "
                               f"(model.tower={config.model.tower!r}); MLM predicts tokens "
                               "from its token states")
+    if any(d.name == tasks_lib.PRETRAIN and "pseudo" in pretraining.parse_tasks(d.tasks)
+           for _, d, _ in task_list) and not (config.model.get("pretrained", "")
+                                              or config.init_from):
+        raise ConfigError("config.data.tasks 'pseudo' labels queries with the run's start: set "
+                          "model.pretrained or config.init_from")
     if pretrain and config.loss.num_mixed_negatives:
         raise ConfigError("config.loss.num_mixed_negatives: mixed negatives are drawn from a "
                           "table of training pairs, which data.name='pretrain' does not have")
@@ -362,6 +367,8 @@ def _check_data(data: ml_collections.ConfigDict, key: str) -> None:
             raise ConfigError(f"config.{key.removesuffix('data')}{e}") from None
         if not 0 <= data.ict_mask_rate <= 1:
             raise ConfigError(f"config.{key}.ict_mask_rate={data.ict_mask_rate} must be in [0, 1]")
+        if not 0 <= data.get("pseudo_weight", 0.5) <= 1:
+            raise ConfigError(f"config.{key}.pseudo_weight={data.pseudo_weight} must be in [0, 1]")
         for option in ("hard_negatives", "pseudo_labels"):
             if data.get(option, 0):
                 raise ConfigError(f"config.{key}.{option}: pre-training pairs are generated, "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import itertools
 import os
 from typing import Iterable
 
@@ -39,6 +40,8 @@ class Task:
     seed: int
     tfds_dir: str
     _eval: dict[str, RetrievalTask] = dataclasses.field(default_factory=dict)
+    # data.tasks "pseudo": the pairs `weak_labels` made, set before `train_source` is read.
+    pseudo_pairs: list[tuple[str, str]] | None = None
 
     @property
     def pretraining(self) -> bool:
@@ -70,16 +73,30 @@ class Task:
         """The training pairs: a TFDS table of records, or a pre-training `PairGenerator`."""
         if self.pretraining:
             d = self.data
-            collection = documents.read_collection(d.path, self.tfds_dir, d.passage_words,
-                                                   d.skip_bad_lines)
-            return pretraining.PairGenerator(collection, pretraining.parse_tasks(d.tasks),
-                                             self.seed, d.ict_mask_rate, d.min_query_words)
+            names = pretraining.parse_tasks(d.tasks)
+            if "pseudo" in names and self.pseudo_pairs is None:
+                raise RuntimeError("data.tasks 'pseudo': the pairs are made (weak_labels) "
+                                   "before the training pairs are read")
+            return pretraining.PairGenerator(self.collection, names, self.seed,
+                                             d.ict_mask_rate, d.min_query_words,
+                                             self.pseudo_pairs)
         return builders.train_source(self.data, self.seed, self.tfds_dir)
+
+    @functools.cached_property
+    def collection(self) -> documents.Collection:
+        """A pre-training task's documents (articles, passages, sentences)."""
+        d = self.data
+        return documents.read_collection(d.path, self.tfds_dir, d.passage_words,
+                                         d.skip_bad_lines)
+
+    @property
+    def needs_pseudo_labels(self) -> bool:
+        return self.pretraining and "pseudo" in pretraining.parse_tasks(self.data.tasks)
 
     def train_texts(self) -> Iterable[str]:
         """The texts to build a vocabulary from."""
-        if self.pretraining:
-            return self.train_source.texts()
+        if self.pretraining:  # every title and passage
+            return itertools.chain(self.collection.titles, self.collection.passages)
         return pipeline.pair_texts(self.train_source)
 
     def train_fields(self) -> Iterable[tuple[features.Fields, features.Fields]]:

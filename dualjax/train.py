@@ -23,7 +23,7 @@ from absl import logging
 from tqdm.auto import tqdm
 
 from dualjax import (checkpoints, config_lib, evaluate, features, frequency, objectives,
-                     pretrained, sharding, tables, tokenizers, warm_start)
+                     pretrained, sharding, tables, tokenizers, warm_start, weak_labels)
 from dualjax import evaluators as evaluators_lib
 from dualjax import workdir as workdir_lib
 from dualjax import tasks as tasks_lib
@@ -254,16 +254,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                                    start), start
 
     splits, inputs, origin = workdir_lib.main_first(prepare)
-    data_iters = []  # one iterator of this process's share of the batches per task
-    if config.num_train_steps:
-        data_iters = [t.train_iterator(inputs, config.global_batch_size, config.seed + i,
-                                       config.loss.num_mixed_negatives)
-                      for i, t in enumerate(tasks)]
-        for t in tasks:
-            logging.info("%s%s; global batch %d over %d devices",
-                         f"Task {t.name} (weight {t.weight}): " if t.name else "",
-                         t.describe_training(config.global_batch_size),
-                         config.global_batch_size, mesh.devices.size)
 
     # Model, optimizer and the sharded state.
     model = models.make_model(config.model, inputs.query.tokenizer.vocab_size,
@@ -281,6 +271,29 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
     train_step = make_train_step(objective, tx, schedule, state_sharding,
                                  sharding.batch_sharding(mesh), replicated, config.loss.log_q_alpha,
                                  config.optimizer.get("table_updates", "dense"))
+    encoders = make_encoders(model)
+
+    def first_params() -> dict:
+        """The towers the run starts from (init_from's, model.pretrained's or random)."""
+        return warm_start.start_params(
+            config, origin, jax.jit(init_state, static_argnums=0)(config.seed)["params"],
+            replicated)
+
+    # Input: each task's training batches (data.tasks "pseudo": labelled by the start first).
+    data_iters = []  # one iterator of this process's share of the batches per task
+    if config.num_train_steps:
+        for t in tasks:
+            if t.needs_pseudo_labels:
+                t.pseudo_pairs = pseudo_labels(config, t, workdir, inputs, mesh, encoders,
+                                               first_params)
+        data_iters = [t.train_iterator(inputs, config.global_batch_size, config.seed + i,
+                                       config.loss.num_mixed_negatives)
+                      for i, t in enumerate(tasks)]
+        for t in tasks:
+            logging.info("%s%s; global batch %d over %d devices",
+                         f"Task {t.name} (weight {t.weight}): " if t.name else "",
+                         t.describe_training(config.global_batch_size),
+                         config.global_batch_size, mesh.devices.size)
 
     def data_state() -> dict:
         """The iterators' positions (one task: its own, as single-task checkpoints hold)."""
@@ -323,7 +336,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
     # They get encode functions; what their val rows decide (eval.select_by) is decided here.
     evaluators = evaluators_lib.from_config(config, tasks, splits, inputs, mesh, workdir, log,
                                             main=workdir_lib.is_main())  # 0 writes the files
-    encoders = make_encoders(model)
     system = config.model.name  # the trained model's rows: "dual_encoder" or "pses"
 
     def towers_of(systems: dict[str, Any]) -> evaluators_lib.Systems:
@@ -441,10 +453,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                      f"{step}, and running again evaluates it")
     systems = {system: state["params"]}
     if config.eval.untrained:  # "start": init_from's or model.pretrained's towers as is
-        first = warm_start.start_params(
-            config, origin, jax.jit(init_state, static_argnums=0)(config.seed)["params"],
-            replicated)
-        systems["start" if config.init_from or origin else "untrained"] = first
+        systems["start" if config.init_from or origin else "untrained"] = first_params()
     row_fields: dict[str, dict] = {}  # {"<system>_best": {"selected_step": its step}}
     out = {}
     for ev in evaluators:
@@ -463,6 +472,27 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                               splits=[s for s in ev.splits if s not in results]))
         out.update(labelled(ev.task, results[ev.splits[-1]]))
     return out
+
+
+def pseudo_labels(config, task: tasks_lib.Task, workdir: str, inputs: features.Inputs, mesh,
+                  encoders: tuple[Callable, Callable], first_params: Callable[[], dict]
+                  ) -> list[tuple[str, str]]:
+    """data.tasks "pseudo": the task's pseudo-labelled pairs (`weak_labels`), made with the
+    towers the run starts from (read once, only when the pairs are not saved yet)."""
+    params = []
+
+    def encode(side: int, texts: list[str]) -> np.ndarray:
+        if not params:
+            params.append(first_params())
+        fn = functools.partial(encoders[side], params[0])
+        return evaluate.encode_texts(fn, texts, (inputs.query, inputs.document)[side],
+                                     config.eval.batch_size, mesh, desc="pseudo-labels")
+
+    d = task.data
+    return weak_labels.load_or_make(
+        workdir, task.collection, config.seed, d.min_query_words, d.pseudo_weight,
+        functools.partial(encode, 0), functools.partial(encode, 1),
+        main=workdir_lib.is_main(), name=task.name)
 
 
 def labelled(task: tasks_lib.Task, rows: Iterable[dict]) -> dict[str, dict]:

@@ -2,7 +2,7 @@
 
     python scripts/bench_zero_shot.py [--collections=../shared/data/npl,...]
         [--starts=all-MiniLM-L6-v2,wordllama:l2_supercat_256,potion-base-8M]
-        [--adapt] [--out=runs/zero_shot] [--json=FILE]
+        [--adapt] [--adapt_flags=k=v,...] [--out=runs/zero_shot] [--json=FILE]
 
 For every collection (default: the four shared ones, NPL, MED, TIME, ADI), rows of
 nDCG@10 and recall@100, each also as a ratio to BM25 and averaged over the collections:
@@ -128,11 +128,16 @@ def main() -> None:
                 except ImportError:
                     print("sentence-transformers is not installed: no reference row")
         if args.adapt:
-            extra = dict(kv.split("=", 1) for kv in args.adapt_flags.split(",") if kv)
+            with open(os.path.join(path, "corpus.jsonl"), "rb") as f:
+                documents = sum(1 for line in f if line.strip())
+            # configs/adapt.py's rule: about 2 passes over the documents, at most 300 steps.
+            steps = max(1, min(300, 2 * documents // 64))
+            extra = {"num_train_steps": steps, "checkpoint_every_steps": steps,
+                     **dict(kv.split("=", 1) for kv in args.adapt_flags.split(",") if kv)}
             workdir, wall = dualjax_run(args, f"{c} adapt {args.adapt_flags}",
                                         "configs/adapt.py", {**common, **extra})
             got = rows_of(workdir)
-            rows["adapted"] = {**got["dual_encoder"], "seconds": wall}
+            rows["adapted"] = {**got["dual_encoder"], "seconds": wall, "steps": steps}
             rows["adapted+bm25"] = got["dual_encoder+bm25_interp"]
             rows["adapted+rrf"] = got["dual_encoder+bm25"]
         table[c] = rows

@@ -262,3 +262,61 @@ def test_a_run_from_the_tiny_bert_trains_exports_and_warm_starts(tmp_path):
     assert rows2["dual_encoder [exact]"]["map@100"] == pytest.approx(
         rows["dual_encoder [exact]"]["map@100"], abs=1e-6)
     assert pretrained.load(str(tmp_path / "warm")) == start
+
+
+# --- weak supervision from the start ----------------------------------------------------
+def test_pseudo_pairs_are_the_hybrids_first_other_document():
+    """Query i was cut from document i: never its own label; the label is the fused
+    first: the dense one at weight 1, BM25's at weight 0."""
+    from dualjax import weak_labels
+    docs = ["alpha beta gamma", "delta epsilon zeta", "alpha delta omega", "rho sigma tau"]
+    queries = ["alpha beta", "delta epsilon", "alpha delta", "rho"]
+    # Dense: every query points at the next document (3 -> 0).
+    basis = np.eye(4, dtype=np.float32)
+    enc_d = lambda texts: basis[[docs.index(t) for t in texts]]
+    enc_q = lambda texts: basis[[(queries.index(t) + 1) % 4 for t in texts]]
+    dense = weak_labels.hybrid_pairs(queries, docs, enc_q, enc_d, weight=1.0)
+    assert dense == [(q, docs[(i + 1) % 4]) for i, q in enumerate(queries)]
+    lexical = dict(weak_labels.hybrid_pairs(queries, docs, enc_q, enc_d, weight=0.0))
+    assert lexical["alpha beta"] == docs[2] and lexical["alpha delta"] in (docs[0], docs[1])
+    assert all(docs.index(d) != queries.index(q) for q, d in lexical.items())
+
+
+def test_adapting_with_pseudo_labels_on_a_beir_folder(tmp_path, monkeypatch):
+    """data.name=pretrain on a BEIR folder with qrels: the start labels one sentence of
+    each document (kept in pseudo_pairs.jsonl and reused on resume), trains on them and
+    is evaluated on the folder's queries, beside the start as is."""
+    from dualjax import train, weak_labels
+    ref = reference("tiny_bert")
+    folder = tmp_path / "beir"
+    (folder / "qrels").mkdir(parents=True)
+    texts = [str(t) for t in ref["texts"]]
+    (folder / "corpus.jsonl").write_text("".join(
+        json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n" for i, t in enumerate(texts)))
+    (folder / "queries.jsonl").write_text("".join(
+        json.dumps({"_id": f"q{i}", "text": " ".join(t.split()[:6])}) + "\n"
+        for i, t in enumerate(texts)))
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"q{i}\td{i}\t1\n" for i in range(len(texts))))
+    cfg = model_config(TINY, max_len=48)
+    cfg.data.update(name="pretrain", path=str(folder), tasks="pseudo",
+                    ignore_identical_ids=False)
+    cfg.update(num_train_steps=2, checkpoint_every_steps=1, global_batch_size=8)
+    cfg.eval.update(index="exact", baselines="bm25", hybrid="bm25")
+    workdir = tmp_path / "run"
+
+    def stop_after_1(step, metrics):
+        if step == 1:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        train.train_and_evaluate(cfg, str(workdir), hooks=[stop_after_1])
+    pairs = [json.loads(line) for line in (workdir / weak_labels.FILE).read_text().splitlines()]
+    assert 0 < len(pairs) <= len(texts)
+    for query, positive in pairs:
+        source = next(t for t in texts if query in t)
+        assert positive in texts and positive != source
+    monkeypatch.setattr(weak_labels, "hybrid_pairs", lambda *a, **k: pytest.fail("relabelled"))
+    rows = train.train_and_evaluate(cfg, str(workdir))
+    assert {"dual_encoder [exact]", "start [exact]", "bm25 [exact]",
+            "dual_encoder+bm25_interp [exact]"} <= set(rows)
+    assert rows["dual_encoder+bm25_interp [exact]"]["hybrid_weight"] == 0.6

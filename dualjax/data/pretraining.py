@@ -13,6 +13,10 @@ Three paragraph-level tasks, each making (query, document) pairs from a `Collect
   document are two spans of one passage ("title. passage" as words), each of a length
   drawn uniformly from CROP_RATIO of its words and placed uniformly, independently (they
   may overlap). No sentence structure is needed, so it applies to any collection.
+- PSEUDO, weak supervision from a model (`dualjax.weak_labels`): (query, document)
+  pairs made before training, e.g. a sentence of each passage labelled with the
+  document the start's hybrid with BM25 ranks first among the others; given to the
+  generator as `pseudo_pairs`.
 And for MLM (`objectives.mlm.objective`, alone): the document is a passage, the query
 empty.
 
@@ -36,7 +40,7 @@ from dualjax.data.beir import document_text
 from dualjax.data.documents import Collection
 from dualjax.data.pairs_file import DataError
 
-TASKS = ("ict", "bfs", "wlp", "crop", "mlm")
+TASKS = ("ict", "bfs", "wlp", "crop", "pseudo", "mlm")
 CROP_RATIO = (0.1, 0.5)  # Contriever's span lengths, as fractions of the passage's words
 CROP_MIN_WORDS = 4  # passages shorter than this are not cropped (nothing to split)
 
@@ -56,8 +60,10 @@ class PairGenerator:
     """(seed, position) -> one pre-training pair; see the module docstring."""
 
     def __init__(self, collection: Collection, tasks: tuple[str, ...], seed: int,
-                 mask_rate: float = 0.9, min_query_words: int = 5):
+                 mask_rate: float = 0.9, min_query_words: int = 5,
+                 pseudo_pairs: list[tuple[str, str]] | None = None):
         c = self.collection = collection
+        self.pseudo_pairs = pseudo_pairs or []
         self.tasks, self.seed, self.mask_rate = tasks, seed, mask_rate
         # Query sentences (long enough), in order; those of sentences [s0, s1) are
         # self._query_sents[searchsorted(s0) : searchsorted(s1)].
@@ -80,6 +86,8 @@ class PairGenerator:
                                           & lead_has_query[article]]
         if "mlm" in tasks:  # every passage (its text is the input; no query)
             self._items["mlm"] = passages
+        if "pseudo" in tasks:  # the pairs made for it
+            self._items["pseudo"] = np.arange(len(self.pseudo_pairs))
         if "crop" in tasks:  # passages with enough words to crop twice
             n_words = np.fromiter((len(p.split()) for p in c.passages), np.int64, len(passages))
             self._items["crop"] = passages[n_words >= CROP_MIN_WORDS]
@@ -133,6 +141,8 @@ class PairGenerator:
             return "", self._document(item), task
         if task == "crop":
             return self._crop(item, rng), self._crop(item, rng), task
+        if task == "pseudo":
+            return (*self.pseudo_pairs[item], task)
         pick = lambda lo_hi: int(self._query_sents[rng.integers(*lo_hi)])  # a query sentence
         if task == "ict":
             s = pick(self._passage_q[item])
@@ -154,4 +164,5 @@ _NEEDS = {"ict": "passages of two or more sentences",
           "bfs": "articles with a lead and passages after it",
           "wlp": "links between articles, or titles mentioned in other articles",
           "crop": f"passages of {CROP_MIN_WORDS} or more words",
+          "pseudo": "pseudo-labelled pairs (dualjax.weak_labels)",
           "mlm": "passages"}
