@@ -86,6 +86,9 @@ class Encoder:
         return self._encode("document", texts, fields, batch_size)
 
     def _encode(self, side: str, texts: Sequence[str], fields, batch_size: int) -> np.ndarray:
+        if isinstance(texts, (str, bytes)):
+            method = {"query": "encode_queries", "document": "encode_documents"}[side]
+            raise TypeError(f"{method} takes a sequence of texts, not one string: pass [text]")
         texts, out = list(texts), []
         for start in range(0, len(texts), batch_size):  # full batches: one compilation
             chunk = texts[start:start + batch_size]

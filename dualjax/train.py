@@ -239,7 +239,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
             for split in splits[t.name]:
                 t.eval_task(split)
         if config.init_from:  # pre-trained elsewhere: its vocabularies (below, its towers)
-            warm_start.copy_vocabularies(config.init_from, workdir)
+            warm_start.copy_vocabularies(config.init_from, workdir, config.model)
         start = warm_start.resolve_start(config, workdir)  # model.pretrained's, recorded
         if config.num_train_steps:
             return splits, load_inputs(

@@ -36,14 +36,37 @@ _NOT_TOWER = {"dtype", "similarity", "temperature", "init_scale", "init_bias", "
               "query_max_len", "doc_max_len"}
 
 
-def copy_vocabularies(init_from: str, workdir: str) -> None:
-    """Copies init_from's vocab.json (and features.json) into `workdir`, unless `workdir`
-    has its own already (a resumed run)."""
+# Model settings that decide the vocabularies: this run reads init_from's, so they must agree.
+VOCABULARY_SETTINGS = ("tokenizer", "tokenizer_path", "vocab_size", "trigram_vocab_size",
+                       "num_oov_buckets", "query_features", "doc_features", "feature_dim",
+                       "feature_vocab_size", "feature_buckets")
+
+
+def _saved_model(init_from: str) -> dict:
+    try:
+        with open(os.path.join(init_from, "config.json")) as f:
+            return json.load(f).get("model", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def copy_vocabularies(init_from: str, workdir: str,
+                      model: ml_collections.ConfigDict | None = None) -> None:
+    """Copies init_from's vocab.json (and features.json, pretrained.json) into `workdir`,
+    unless `workdir` has its own already (a resumed run); ConfigError if `model` asks for
+    another vocabulary than the one init_from's was built with (VOCABULARY_SETTINGS)."""
     if not os.path.isdir(init_from):
         raise ConfigError(f"config.init_from={init_from!r}: no such workdir")
     if not os.path.exists(os.path.join(init_from, "vocab.json")):
         raise ConfigError(f"config.init_from={init_from!r} has no vocab.json: is it a dualjax "
                           "workdir that has trained?")
+    saved = _saved_model(init_from)
+    for key in VOCABULARY_SETTINGS if model is not None else ():
+        if key in saved and key in model and saved[key] != model[key]:
+            raise ConfigError(f"config.init_from={init_from!r} built its vocabulary with "
+                              f"model.{key}={saved[key]!r}, this run asks for {model[key]!r}: "
+                              f"the run reads init_from's vocabulary, so set "
+                              f"--config.model.{key}={saved[key]!r}")
     for name in VOCABULARIES:
         source, target = os.path.join(init_from, name), os.path.join(workdir, name)
         if os.path.exists(source) and not os.path.exists(target):
@@ -55,11 +78,7 @@ def copy_vocabularies(init_from: str, workdir: str) -> None:
 
 def _model_differences(init_from: str, model: ml_collections.ConfigDict) -> list[str]:
     """"model.KEY: OLD (init_from) vs NEW (this run)" for each tower setting that differs."""
-    try:
-        with open(os.path.join(init_from, "config.json")) as f:
-            saved = json.load(f).get("model", {})
-    except (OSError, ValueError):
-        return []
+    saved = _saved_model(init_from)
 
     def flat(d: dict, prefix: str = "model.") -> dict:
         out = {}

@@ -20,6 +20,12 @@ tokens, in_batch_softmax) at global batch `--tower-batch`, for each chunk count 
 temporary buffers per device (`memory_analysis().temp_size_in_bytes`).
 
     python scripts/bench_scale.py --towers                         # 1,024; K = 1, 4, 8
+
+`--bert-memory=K:column_block,...` prints XLA's memory plan per device (temporary buffers,
+arguments, outputs) of one train step of a BERT-base-sized `bert` tower at global batch
+`--tower-batch` of `--max-len` tokens, compiled from abstract values (nothing run):
+
+    python scripts/bench_scale.py --bert-memory=16:1024 --tower-batch=8192 --max-len=256
 """
 from __future__ import annotations
 
@@ -207,6 +213,59 @@ def table(rows: list[dict], dim: int) -> str:
                                 f"{DEVICES} fake CPU devices)")
 
 
+def bert_memory_child(batch: int, chunks: int, block: int, max_len: int) -> dict:
+    """XLA's memory plan, per device, of one train step of a BERT-base-sized `bert`
+    tower (12 x 768, 12 heads, MLP 3,072, 30,522 ids; shared by both sides, AdamW) at
+    global batch `batch` of `max_len`-token texts with encode_chunks=`chunks` and
+    column_block=`block`: compiled from abstract values, nothing allocated or run."""
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + f" --xla_force_host_platform_device_count={DEVICES}").strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import runpy
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    sys.path.insert(0, REPO)
+    from dualjax import losses, sharding, train
+    from dualjax.models import dual_encoder
+    from dualjax.models.bert import BertConfig
+    from dualjax.objectives import dual_encoder as objective_lib
+
+    cfg = runpy.run_path(os.path.join(REPO, "configs", "default.py"))["get_config"]().model
+    cfg.tower, cfg.max_len, cfg.tokenizer = "bert", max_len, "hf"
+    bert = BertConfig(30522, 768, 12, 12, 3072, 512)
+    mesh = sharding.make_mesh(DEVICES)
+    model = dual_encoder.make_model(cfg, bert.vocab_size, bert=bert)
+    objective = objective_lib.objective(
+        model, losses.sharded("in_batch_softmax", mesh, column_block=block), max_len,
+        encode_chunks=chunks)
+    tx = optax.adamw(1e-5)
+    replicated, batch_sharding = sharding.replicated(mesh), sharding.batch_sharding(mesh)
+    init = lambda: {"params": (p := objective.init(jax.random.key(0))), "opt_state": tx.init(p),
+                    "step": jnp.int32(0), "rng": jax.random.key(1)}
+    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+                         jax.eval_shape(init))
+    data = {"doc_ids": jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=batch_sharding)}
+    for side in ("q", "d"):
+        data[f"{side}_ids"] = jax.ShapeDtypeStruct((batch, max_len), jnp.int32,
+                                                   sharding=batch_sharding)
+        data[f"{side}_mask"] = jax.ShapeDtypeStruct((batch, max_len), jnp.bool_,
+                                                    sharding=batch_sharding)
+    step = train.make_train_step(objective, tx, lambda s: 1e-5, replicated, batch_sharding,
+                                 replicated)
+    start = time.perf_counter()
+    m = step.lower(state, data).compile().memory_analysis()
+    gib = lambda n: round(n / 2**30, 3)
+    params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state["params"]))
+    return {"batch": batch, "chunks": chunks, "block": block, "max_len": max_len,
+            "params": params, "compile_seconds": round(time.perf_counter() - start, 1),
+            "temp_gib": gib(m.temp_size_in_bytes), "argument_gib": gib(m.argument_size_in_bytes),
+            "output_gib": gib(m.output_size_in_bytes), "alias_gib": gib(m.alias_size_in_bytes)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", default="8192,32768,65536,131072",
@@ -225,9 +284,18 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2, help="--towers: transformer layers")
     parser.add_argument("--width", type=int, default=128, help="--towers: transformer width")
     parser.add_argument("--max-len", type=int, default=32, help="--towers: tokens per text")
+    parser.add_argument("--bert-memory", default="",
+                        help="K:column_block,...: XLA's per-device memory plan of a BERT-base "
+                             "train step at --tower-batch x --max-len (compiled, not run)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--towers-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.bert_memory:
+        for combo in args.bert_memory.split(","):
+            chunks, _, block = combo.partition(":")
+            print(json.dumps(bert_memory_child(args.tower_batch, int(chunks), int(block or 0),
+                                               args.max_len)), flush=True)
+        return
     if args.towers_child:
         batch, chunks, block = map(int, args.towers_child.split(","))
         print(json.dumps(towers_child(batch, chunks, args.layers, args.width, args.max_len,

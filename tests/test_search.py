@@ -158,3 +158,13 @@ def test_an_hnsw_corpus_index_is_built_saved_and_loaded(bundle, tmp_path):
     docs = encoder.encode_documents(texts)
     scores, ids = loaded.search(q, 5)
     assert scores[0, 0] == pytest.approx(float(np.max(q @ docs.T)), abs=1e-5)  # (ties: any id)
+
+
+def test_a_bundle_refuses_a_bare_string(bundle):
+    """One string is not a list of one-character texts."""
+    import dualjax
+    encoder = dualjax.Encoder.load(bundle)
+    for encode in (encoder.encode_queries, encoder.encode_documents):
+        with pytest.raises(TypeError, match="a sequence of texts, not one string"):
+            encode("how do i fix my bike")
+    assert encoder.encode_queries(["how do i fix my bike"]).shape == (1, encoder.dim)

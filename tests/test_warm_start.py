@@ -106,3 +106,14 @@ def test_pretraining_config_checks():
         cfg = tiny(**{"data.name": "pretrain", "data.path": "x.jsonl", **overrides})
         with pytest.raises(ConfigError, match=fragment.replace("[", r"\[").replace(".", r"\.")):
             config_lib.validate(cfg, 8)
+
+
+@pytest.mark.parametrize("key, value", [("model.vocab_size", 800), ("model.tokenizer", "bigram"),
+                                        ("model.num_oov_buckets", 7)])
+def test_init_from_refuses_another_vocabulary(pretrained, tmp_path, key, value):
+    """The run reads init_from's vocab.json: a vocabulary setting that differs is refused,
+    naming it, not silently ignored."""
+    cfg = tiny(**{"init_from": str(pretrained), key: value})
+    with pytest.raises(ConfigError, match=f"built its vocabulary with {key}=.* this run asks "
+                                          f"for {value!r}"):
+        train.train_and_evaluate(cfg, str(tmp_path))
