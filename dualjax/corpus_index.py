@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from dualjax import index as index_lib
 from dualjax.data.corpus_file import read_corpus
 from dualjax.encoder import Encoder
-from dualjax.workdir import atomic_write
+from dualjax.workdir import atomic_write, check_output, replace_folder
 
 META = "index.json"
 FORMAT = 1
@@ -39,12 +39,17 @@ def _eval_config() -> ml_collections.ConfigDict:
 
 
 def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: str = "scann",
-          k: int = 100, batch_size: int = 1024) -> "CorpusIndex":
+          k: int = 100, batch_size: int = 1024, inputs: tuple[str, ...] = (),
+          overwrite: bool = False) -> "CorpusIndex":
     """Encodes `texts` with the encoder's document side (a progress bar over batches),
     builds a `kind` index ("scann", "hnsw" or "exact") for `k` results and writes it all
-    to `out` (replacing what is there). Returns it loaded."""
+    to `out`: new, empty or (with `overwrite`) an index, never one of `inputs` (the
+    bundle, the corpus) or a folder holding one. Written beside `out`, then renamed: a
+    failure leaves `out` as it was and nothing else behind. Returns it loaded."""
     if kind not in index_lib.INDEXES:
         raise ValueError(f"--kind={kind!r} is not one of: {', '.join(index_lib.INDEXES)}")
+    check_output(out, META, "corpus index", inputs=(encoder.directory, *inputs),
+                 overwrite=overwrite)
     start = time.perf_counter()
     parts = []
     with tqdm(total=len(texts), desc="encode corpus", unit="text", disable=None) as bar:
@@ -56,6 +61,17 @@ def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: st
     tmp = f"{out.rstrip(os.sep)}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
+    try:
+        _write(tmp, encoder, ids, texts, embeddings, kind, k, start, encoded)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_folder(tmp, out)
+    return CorpusIndex(out, encoder.id)
+
+
+def _write(tmp: str, encoder: Encoder, ids: list[str], texts: list[str], embeddings: np.ndarray,
+           kind: str, k: int, start: float, encoded: float) -> None:
     np.save(os.path.join(tmp, "embeddings.npy"), embeddings)
     with open(os.path.join(tmp, "corpus.jsonl"), "w", encoding="utf-8") as f:
         f.writelines(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n"
@@ -68,9 +84,6 @@ def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: st
             "encode_seconds": round(encoded, 3),
             "build_seconds": round(time.perf_counter() - start - encoded, 3)}
     atomic_write(os.path.join(tmp, META), json.dumps(meta, indent=1) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return CorpusIndex(out, encoder.id)
 
 
 def _searcher_dir(directory: str, kind: str) -> str | None:
@@ -113,8 +126,11 @@ def main(argv: list[str]) -> None:
     f = flags.FLAGS
     try:
         encoder = Encoder.load(f.encoder)
+        check_output(f.out, META, "corpus index", inputs=(f.encoder, f.corpus),
+                     overwrite=f.overwrite)  # before the corpus is read
         ids, texts = read_corpus(f.corpus)
-        built = build(encoder, ids, texts, f.out, f.kind, batch_size=f.batch_size)
+        built = build(encoder, ids, texts, f.out, f.kind, batch_size=f.batch_size,
+                      inputs=(f.corpus,), overwrite=f.overwrite)
     except (FileNotFoundError, DataError, ValueError) as e:
         sys.exit(f"dualjax.index: {e}")
     m = built.meta
@@ -126,7 +142,9 @@ def run() -> None:
     """`python -m dualjax.index` and the `dualjax-index` console script."""
     flags.DEFINE_string("encoder", None, "An exported encoder (python -m dualjax.export).")
     flags.DEFINE_string("corpus", None, "A corpus: .jsonl, .json, .tsv, .txt or a BEIR folder.")
-    flags.DEFINE_string("out", None, "The index's folder (made or replaced).")
+    flags.DEFINE_string("out", None, "The index's folder: new, empty, or an index to replace "
+                        "with --overwrite (never the bundle or the corpus).")
+    flags.DEFINE_bool("overwrite", False, "Replace the index already at --out.")
     flags.DEFINE_enum("kind", "scann", list(index_lib.INDEXES), "The searcher to build "
                       "(hnsw needs faiss-cpu).")
     flags.DEFINE_integer("batch_size", 1024, "Texts per encoding batch.")

@@ -34,6 +34,7 @@ class Encoder:
     """Encodes texts into the model's unit vectors, query side or document side."""
 
     def __init__(self, directory: str):
+        self.directory = directory
         path = os.path.join(directory, "encoder.json")
         if not os.path.exists(path):
             raise FileNotFoundError(f"{directory}: no encoder.json; make a bundle with "

@@ -25,20 +25,33 @@ from flax import serialization
 from dualjax import trained as trained_lib
 from dualjax.encoder import FORMAT, SIDES, Encoder
 from dualjax.metrics_log import setup_logging
-from dualjax.workdir import atomic_write
+from dualjax.workdir import OutputError, atomic_write, check_output, replace_folder
 
 
-def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "tpu")
-           ) -> Encoder:
-    """Writes the bundle of `workdir`'s latest checkpoint to `out` (replacing what is
-    there) and returns it loaded."""
+def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "tpu"),
+           overwrite: bool = False) -> Encoder:
+    """Writes the bundle of `workdir`'s latest checkpoint to `out` and returns it loaded.
+    `out` must be new, empty or (with `overwrite`) a bundle; never the workdir or a
+    folder holding it (`workdir.check_output`). Written beside `out`, then renamed:
+    a failure leaves `out` as it was and nothing else behind."""
+    check_output(out, "encoder.json", "bundle", inputs=[workdir], overwrite=overwrite)
     trained = trained_lib.load_trained(workdir)
-    model, inputs = trained.model, trained.inputs
     params = jax.device_get(trained.params)
     batch = jax.export.symbolic_shape("b")[0]
     tmp = f"{out.rstrip(os.sep)}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
+    try:
+        _write_bundle(tmp, workdir, trained, params, batch, platforms)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_folder(tmp, out)
+    return Encoder.load(out)
+
+
+def _write_bundle(tmp: str, workdir: str, trained, params, batch, platforms) -> None:
+    model, inputs = trained.model, trained.inputs
     dims = {}
     for side, method in zip(SIDES, ("encode_queries", "encode_documents")):
         s = getattr(inputs, side)
@@ -70,9 +83,6 @@ def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "t
             "max_len": {side: getattr(inputs, side).max_len for side in SIDES},
             "platforms": list(platforms), "jax": jax.__version__}
     atomic_write(os.path.join(tmp, "encoder.json"), json.dumps(meta, indent=1) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return Encoder.load(out)
 
 
 def main(argv: list[str]) -> None:
@@ -80,8 +90,8 @@ def main(argv: list[str]) -> None:
     setup_logging()
     f = flags.FLAGS
     try:
-        encoder = export(f.workdir, f.out, f.platforms)
-    except FileNotFoundError as e:
+        encoder = export(f.workdir, f.out, f.platforms, f.overwrite)
+    except (FileNotFoundError, OutputError) as e:
         sys.exit(f"dualjax.export: {e}")
     size = sum(os.path.getsize(os.path.join(f.out, n)) for n in os.listdir(f.out))
     print(f"{f.out}: {encoder.meta['model']} at step {encoder.meta['step']}, "
@@ -92,7 +102,9 @@ def run() -> None:
     """The `dualjax-export` console script: the same as `python -m dualjax.export`. The
     flags are defined here, not on import: `search` defines a --workdir of its own."""
     flags.DEFINE_string("workdir", None, "A trained dualjax workdir.")
-    flags.DEFINE_string("out", None, "The bundle's folder (made or replaced).")
+    flags.DEFINE_string("out", None, "The bundle's folder: new, empty, or a bundle to "
+                        "replace with --overwrite (never the workdir).")
+    flags.DEFINE_bool("overwrite", False, "Replace the bundle already at --out.")
     flags.DEFINE_list("platforms", ["cpu", "cuda", "tpu"],
                       "Platforms the exported encoders run on.")
     flags.mark_flags_as_required(["workdir", "out"])

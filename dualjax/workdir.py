@@ -19,11 +19,12 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import ml_collections
 import numpy as np
@@ -56,6 +57,48 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+class OutputError(ValueError):
+    """An output folder that may not be written: the message names it and says why."""
+
+
+def check_output(out: str, marker: str, what: str, inputs: Sequence[str] = (),
+                 overwrite: bool = False) -> None:
+    """Refuses, before any work, an `out` folder that would lose something: one that is
+    or holds one of `inputs` (a new folder inside one is fine); an existing file; a
+    folder that is not already a `what` (it has no `marker` file); and an existing
+    `what` unless `overwrite`."""
+    if not out:
+        raise OutputError(f"--out is empty: name the {what}'s folder")
+    full = os.path.realpath(out)
+    for given in inputs:
+        source = os.path.realpath(given)
+        if full == source or source.startswith(full + os.sep):
+            raise OutputError(f"--out={out} would write over its own input {given}: choose "
+                              "another folder")
+    if os.path.lexists(full) and not os.path.isdir(full):
+        raise OutputError(f"--out={out} is a file, not a folder")
+    if os.path.isdir(full) and os.listdir(full):
+        if not os.path.isfile(os.path.join(full, marker)):
+            raise OutputError(f"--out={out} exists and is not a {what} (no {marker}): "
+                              "choose an empty or new folder")
+        if not overwrite:
+            raise OutputError(f"--out={out} already holds a {what}: pass --overwrite to "
+                              "replace it")
+    parent = os.path.dirname(full)
+    if not os.path.isdir(parent):
+        raise OutputError(f"--out={out}: its parent folder {parent} does not exist")
+
+
+def replace_folder(tmp: str, out: str) -> None:
+    """Puts the finished folder `tmp` at `out` (a folder `check_output` allowed), the old
+    one moved aside first and removed only once the new one is in place."""
+    old = f"{out.rstrip(os.sep)}.old{os.getpid()}"
+    if os.path.isdir(out):
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def atomic_json(path: str | os.PathLike, payload: Any, **dump_args: Any) -> None:
