@@ -26,10 +26,11 @@ from tqdm.auto import tqdm
 from dualjax import index as index_lib
 from dualjax.data.corpus_file import read_corpus
 from dualjax.encoder import Encoder
-from dualjax.workdir import atomic_write, check_output, replace_folder
+from dualjax.workdir import (atomic_write, check_output, file_digests, replace_folder,
+                             verify_digests)
 
 META = "index.json"
-FORMAT = 1
+FORMAT = 2  # 2: index.json records its files' digests
 
 
 def _eval_config() -> ml_collections.ConfigDict:
@@ -79,7 +80,8 @@ def _write(tmp: str, encoder: Encoder, ids: list[str], texts: list[str], embeddi
     k = min(k, len(texts))
     _, info = index_lib.make_index(kind, embeddings, _eval_config(), k,
                                    directory=_searcher_dir(tmp, kind), extra=encoder.id)
-    meta = {"format": FORMAT, "encoder_id": encoder.id, "kind": kind, "k": k,
+    files = file_digests(tmp, ["corpus.jsonl", "embeddings.npy"])  # checked on loading
+    meta = {"format": FORMAT, "encoder_id": encoder.id, "files": files, "kind": kind, "k": k,
             "n": len(texts), "dim": int(embeddings.shape[1]), "settings": info["settings"],
             "encode_seconds": round(encoded, 3),
             "build_seconds": round(time.perf_counter() - start - encoded, 3)}
@@ -98,17 +100,30 @@ class CorpusIndex:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{directory}: no {META}; build one with python -m "
                                     "dualjax.index --encoder=DIR --corpus=FILE --out=DIR")
-        with open(path) as f:
-            self.meta = json.load(f)
-        if encoder_id is not None and self.meta["encoder_id"] != encoder_id:
-            raise ValueError(f"{directory} was built with encoder {self.meta['encoder_id']}, "
+        try:
+            with open(path) as f:
+                self.meta = json.load(f)
+            if self.meta.get("format") != FORMAT:
+                raise ValueError(f"format {self.meta.get('format')}, this dualjax reads "
+                                 f"{FORMAT}; build it again")
+            n, dim, recorded = self.meta["n"], self.meta["dim"], self.meta["files"]
+            built_with = self.meta["encoder_id"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: not a readable index.json ({e})") from None
+        if encoder_id is not None and built_with != encoder_id:
+            raise ValueError(f"{directory} was built with encoder {built_with}, "
                              f"not {encoder_id}: build it again with this encoder")
+        # Its parts as they were written, before anything is answered or rebuilt.
+        verify_digests(directory, recorded, "index")
         with open(os.path.join(directory, "corpus.jsonl"), encoding="utf-8") as f:
             rows = [json.loads(line) for line in f]
         self.ids, self.texts = [r["id"] for r in rows], [r["text"] for r in rows]
         # The saved vectors, not the texts again: the searcher saved beside them is loaded
         # when their fingerprint matches (else rebuilt from them, with a warning).
         embeddings = np.load(os.path.join(directory, "embeddings.npy"), mmap_mode="r")
+        if len(rows) != n or embeddings.shape != (n, dim):
+            raise ValueError(f"{directory}: {len(rows)} documents and embeddings of shape "
+                             f"{embeddings.shape}, but {META} records {n} x {dim}")
         self.searcher, _ = index_lib.make_index(
             self.meta["kind"], embeddings, _eval_config(), self.meta["k"],
             directory=_searcher_dir(directory, self.meta["kind"]), extra=self.meta["encoder_id"])

@@ -16,6 +16,7 @@ config, and never the training workdir.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Sequence
@@ -25,8 +26,15 @@ import numpy as np
 from flax import serialization
 
 from dualjax import features, tokenizers
+from dualjax.workdir import verify_digests
 
-FORMAT = 1  # encoder.json "format": bumped when a bundle's layout changes
+FORMAT = 2  # encoder.json "format": bumped when a bundle's layout changes (2: "files")
+
+
+def bundle_id(files: dict[str, str]) -> str:
+    """A bundle's id: a digest of its files' names and sha256 digests (what an index
+    built with it records)."""
+    return hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest()[:16]
 SIDES = ("query", "document")
 
 
@@ -44,6 +52,10 @@ class Encoder:
         if self.meta.get("format") != FORMAT:
             raise ValueError(f"{path}: bundle format {self.meta.get('format')}, this dualjax "
                              f"reads {FORMAT}; export it again")
+        files = self.meta.get("files")
+        if not isinstance(files, dict) or bundle_id(files) != self.meta.get("id"):
+            raise ValueError(f"{path}: its file list does not give its id; export it again")
+        verify_digests(directory, files, "bundle")  # every file as it was exported
         tokenizer = tokenizers.load_tokenizer(os.path.join(directory, "vocab.json"))
         fields = (features.load(os.path.join(directory, "features.json"))
                   if os.path.exists(os.path.join(directory, "features.json"))
@@ -67,7 +79,8 @@ class Encoder:
 
     @property
     def id(self) -> str:
-        """A digest of the bundle's files: an index built with this encoder records it."""
+        """A digest of the bundle's files (checked when loaded): an index built with this
+        encoder records it."""
         return self.meta["id"]
 
     def known_query_tokens(self, text: str) -> int:

@@ -9,7 +9,6 @@ the config or the optimizer state.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,9 +22,10 @@ from absl import app, flags
 from flax import serialization
 
 from dualjax import trained as trained_lib
-from dualjax.encoder import FORMAT, SIDES, Encoder
+from dualjax.encoder import FORMAT, SIDES, Encoder, bundle_id
 from dualjax.metrics_log import setup_logging
-from dualjax.workdir import OutputError, atomic_write, check_output, replace_folder
+from dualjax.workdir import (OutputError, atomic_write, check_output, file_digests,
+                             replace_folder)
 
 
 def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "tpu"),
@@ -73,11 +73,9 @@ def _write_bundle(tmp: str, workdir: str, trained, params, batch, platforms) -> 
     for name in ("vocab.json", "features.json"):
         if os.path.exists(os.path.join(workdir, name)):
             shutil.copyfile(os.path.join(workdir, name), os.path.join(tmp, name))
-    digest = hashlib.sha256()  # the bundle's id: what an index built with it records
-    for name in sorted(os.listdir(tmp)):
-        with open(os.path.join(tmp, name), "rb") as f:
-            digest.update(name.encode() + f.read())
-    meta = {"format": FORMAT, "id": digest.hexdigest()[:16], "model": trained.config.model.name,
+    files = file_digests(tmp, sorted(os.listdir(tmp)))  # checked by Encoder.load
+    meta = {"format": FORMAT, "id": bundle_id(files), "files": files,
+            "model": trained.config.model.name,
             "step": trained.step,
             "workdir": os.path.abspath(workdir), "dim": dims["query"],
             "max_len": {side: getattr(inputs, side).max_len for side in SIDES},

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -57,6 +58,27 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def file_digests(folder: str, names: Sequence[str]) -> dict[str, str]:
+    """{name: sha256 hex of folder/name} (a file's name and bytes: what a bundle or an
+    index records, and checks when loaded)."""
+    out = {}
+    for name in names:
+        with open(os.path.join(folder, name), "rb") as f:
+            out[name] = hashlib.file_digest(f, "sha256").hexdigest()
+    return out
+
+
+def verify_digests(folder: str, recorded: dict[str, str], what: str) -> None:
+    """ValueError naming the first file of `recorded` that is missing or changed."""
+    for name, digest in sorted(recorded.items()):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            raise ValueError(f"{path}: missing from the {what}")
+        if file_digests(folder, [name])[name] != digest:
+            raise ValueError(f"{path}: changed since the {what} was written (sha256 differs "
+                             f"from its record); make the {what} again")
 
 
 class OutputError(ValueError):

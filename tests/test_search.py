@@ -205,3 +205,38 @@ def test_outputs_never_replace_their_inputs_or_other_folders(workdir, bundle, tm
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr
     assert sorted(os.listdir(beir)) == ["corpus.jsonl", "idx", "qrels"]
+
+
+def test_a_changed_bundle_or_index_is_refused_naming_the_file(bundle, tmp_path):
+    """A bundle checks its files against its id, an index its parts against index.json,
+    before answering: a changed vocabulary, a shortened corpus or reordered embeddings
+    are refused by file name instead of shifting every answer."""
+    import json
+    import shutil
+    import dualjax
+    from dualjax import corpus_index
+    texts = [f"document number {i} about bikes and rice" for i in range(12)]
+    encoder = dualjax.Encoder.load(bundle)
+    corpus_index.build(encoder, [str(i) for i in range(12)], texts, str(tmp_path / "idx"),
+                       kind="exact")
+
+    def broken(folder: str, name: str, change) -> str:
+        copy = tmp_path / f"{os.path.basename(folder)}_{name.replace('.', '_')}"
+        shutil.copytree(folder, copy)
+        change(copy / name)
+        return str(copy)
+
+    def swap_two_words(path):
+        vocab = json.loads(path.read_text())
+        vocab["vocab"][0], vocab["vocab"][1] = vocab["vocab"][1], vocab["vocab"][0]
+        path.write_text(json.dumps(vocab))
+
+    with pytest.raises(ValueError, match="vocab.json: changed since the bundle was written"):
+        dualjax.Encoder.load(broken(bundle, "vocab.json", swap_two_words))
+    idx = str(tmp_path / "idx")
+    drop_lines = lambda p: p.write_text("".join(p.read_text().splitlines(True)[3:]))
+    reorder = lambda p: np.save(p, np.load(p)[::-1])
+    for name, change in (("corpus.jsonl", drop_lines), ("embeddings.npy", reorder)):
+        with pytest.raises(ValueError, match=f"{name}: changed since the index was written"):
+            corpus_index.CorpusIndex(broken(idx, name, change), encoder.id)
+    assert corpus_index.CorpusIndex(idx, encoder.id).texts == texts
