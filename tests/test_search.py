@@ -171,39 +171,44 @@ def test_a_bundle_refuses_a_bare_string(bundle):
 
 
 def test_outputs_never_replace_their_inputs_or_other_folders(workdir, bundle, tmp_path):
-    """export and index refuse, in one line and before any work, an --out that is their
-    input (the workdir, the bundle, a BEIR folder given as the corpus), a folder that is
-    not of their kind, or one of their kind without --overwrite; the input is intact."""
+    """export and index refuse, before any work, an --out that is their input (the
+    workdir, the bundle, a BEIR folder given as the corpus) or holds it, a folder that is
+    not of their kind, or one of their kind without --overwrite; the inputs are intact.
+    On the command line the refusal is one line with exit 1."""
+    import dualjax
+    from dualjax import corpus_index, export
+    from dualjax.workdir import OutputError
     beir = tmp_path / "beir"
     (beir / "qrels").mkdir(parents=True)
     (beir / "corpus.jsonl").write_text('{"_id": "a", "text": "how do i fix my bike"}\n')
     (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n")
     before = {p: sorted(os.listdir(p)) for p in (str(workdir), bundle, str(beir))}
-    cases = [
-        (["dualjax.export", f"--workdir={workdir}", f"--out={workdir}"], "its own input"),
-        (["dualjax.export", f"--workdir={workdir}", f"--out={workdir / '..'}"], "its own input"),
-        (["dualjax.export", f"--workdir={workdir}", f"--out={beir}"], "is not a bundle"),
-        (["dualjax.export", f"--workdir={workdir}", f"--out={bundle}"], "--overwrite"),
-        (["dualjax.index", f"--encoder={bundle}", f"--corpus={beir}", f"--out={beir}"],
-         "its own input"),
-        (["dualjax.index", f"--encoder={bundle}", f"--corpus={beir}", f"--out={bundle}"],
-         "its own input"),
-        (["dualjax.index", f"--encoder={bundle}", f"--corpus={beir}",
-          f"--out={beir / 'corpus.jsonl'}"], "is a file"),
-    ]
-    for args, message in cases:
-        out = subprocess.run([sys.executable, "-m", *args, "--platforms=cpu"
-                              if args[0] == "dualjax.export" else "--kind=exact"],
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 1 and message in out.stderr, (args, out.stderr)
+    encoder = dualjax.Encoder.load(bundle)
+    index = lambda out, **kw: corpus_index.build(encoder, ["a"], ["how do i fix my bike"],
+                                                 str(out), kind="exact", inputs=(str(beir),),
+                                                 **kw)
+    for call, message in [
+            (lambda: export.export(str(workdir), str(workdir)), "its own input"),
+            (lambda: export.export(str(workdir), str(workdir / "..")), "its own input"),
+            (lambda: export.export(str(workdir), str(beir)), "is not a bundle"),
+            (lambda: export.export(str(workdir), bundle), "--overwrite"),
+            (lambda: index(beir), "its own input"),
+            (lambda: index(bundle), "its own input"),
+            (lambda: index(beir / "corpus.jsonl"), "is a file")]:
+        with pytest.raises(OutputError, match=message):
+            call()
+    for args in (["dualjax.export", f"--workdir={workdir}", f"--out={workdir}"],
+                 ["dualjax.index", f"--encoder={bundle}", f"--corpus={beir}", f"--out={beir}"]):
+        out = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 1 and "its own input" in out.stderr, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert {p: sorted(os.listdir(p)) for p in before} == before
     # A new folder inside the corpus folder is fine, and --overwrite replaces an index.
-    for extra in ([], ["--overwrite"]):
-        out = subprocess.run([sys.executable, "-m", "dualjax.index", f"--encoder={bundle}",
-                              f"--corpus={beir}", f"--out={beir / 'idx'}", "--kind=exact", *extra],
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr
+    index(beir / "idx")
+    with pytest.raises(OutputError, match="--overwrite"):
+        index(beir / "idx")
+    index(beir / "idx", overwrite=True)
     assert sorted(os.listdir(beir)) == ["corpus.jsonl", "idx", "qrels"]
 
 
