@@ -23,11 +23,10 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from dualjax.models.towers import SelfAttention, _axes, _own_or_shared, masked_mean
+from dualjax.models.towers import (SelfAttention, _axes, _layer_norm, _own_or_shared,
+                                   feed_forward, masked_mean)
 
 POOLINGS = ("mean", "cls")
-_zeros = nn.initializers.zeros_init()
-_ones = nn.initializers.ones_init()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,11 +69,6 @@ class BertConfig:
         return cls(**data)
 
 
-def _layer_norm(eps: float, dtype: Any, name: str) -> nn.LayerNorm:
-    return nn.LayerNorm(epsilon=eps, dtype=dtype, name=name, scale_init=_axes(_ones, "embed"),
-                        bias_init=_axes(_zeros, "embed"))
-
-
 class BertLayer(nn.Module):
     """Post-LN: x = LN(x + attention(x)); x = LN(x + mlp_out(gelu(mlp_in(x))))."""
     num_heads: int
@@ -85,15 +79,10 @@ class BertLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
-        init = nn.initializers.normal(stddev=self.init_std)
-        x = _layer_norm(self.eps, self.dtype, "ln_attn")(
+        x = _layer_norm(self.dtype, "ln_attn", self.eps)(
             x + SelfAttention(self.num_heads, self.init_std, self.dtype, name="attn")(x, mask))
-        y = nn.Dense(self.intermediate_size, dtype=self.dtype, name="mlp_in",
-                     kernel_init=_axes(init, "embed", "mlp"), bias_init=_axes(_zeros, "mlp"))(x)
-        y = nn.Dense(x.shape[-1], dtype=self.dtype, name="mlp_out",
-                     kernel_init=_axes(init, "mlp", "embed"),
-                     bias_init=_axes(_zeros, "embed"))(nn.gelu(y, approximate=False))
-        return _layer_norm(self.eps, self.dtype, "ln_mlp")(x + y)
+        y = feed_forward(x, self.intermediate_size, self.init_std, self.dtype, approximate=False)
+        return _layer_norm(self.dtype, "ln_mlp", self.eps)(x + y)
 
 
 class BertTower(nn.Module):
@@ -121,7 +110,7 @@ class BertTower(nn.Module):
                          (c.max_positions, c.hidden_size))
         token_type = self.param("type_embed", _axes(init, "embed"), (c.hidden_size,))
         x = table(ids) + pos[None, :length] + token_type
-        x = _layer_norm(c.layer_norm_eps, self.dtype, "ln_embed")(x.astype(self.dtype))
+        x = _layer_norm(self.dtype, "ln_embed", c.layer_norm_eps)(x.astype(self.dtype))
         for i in range(c.num_layers):
             x = BertLayer(c.num_heads, c.intermediate_size, c.layer_norm_eps, c.init_std,
                           self.dtype, name=f"layer_{i}")(x, mask)

@@ -315,9 +315,21 @@ class SelfAttention(nn.Module):
         return jnp.einsum("bqhd,hde->bqe", y, w.astype(self.dtype)) + b.astype(self.dtype)
 
 
-def _layer_norm(dtype: Any, name: str) -> nn.LayerNorm:
-    return nn.LayerNorm(dtype=dtype, name=name, scale_init=_axes(_ones, "embed"),
-                        bias_init=_axes(_zeros, "embed"))
+def _layer_norm(dtype: Any, name: str, epsilon: float = 1e-6) -> nn.LayerNorm:
+    return nn.LayerNorm(epsilon=epsilon, dtype=dtype, name=name,
+                        scale_init=_axes(_ones, "embed"), bias_init=_axes(_zeros, "embed"))
+
+
+def feed_forward(x: jnp.ndarray, hidden: int, init_std: float, dtype: Any,
+                 approximate: bool = True) -> jnp.ndarray:
+    """A Transformer layer's MLP, x [.., width] -> mlp_out(gelu(mlp_in(x))) [.., width]
+    (call inside nn.compact: the Dense layers are the caller's "mlp_in", "mlp_out")."""
+    init = nn.initializers.normal(stddev=init_std)
+    y = nn.Dense(hidden, dtype=dtype, name="mlp_in", kernel_init=_axes(init, "embed", "mlp"),
+                 bias_init=_axes(_zeros, "mlp"))(x)
+    return nn.Dense(x.shape[-1], dtype=dtype, name="mlp_out",
+                    kernel_init=_axes(init, "mlp", "embed"),
+                    bias_init=_axes(_zeros, "embed"))(nn.gelu(y, approximate=approximate))
 
 
 class EncoderLayer(nn.Module):
@@ -329,16 +341,10 @@ class EncoderLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
-        init = nn.initializers.normal(stddev=self.init_std)
         x = x + SelfAttention(self.num_heads, self.init_std, self.dtype, name="attn")(
                 _layer_norm(self.dtype, "ln_attn")(x), mask)
-        y = _layer_norm(self.dtype, "ln_mlp")(x)
-        y = nn.Dense(self.mlp_dim, dtype=self.dtype, name="mlp_in",
-                     kernel_init=_axes(init, "embed", "mlp"), bias_init=_axes(_zeros, "mlp"))(y)
-        y = nn.Dense(x.shape[-1], dtype=self.dtype, name="mlp_out",
-                     kernel_init=_axes(init, "mlp", "embed"),
-                     bias_init=_axes(_zeros, "embed"))(nn.gelu(y))
-        return x + y
+        return x + feed_forward(_layer_norm(self.dtype, "ln_mlp")(x), self.mlp_dim,
+                                self.init_std, self.dtype)
 
 
 class TransformerTower(nn.Module):
