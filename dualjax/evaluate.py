@@ -34,13 +34,13 @@ def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], side: Side, batch_si
     Texts are batched longest first (by characters, as sentence-transformers does) and
     each batch is cut to `length_bucket` of its longest text, so short texts are not
     run at the full max length (padding never changes a text's vector). The last batch
-    is padded to the full size (a single batch: to the device count) so each length
-    compiles once; each batch is sharded over the mesh's `data` axis. In a multi-host
+    is padded to the full size so each length compiles once (for every corpus alike);
+    each batch is sharded over the mesh's `data` axis. In a multi-host
     run every process calls this with the same texts: each tokenizes every batch,
     places its share, and gets all the embeddings back.
     """
     n_dev, n_proc, me = mesh.devices.size, jax.process_count(), jax.process_index()
-    batch_size = -(-min(batch_size, max(len(texts), 1)) // n_dev) * n_dev
+    batch_size = -(-batch_size // n_dev) * n_dev
     share = batch_size // n_proc  # this process's rows of each batch
     order = np.argsort([-len(t) for t in texts], kind="stable")
     out = np.zeros((len(texts), 0), np.float32)

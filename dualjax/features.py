@@ -215,29 +215,33 @@ def load(path: str) -> tuple[SideFeatures, SideFeatures]:
     return SideFeatures.from_json(data["query"]), SideFeatures.from_json(data["document"])
 
 
-MIN_BUCKET = 32  # shortest padded length a batch is cut to (`length_bucket`)
+MIN_BUCKET = 32  # shortest padded length an evaluation batch is cut to (`length_bucket`)
+# Training cuts only long texts' batches: each length compiles the whole train step again,
+# which a run of a few steps (or of short texts, max_len <= 128) never pays back.
+TRAIN_MIN_BUCKET = 128
 TEXT_PREFIXES = ("q", "d", "m", "n")  # a batch's texts: queries, documents, mixed, hard negatives
 
 
-def length_bucket(longest: int, max_len: int) -> int:
+def length_bucket(longest: int, max_len: int, min_bucket: int = MIN_BUCKET) -> int:
     """The padded length of a batch whose longest text has `longest` tokens: the next
-    power of two from MIN_BUCKET on, at most max_len (a few shapes, one compile each)."""
-    bucket = MIN_BUCKET
+    power of two from `min_bucket` on, at most max_len (a few shapes, one compile each)."""
+    bucket = min_bucket
     while bucket < longest:
         bucket *= 2
     return min(bucket, max_len)
 
 
-def trim_padding(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def trim_padding(batch: dict[str, np.ndarray], min_bucket: int = TRAIN_MIN_BUCKET
+                 ) -> dict[str, np.ndarray]:
     """`batch` with each text field's ids and mask ("<prefix>_ids", "<prefix>_mask", last
     axis the length) cut to `length_bucket` of its longest text: padding never changes a
     text's vector, and a batch of short texts need not run at the full max length."""
     out = dict(batch)
     for prefix in TEXT_PREFIXES:
         mask = batch.get(f"{prefix}_mask")
-        if mask is None or mask.shape[-1] <= MIN_BUCKET:
+        if mask is None or mask.shape[-1] <= min_bucket:
             continue
-        length = length_bucket(int(mask.sum(-1).max(initial=0)), mask.shape[-1])
+        length = length_bucket(int(mask.sum(-1).max(initial=0)), mask.shape[-1], min_bucket)
         out[f"{prefix}_ids"] = batch[f"{prefix}_ids"][..., :length]
         out[f"{prefix}_mask"] = mask[..., :length]
     return out
