@@ -20,7 +20,6 @@ from dualjax import config_lib, features, pretrained, warm_start
 from dualjax.models import dual_encoder
 from dualjax.models.bert import BertTower
 from dualjax.pretrained import sources
-from dualjax.pretrained.tokenizer import HFTokenizer
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "pretrained"
 TINY = str(FIXTURES / "tiny_bert")
