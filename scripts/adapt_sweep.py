@@ -39,7 +39,7 @@ from dualjax.models.bert import BertTower
 SHARED = [f"../shared/data/{c}" for c in ("npl", "med", "time", "adi")]
 
 
-def encoder(start, params_dtype=jnp.float32):
+def encoder(start):
     tower = BertTower(start.bert)
 
     @jax.jit
