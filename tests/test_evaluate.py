@@ -264,3 +264,24 @@ def test_format_table_rows_and_aligned_columns():
     # Numeric columns are right-aligned: values end where the header ends.
     end = lines[0].index("map@100") + len("map@100")
     assert lines[2][:end].endswith("0.1235") and lines[3][:end].endswith("0.2500")
+
+
+def test_batches_are_cut_to_a_power_of_two_length():
+    """length_bucket: the next power of two from the minimum, at most max_len; trim_padding
+    cuts each text field of a training batch to its own bucket (hard negatives [b, k, len]
+    too) and leaves fields no longer than the minimum as they are."""
+    from dualjax import features
+    assert [features.length_bucket(n, 256) for n in (0, 1, 32, 33, 64, 65, 200, 256)] == \
+        [32, 32, 32, 64, 64, 128, 256, 256]
+    assert features.length_bucket(300, 288) == 288
+    assert features.length_bucket(5, 512, min_bucket=128) == 128
+    lengths = lambda *shape_and_longest: np.arange(shape_and_longest[-2]) < shape_and_longest[-1]
+    batch = {"q_ids": np.ones((4, 64), np.int32), "q_mask": np.tile(lengths(64, 20), (4, 1)),
+             "d_ids": np.ones((4, 512), np.int32), "d_mask": np.tile(lengths(512, 130), (4, 1)),
+             "n_ids": np.ones((4, 2, 512), np.int32),
+             "n_mask": np.tile(lengths(512, 10), (4, 2, 1)), "doc_ids": np.arange(4)}
+    out = features.trim_padding(batch)
+    assert out["q_ids"].shape == (4, 64)  # max_len 64 <= 128: never cut
+    assert out["d_ids"].shape == out["d_mask"].shape == (4, 256)
+    assert out["n_ids"].shape == (4, 2, 128)
+    assert out["d_mask"].sum() == batch["d_mask"].sum() and out["doc_ids"] is batch["doc_ids"]
