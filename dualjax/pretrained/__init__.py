@@ -107,15 +107,17 @@ def _read_json(path: str) -> dict:
     return data
 
 
-def _folder(value: str) -> tuple[str, dict]:
-    """(the folder, its MARKER settings) of model.pretrained = a known name or a folder."""
+def _folder(value: str) -> tuple[str, dict, str]:
+    """(the folder, its MARKER settings, its weights' sha256) of model.pretrained = a
+    known name (its files checked against their pinned digests) or a folder."""
     name = canonical(value)
     if name in SOURCES:
         folder = folder_of(name)
         if not os.path.isdir(folder):
             raise PretrainedError(f"model.pretrained={value!r} is not fetched yet; run: "
                                   f"python -m dualjax.pretrained fetch {name}")
-        verify(SOURCES[name], folder)
+        verify(SOURCES[name], folder)  # hashes the weights: their digest is the pinned one
+        sha = SOURCES[name].sha256[WEIGHTS]
     else:
         folder = os.path.abspath(os.path.expanduser(value))
         if not os.path.isdir(folder):
@@ -126,7 +128,9 @@ def _folder(value: str) -> tuple[str, dict]:
             raise PretrainedError(f"{folder}: no {needed} (model.pretrained={value!r} needs a "
                                   "Hugging Face folder with model.safetensors and tokenizer.json)")
     marker = os.path.join(folder, MARKER)
-    return folder, (_read_json(marker) if os.path.isfile(marker) else {})
+    if name not in SOURCES:
+        sha = sha256_file(os.path.join(folder, WEIGHTS))
+    return folder, (_read_json(marker) if os.path.isfile(marker) else {}), sha
 
 
 def _st_pooling(folder: str) -> str | None:
@@ -153,8 +157,7 @@ def resolve(value: str, pooling: str = "") -> Pretrained:
     """What model.pretrained=`value` is (weights not read). pooling: a BERT folder's
     pooling when it has no sentence-transformers Pooling module ("" there: "cls"); given
     with one, it must agree."""
-    folder, marker = _folder(value)
-    sha = sha256_file(os.path.join(folder, WEIGHTS))
+    folder, marker, sha = _folder(value)
     config_path = os.path.join(folder, "config.json")
     hf = _read_json(config_path) if os.path.isfile(config_path) else {}
     if marker.get("kind") == "static" or hf.get("model_type") == "model2vec":
