@@ -6,7 +6,7 @@ Any field can be overridden: --config.model.tower=bow --config.num_train_steps=1
 """
 import ml_collections
 
-from dualjax import index
+from dualjax import ann
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -257,7 +257,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.index = "scann"          # "scann": ScaNN index (also searched exactly, to report
                                     # its recall and MAP gap) | "exact": chunked matmul + top_k
                                     # | "hnsw": faiss HNSW graph (pip install faiss-cpu)
-    c.eval.scann = index.default_scann_config()  # ScaNN knobs; "auto" picks by corpus size
+    c.eval.scann = ann.default_scann_config()  # ScaNN knobs; "auto" picks by corpus size
     c.eval.hnsw = ml_collections.ConfigDict()  # faiss HNSW knobs (eval.index = "hnsw")
     c.eval.hnsw.M = 32              # graph neighbours per node (memory ~ 2M ids per point)
     c.eval.hnsw.ef_construction = 200  # candidate list while building (build time grows with it)

@@ -11,7 +11,7 @@ import re
 import ml_collections
 import numpy as np
 
-from dualjax import (baselines, features, index, losses, metrics, models, sharding, tokenizers,
+from dualjax import (baselines, features, ann, losses, metrics, models, sharding, tokenizers,
                      workdir)
 from dualjax import tasks as tasks_lib
 from dualjax.data import builders, pretraining, reqa
@@ -278,10 +278,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
         raise ConfigError("config.optimizer.table_updates='lazy' updates the token-table rows "
                           "a batch looks up; model.name='pses' and data.tasks='mlm' also read "
                           "the tables otherwise: use 'dense'")
-    _one_of("eval.index", config.eval.index, index.INDEXES)
+    _one_of("eval.index", config.eval.index, ann.INDEXES)
     if config.eval.get("hnsw") is not None:
         try:
-            index.hnsw_settings(1, 1, 1, config.eval.hnsw)
+            ann.hnsw_settings(1, 1, 1, config.eval.hnsw)
         except ValueError as e:
             raise ConfigError(f"config.eval.{e}") from None
     if config.eval.index == "hnsw" and importlib.util.find_spec("faiss") is None:
@@ -454,16 +454,16 @@ def key_comments(*sources: tuple[str, str]) -> dict[str, str]:
 
 def key_sources() -> list[tuple[str, str]]:
     """The files whose comments say what each config key means, with their key prefix:
-    configs/default.py (in a checkout, as `pip install -e` leaves it) and index.py."""
+    configs/default.py (in a checkout, as `pip install -e` leaves it) and ann.py."""
     here = pathlib.Path(__file__).resolve().parent
     defaults = here.parent / "configs" / "default.py"
     return ([(str(defaults), "")] if defaults.exists() else []) + [
-        (str(here / "index.py"), "eval.scann.")]
+        (str(here / "ann.py"), "eval.scann.")]
 
 
 def describe_keys(config: ml_collections.ConfigDict, *sources: tuple[str, str]) -> str:
     """Every key of `config` (flattened, sorted) with its value and the comment the
-    (config file, key prefix) `sources` give it (configs/default.py, and index.py for
+    (config file, key prefix) `sources` give it (configs/default.py, and ann.py for
     eval.scann, define them all): what `python -m dualjax.main --config=FILE --keys`
     prints."""
     comments = key_comments(*sources)

@@ -17,7 +17,7 @@ from absl import logging
 from tqdm.auto import tqdm
 
 from dualjax import baselines as baselines_lib
-from dualjax import hybrid, index, metrics, sharding, typos
+from dualjax import ann, hybrid, metrics, sharding, typos
 from dualjax.data.clusters import RetrievalTask
 from dualjax.features import Fields, Inputs, Side, length_bucket
 
@@ -126,20 +126,20 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
                               desc=f"{system}: corpus", fields=task.corpus_fields, **enc)
         queries = encode_texts(encode_queries, task.queries, inputs.query,
                                desc=f"{system}: queries", fields=task.query_fields, **enc)
-        exact_index, _ = index.make_index("exact", corpus, eval_cfg, k)
+        exact_index, _ = ann.make_index("exact", corpus, eval_cfg, k)
         scored[system] = exact_index.search(queries, k, exclude)[::-1]  # (ids, scores)
         exact = add(system, "exact", scored[system][0])
-        ann = eval_cfg.index  # "scann" or "hnsw": an approximate index beside exact search
-        if ann != "exact" and system in ann_systems:
-            ann_index, info = index.make_index(ann, corpus, eval_cfg, k, directory=index_dir,
-                                               extra=index_extra)
+        kind = eval_cfg.index  # "scann" or "hnsw": an approximate index beside exact search
+        if kind != "exact" and system in ann_systems:
+            ann_index, info = ann.make_index(kind, corpus, eval_cfg, k, directory=index_dir,
+                                             extra=index_extra)
             ann_ids = ann_index.search(queries, k, exclude)[1]
-            row = add(system, ann, ann_ids, **{"ann_recall@10": ann_recall(ann_ids, ranked[
+            row = add(system, kind, ann_ids, **{"ann_recall@10": ann_recall(ann_ids, ranked[
                 f"{system} [exact]"])})
             row["map@100_gap"] = exact["map@100"] - row["map@100"]
             row["index_seconds"] = info["build_seconds"]
             row["index_built"] = info["built"]
-            logging.info("%s %s: %s, ready in %.2fs, %.1f MB on disk", ann, system,
+            logging.info("%s %s: %s, ready in %.2fs, %.1f MB on disk", kind, system,
                          info["settings"], info["build_seconds"], info["bytes_on_disk"] / 2**20)
     lexical = eval_cfg.get("hybrid", "")
     for name in dict.fromkeys(list(baselines) + ([lexical] if lexical else [])):

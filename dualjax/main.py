@@ -85,7 +85,7 @@ def _quiet_closed_loops(hook):
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    if _KEYS.value:  # the meanings are the comments of configs/default.py and index.py
+    if _KEYS.value:  # the meanings are the comments of configs/default.py and ann.py
         print(config_lib.describe_keys(_CONFIG.value, *config_lib.key_sources()))
         return
     if not _WORKDIR.value:

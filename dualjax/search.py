@@ -25,9 +25,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from absl import app, flags, logging
 
-from dualjax import baselines, evaluate, hybrid, index, sharding, tokenizers, train
+from dualjax import baselines, evaluate, ann, hybrid, sharding, tokenizers, train
 from dualjax import tasks as tasks_lib
-from dualjax.corpus_index import CorpusIndex
+from dualjax.index import CorpusIndex
 from dualjax.encoder import Encoder
 from dualjax.metrics_log import setup_logging
 from dualjax.trained import load_trained
@@ -70,7 +70,7 @@ def fused(dense: tuple[np.ndarray, np.ndarray], corpus: Sequence[str], queries: 
 class Searcher:
     """A corpus, an index over its embeddings and the query encoder that matches them."""
     corpus: list[str]
-    index: Any                                      # index.ExactIndex / ScannIndex / CorpusIndex
+    index: Any                                      # ann.ExactIndex / ScannIndex / CorpusIndex
     encode_queries: Callable[[Sequence[str]], np.ndarray]  # texts -> unit vectors [n, dim]
     tokenizer: tokenizers.Tokenizer                 # the query side's
     k: int = 10
@@ -116,7 +116,7 @@ def from_workdir(workdir: str, split: str = "test", k: int = 10, task: str = "")
     corpus_emb = evaluate.encode_texts(
         lambda x: encode_documents(params, x), data.corpus, inputs.document,
         config.eval.batch_size, mesh, desc="encode corpus", fields=data.corpus_fields)
-    searcher, info = index.make_index(
+    searcher, info = ann.make_index(
         config.eval.index, corpus_emb, config.eval, min(k, len(data.corpus)),
         directory=os.path.join(workdir, "index", *([name] if name else []), split),
         extra=f"step {step}")

@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 from absl import logging
 
-from dualjax import baselines, hybrid, index
+from dualjax import ann, baselines, hybrid
 from dualjax.data.beir import document_text
 from dualjax.data.documents import Collection
 from dualjax.data.pretraining import PairGenerator
@@ -55,7 +55,7 @@ def hybrid_pairs(queries: list[str], documents: list[str], encode_queries: Encod
     k = min(k, len(documents) - 1)
     if k < 1:
         return []
-    exact = index.ExactIndex(encode_documents(documents))
+    exact = ann.ExactIndex(encode_documents(documents))
     scores, ids = exact.search(encode_queries(queries), k, own)
     lex_scores, lex_ids = baselines.rank_texts("bm25", documents, queries, k, own)
     first = hybrid.fuse_scores((np.asarray(ids), np.asarray(scores)), (lex_ids, lex_scores),

@@ -7,8 +7,8 @@ encodes the corpus and the queries of an evaluation split, and measures, all wit
 same number of threads:
 
 - exact search: numpy (float32 matmul + argpartition) — the ground truth — and
-  dualjax's own `index.ExactIndex` (jax chunked matmul + top_k);
-- ScaNN through `index.ScannIndex`: the evaluation default (`index.default_scann_config`,
+  dualjax's own `ann.ExactIndex` (jax chunked matmul + top_k);
+- ScaNN through `ann.ScannIndex`: the evaluation default (`ann.default_scann_config`,
   searched at its built setting), and trees of 1, 2 and 4 x round(sqrt(n)) leaves (more
   leaves than sqrt(n) for throughput, as ScaNN's docs advise) with SOAR, asymmetric hashing
   of 1, 2 or 4 dimensions per block, two anisotropic thresholds, float32 or int8
@@ -172,7 +172,7 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench_train import cpu_model  # noqa: E402  (this folder is on sys.path when run)
-from dualjax import evaluate, index, search, sharding, train  # noqa: E402
+from dualjax import ann, evaluate, search, sharding, train  # noqa: E402
 from dualjax.data import builders  # noqa: E402
 
 
@@ -372,7 +372,7 @@ def scann_variants(n: int, dim: int, k: int, args: argparse.Namespace
                    ) -> list[ScannVariant]:
     """Each built once and searched at every (leaves, reorder, batch) setting.
 
-    - "eval default": `index.default_scann_config()` as evaluation uses it (tree of
+    - "eval default": `ann.default_scann_config()` as evaluation uses it (tree of
       round(sqrt(n)) leaves + SOAR + AH + reorder, 10% of the leaves, reorder
       max(1000, 10k)), at its built setting, and swept like the others;
     - "Lx": trees of L x round(sqrt(n)) leaves (SOAR, AH 2 dims per block, threshold 0.2,
@@ -386,7 +386,7 @@ def scann_variants(n: int, dim: int, k: int, args: argparse.Namespace
     reorders = sorted({max(r, k + 1) for r in args.scann_reorder})
 
     def cfg(**overrides: Any) -> ml_collections.ConfigDict:
-        c = index.default_scann_config()
+        c = ann.default_scann_config()
         c.num_threads = args.threads
         c.update(overrides)
         return c
@@ -398,7 +398,7 @@ def scann_variants(n: int, dim: int, k: int, args: argparse.Namespace
 
     out = []
     base = cfg()
-    base_leaves = index.scann_settings(n, dim, k, base).get("num_leaves", sqrt_n)
+    base_leaves = ann.scann_settings(n, dim, k, base).get("num_leaves", sqrt_n)
     out.append(ScannVariant("eval default", base, [(0, 0, 0)] + sweep(base_leaves), "default"))
     factors = [f for f in args.scann_leaf_factors if f != 1]
     for f in factors:
@@ -422,7 +422,7 @@ def scann_variants(n: int, dim: int, k: int, args: argparse.Namespace
     out.append(ScannVariant("brute force", cfg(mode="brute_force"), [(0, 0, 0)], "brute_force"))
     out = [v for v in out if v.group in args.scann_variants]
     for v in out:
-        if index.scann_settings(n, dim, k, v.cfg)["mode"] != "tree_ah":
+        if ann.scann_settings(n, dim, k, v.cfg)["mode"] != "tree_ah":
             v.searches = [(0, 0, 0)]
     return out
 
@@ -430,14 +430,14 @@ def scann_variants(n: int, dim: int, k: int, args: argparse.Namespace
 def bench_scann(emb: Embedded, k: int, args: argparse.Namespace) -> list[Setting]:
     out = []
     n, dim = emb.corpus.shape
-    built: dict[str, tuple[index.ScannIndex, float, int]] = {}
+    built: dict[str, tuple[ann.ScannIndex, float, int]] = {}
     for v in scann_variants(n, dim, k, args):
-        key = json.dumps(index.scann_settings(n, dim, k, v.cfg), sort_keys=True)
+        key = json.dumps(ann.scann_settings(n, dim, k, v.cfg), sort_keys=True)
         if key in built:  # the "batch sizes" tree is the "2x" tree: build once
             idx, build_s, size = built[key]
         else:
             start = time.perf_counter()
-            idx = index.ScannIndex.build(emb.corpus, v.cfg, k)
+            idx = ann.ScannIndex.build(emb.corpus, v.cfg, k)
             build_s = time.perf_counter() - start
             tmp = tempfile.mkdtemp(prefix="bench_ann_scann_")
             try:
@@ -659,7 +659,7 @@ def main(args: argparse.Namespace) -> dict:
           f"queries, k={k}, {args.threads} threads", flush=True)
 
     truth = numpy_exact(emb.queries, emb.corpus, k, emb.exclude)
-    exact_idx = index.ExactIndex(emb.corpus, emb.eval_cfg.query_chunk, emb.eval_cfg.corpus_chunk)
+    exact_idx = ann.ExactIndex(emb.corpus, emb.eval_cfg.query_chunk, emb.eval_cfg.corpus_chunk)
     settings = [
         Setting("exact", "numpy exact", "float32 matmul + argpartition", None,
                 emb.corpus.nbytes, lambda q: numpy_exact(q, emb.corpus, k, emb.exclude[:len(q)])),

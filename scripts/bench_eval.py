@@ -5,9 +5,9 @@
 Encodes the split's corpus and queries with the training-time encoders
 (`evaluate.encode_texts`, tokenization included, the mesh of all local devices), then
 times exact top-100 search of every query over the whole corpus, alternating:
-`index.exact_search` (the corpus padded and placed on the device at every call, each
+`ann.exact_search` (the corpus padded and placed on the device at every call, each
 query chunk read back before the next is sent: the path before this script) and
-`index.ExactIndex` (the corpus placed once and kept on the device, every query chunk
+`ann.ExactIndex` (the corpus placed once and kept on the device, every query chunk
 dispatched before any result is read back). Both must return the same ids. Prints a
 table; writes nothing into the workdir.
 """
@@ -29,7 +29,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
 
-    from dualjax import evaluate, index, sharding, tasks, train
+    from dualjax import ann, evaluate, sharding, tasks, train
     from dualjax.trained import load_trained
 
     trained = load_trained(args.workdir)
@@ -51,14 +51,14 @@ def main() -> None:
     queries = encode("queries", encode_q, task.queries, inputs.query, task.query_fields)
     exclude = task.query_corpus_index
     chunks = dict(query_chunk=config.eval.query_chunk, corpus_chunk=config.eval.corpus_chunk)
-    kept = index.ExactIndex(corpus, **chunks)
+    kept = ann.ExactIndex(corpus, **chunks)
     runs = {"exact_search (corpus placed per call)": [], "ExactIndex (kept on device)": []}
     answers = {}
     for _ in range(args.repeats + 1):  # the first round compiles and is not counted
         for name in runs:
             start = time.perf_counter()
             if name.startswith("exact_search"):
-                answers[name] = index.exact_search(queries, corpus, args.k, exclude, **chunks)
+                answers[name] = ann.exact_search(queries, corpus, args.k, exclude, **chunks)
             else:
                 answers[name] = kept.search(queries, args.k, exclude)
             runs[name].append(time.perf_counter() - start)

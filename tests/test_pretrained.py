@@ -242,7 +242,7 @@ def test_a_run_from_the_tiny_bert_trains_exports_and_warm_starts(tmp_path):
     want = np.asarray(fn(run.params, run.inputs.document.encode(texts)))
     np.testing.assert_allclose(encoder.encode_documents(texts), want, atol=1e-5)
 
-    from dualjax import corpus_index, search
+    from dualjax import index as corpus_index, search
     corpus_index.build(encoder, [f"d{i}" for i in range(len(texts))], texts,
                        str(tmp_path / "idx"), kind="exact")
     searcher = search.from_bundle(bundle, str(tmp_path / "idx"), k=1)

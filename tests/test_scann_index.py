@@ -11,7 +11,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from dualjax import index
+from dualjax import ann
 
 N, DIM, NQ, K = 3000, 32, 200, 10
 
@@ -33,7 +33,7 @@ def _clustered(n=N, dim=DIM, clusters=100, noise=0.5, seed=0) -> np.ndarray:
 
 
 def _cfg(mode: str = "auto", **overrides):
-    cfg = index.default_scann_config()
+    cfg = ann.default_scann_config()
     cfg.mode = mode
     cfg.update(overrides)
     return cfg
@@ -46,7 +46,7 @@ def _recall(ids: np.ndarray, reference: np.ndarray) -> float:
 
 
 def _eval_cfg(**scann):
-    cfg = index.default_scann_config()
+    cfg = ann.default_scann_config()
     cfg.update(scann)
     return ml_collections.ConfigDict({"query_chunk": 64, "corpus_chunk": 1024,
                                             "scann": cfg})
@@ -71,8 +71,8 @@ def _assert_same_ranking(queries, corpus, scores, ids, ref_scores, ref_ids):
 
 def test_brute_force_matches_exact():
     corpus, queries = _random(), _random(NQ, seed=1)
-    ref_scores, ref_ids = index.ExactIndex(corpus).search(queries, K + 1)
-    searcher = index.ScannIndex.build(corpus, _cfg("brute_force"), K)
+    ref_scores, ref_ids = ann.ExactIndex(corpus).search(queries, K + 1)
+    searcher = ann.ScannIndex.build(corpus, _cfg("brute_force"), K)
     assert searcher.settings["mode"] == "brute_force"
     scores, ids = searcher.search(queries, K)
     assert scores.shape == ids.shape == (NQ, K)
@@ -86,8 +86,8 @@ def test_brute_force_exclusion_matches_exact():
     exclude = np.arange(NQ)
     exclude[::3] = -1
     exclude[1::7] = NQ + 5  # some other row, mid-ranked or absent from the top k
-    exact = index.ExactIndex(corpus)
-    searcher = index.ScannIndex.build(corpus, _cfg("brute_force"), K)
+    exact = ann.ExactIndex(corpus)
+    searcher = ann.ScannIndex.build(corpus, _cfg("brute_force"), K)
     ref_scores, ref_ids = exact.search(corpus[:NQ], K + 1, exclude)
     scores, ids = searcher.search(corpus[:NQ], K, exclude)
     _assert_same_ranking(corpus[:NQ], corpus, scores, ids, ref_scores, ref_ids)
@@ -106,8 +106,8 @@ def test_brute_force_exclusion_matches_exact():
 def test_approximate_modes_recall_against_exact(mode, data, dim, overrides):
     corpus = (_random if data == "random" else _clustered)(dim=dim)
     exclude = np.arange(NQ)  # self-retrieval, as evaluation does
-    _, ref_ids = index.ExactIndex(corpus).search(corpus[:NQ], K, exclude)
-    searcher = index.ScannIndex.build(corpus, _cfg(mode, **overrides), K)
+    _, ref_ids = ann.ExactIndex(corpus).search(corpus[:NQ], K, exclude)
+    searcher = ann.ScannIndex.build(corpus, _cfg(mode, **overrides), K)
     assert searcher.settings["mode"] == mode
     scores, ids = searcher.search(corpus[:NQ], K, exclude)
     assert ids.shape == (NQ, K) and ids.dtype == np.int32 and scores.dtype == np.float32
@@ -122,8 +122,8 @@ def test_approximate_modes_recall_against_exact(mode, data, dim, overrides):
 @pytest.mark.parametrize("mode", ["brute_force", "ah"])
 def test_k_larger_than_corpus_pads(mode):
     corpus, queries = _random(50, 8, seed=2), _random(4, 8, seed=3)
-    searcher = index.ScannIndex.build(corpus, _cfg(mode), 60)
-    ref_scores, ref_ids = index.ExactIndex(corpus).search(queries, 60)
+    searcher = ann.ScannIndex.build(corpus, _cfg(mode), 60)
+    ref_scores, ref_ids = ann.ExactIndex(corpus).search(queries, 60)
     scores, ids = searcher.search(queries, 60)
     assert ids.shape == (4, 60)
     np.testing.assert_array_equal(np.sort(ids[:, :50], axis=1), np.tile(np.arange(50), (4, 1)))
@@ -141,7 +141,7 @@ def test_k_larger_than_corpus_pads(mode):
 def test_fewer_found_than_asked_pads_instead_of_repeating_id_zero():
     """One leaf of 16 holds ~190 rows < k: ScaNN fills with NaN scores and id 0."""
     corpus = _random()
-    searcher = index.ScannIndex.build(
+    searcher = ann.ScannIndex.build(
         corpus, _cfg("tree_ah", num_leaves=16, num_leaves_to_search=1), 500)
     scores, ids = searcher.search(corpus[:5], 500, exclude=np.arange(5))
     found = (ids >= 0).sum(axis=1)
@@ -158,8 +158,8 @@ def test_leaves_to_search_per_call_and_soar_spilling(soar_lambda):
     two leaves, yet no id comes back twice, and more leaves never lose recall."""
     corpus = _clustered()
     exclude = np.arange(NQ)
-    _, ref_ids = index.ExactIndex(corpus).search(corpus[:NQ], K, exclude)
-    searcher = index.ScannIndex.build(
+    _, ref_ids = ann.ExactIndex(corpus).search(corpus[:NQ], K, exclude)
+    searcher = ann.ScannIndex.build(
         corpus, _cfg("tree_ah", num_leaves=32, num_leaves_to_search=2, soar_lambda=soar_lambda),
         K)
     assert searcher.settings["soar_lambda"] == soar_lambda
@@ -177,41 +177,41 @@ def test_leaves_to_search_per_call_and_soar_spilling(soar_lambda):
 def test_k_above_reorder_k_still_returns_k_results():
     """ScaNN silently returns NaN past reorder_k unless asked to rescore at least k."""
     corpus = _clustered()
-    searcher = index.ScannIndex.build(corpus, _cfg("ah", reorder_k=20), K)
+    searcher = ann.ScannIndex.build(corpus, _cfg("ah", reorder_k=20), K)
     assert searcher.settings["reorder_k"] == 20
-    ref_scores, ref_ids = index.ExactIndex(corpus).search(corpus[:NQ], 51)
+    ref_scores, ref_ids = ann.ExactIndex(corpus).search(corpus[:NQ], 51)
     scores, ids = searcher.search(corpus[:NQ], 50)
     assert (ids >= 0).all() and np.isfinite(scores).all()
     np.testing.assert_allclose(scores, np.einsum("qd,qkd->qk", corpus[:NQ], corpus[ids]),
                                rtol=0, atol=1e-5)
     # Rescoring only the 50 asked for costs recall; the default reorder_k (1000) does not.
     low = _recall(ids, ref_ids[:, :50])
-    default = index.ScannIndex.build(corpus, _cfg("ah"), K)
+    default = ann.ScannIndex.build(corpus, _cfg("ah"), K)
     high = _recall(default.search(corpus[:NQ], 50)[1], ref_ids[:, :50])
     assert 0.7 <= low < high and high >= 0.98
 
 
 def test_empty_queries():
-    searcher = index.ScannIndex.build(_random(100, 8), _cfg("brute_force"), 5)
+    searcher = ann.ScannIndex.build(_random(100, 8), _cfg("brute_force"), 5)
     scores, ids = searcher.search(np.zeros((0, 8), np.float32), 5, np.zeros(0, np.int64))
     assert scores.shape == ids.shape == (0, 5)
 
 
 def test_auto_settings_follow_scann_rules_of_thumb():
-    cfg = index.default_scann_config()
-    assert index.scann_settings(19_999, 64, 100, cfg)["mode"] == "brute_force"
-    ah = index.scann_settings(20_000, 64, 100, cfg)
+    cfg = ann.default_scann_config()
+    assert ann.scann_settings(19_999, 64, 100, cfg)["mode"] == "brute_force"
+    ah = ann.scann_settings(20_000, 64, 100, cfg)
     assert ah["mode"] == "ah" and ah["dims_per_block"] == 2
     assert ah["anisotropic_threshold"] == 0.2 and ah["reorder_k"] == 1000
     assert ah["training_sample_size"] == 20_000
-    tree = index.scann_settings(1_000_000, 64, 200, cfg)
+    tree = ann.scann_settings(1_000_000, 64, 200, cfg)
     assert tree["mode"] == "tree_ah" and tree["num_leaves"] == 1000
     assert tree["num_leaves_to_search"] == 100 and tree["training_sample_size"] == 250_000
     assert tree["soar_lambda"] == 1.5 and tree["overretrieve_factor"] == 2.0
     assert tree["reorder_k"] == 2000
-    assert index.scann_settings(100_000, 64, 10, cfg)["num_leaves"] == 316
-    assert index.scann_settings(300, 8, 100, _cfg("ah"))["reorder_k"] == 300  # at most n
-    custom = index.scann_settings(1_000_000, 64, 10, _cfg(
+    assert ann.scann_settings(100_000, 64, 10, cfg)["num_leaves"] == 316
+    assert ann.scann_settings(300, 8, 100, _cfg("ah"))["reorder_k"] == 300  # at most n
+    custom = ann.scann_settings(1_000_000, 64, 10, _cfg(
         "auto", num_leaves=50, num_leaves_to_search=7, training_sample_size=9000, reorder_k=33,
         dims_per_block=4, anisotropic_threshold=0.3, num_threads=3, spherical=False,
         soar_lambda=0.0))
@@ -219,7 +219,7 @@ def test_auto_settings_follow_scann_rules_of_thumb():
                       "anisotropic_threshold": 0.3, "reorder_k": 33,
                       "training_sample_size": 9000, "num_leaves": 50, "num_leaves_to_search": 7,
                       "spherical": False, "soar_lambda": 0.0}
-    assert index.scann_settings(10, 4, 1, cfg)["num_threads"] >= 1  # 0: all cores
+    assert ann.scann_settings(10, 4, 1, cfg)["num_threads"] >= 1  # 0: all cores
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -231,26 +231,26 @@ def test_auto_settings_follow_scann_rules_of_thumb():
 ])
 def test_bad_settings_raise_naming_the_knob(overrides, message):
     with pytest.raises(ValueError, match=message):
-        index.scann_settings(1000, 8, 10, _cfg(**overrides))
+        ann.scann_settings(1000, 8, 10, _cfg(**overrides))
 
 
 def test_corpus_fingerprint():
     corpus = _random(100, 8)
-    base = index.corpus_fingerprint(corpus)
-    assert base == index.corpus_fingerprint(corpus.copy())
+    base = ann.corpus_fingerprint(corpus)
+    assert base == ann.corpus_fingerprint(corpus.copy())
     changed = corpus.copy()
     changed[57, 3] = np.nextafter(changed[57, 3], np.float32(2))  # one ulp in one value
-    assert index.corpus_fingerprint(changed) != base
-    assert index.corpus_fingerprint(corpus, extra="step=100") != base
-    assert index.corpus_fingerprint(corpus.reshape(200, 4)) != base  # same bytes, other shape
-    assert index.corpus_fingerprint(corpus.view(np.int32)) != base  # same bytes, other dtype
-    assert index.corpus_fingerprint(np.asfortranarray(corpus)) == base  # same values
+    assert ann.corpus_fingerprint(changed) != base
+    assert ann.corpus_fingerprint(corpus, extra="step=100") != base
+    assert ann.corpus_fingerprint(corpus.reshape(200, 4)) != base  # same bytes, other shape
+    assert ann.corpus_fingerprint(corpus.view(np.int32)) != base  # same bytes, other dtype
+    assert ann.corpus_fingerprint(np.asfortranarray(corpus)) == base  # same values
 
 
 def test_save_load_round_trip(tmp_path, caplog):
     corpus = _clustered()
-    searcher = index.ScannIndex.build(corpus, _cfg("tree_ah", num_leaves=16), K)
-    fingerprint = index.corpus_fingerprint(corpus)
+    searcher = ann.ScannIndex.build(corpus, _cfg("tree_ah", num_leaves=16), K)
+    fingerprint = ann.corpus_fingerprint(corpus)
     directory = str(tmp_path / "idx")
     searcher.save(directory, fingerprint)
     with open(os.path.join(directory, "meta.json")) as f:
@@ -259,7 +259,7 @@ def test_save_load_round_trip(tmp_path, caplog):
     assert meta["settings"] == searcher.settings and meta["scann"]
     moved = str(tmp_path / "moved")  # asset paths are relative: the directory can move
     shutil.move(directory, moved)
-    loaded = index.ScannIndex.load(moved, fingerprint, n=N, dim=DIM)
+    loaded = ann.ScannIndex.load(moved, fingerprint, n=N, dim=DIM)
     assert loaded is not None and loaded.settings == searcher.settings
     exclude = np.arange(NQ)
     (got_scores, got_ids), (scores, ids) = (s.search(corpus[:NQ], K, exclude)
@@ -272,22 +272,22 @@ def test_save_load_round_trip(tmp_path, caplog):
                         (dict(fingerprint=fingerprint, n=N - 1), "corpus size"),
                         (dict(fingerprint=fingerprint, dim=DIM + 1), "dim")]:
         caplog.clear()
-        assert index.ScannIndex.load(moved, **kwargs) is None
+        assert ann.ScannIndex.load(moved, **kwargs) is None
         assert why in caplog.text
     caplog.clear()
-    assert index.ScannIndex.load(str(tmp_path / "nothing"), fingerprint) is None
+    assert ann.ScannIndex.load(str(tmp_path / "nothing"), fingerprint) is None
     assert "nothing saved" in caplog.text
     for key, value, why in [("scann", "0.0.1", "scann version"), ("n", N + 1, "holds")]:
         caplog.clear()
         with open(os.path.join(moved, "meta.json"), "w") as f:
             json.dump({**meta, key: value}, f)
-        assert index.ScannIndex.load(moved, fingerprint) is None
+        assert ann.ScannIndex.load(moved, fingerprint) is None
         assert why in caplog.text
     os.remove(os.path.join(moved, "meta.json"))  # e.g. a save killed before its end
-    assert index.ScannIndex.load(moved, fingerprint) is None
+    assert ann.ScannIndex.load(moved, fingerprint) is None
     # Saving over a saved index replaces it; over anything else it refuses.
     searcher.save(moved, fingerprint)
-    assert index.ScannIndex.load(moved, fingerprint) is not None
+    assert ann.ScannIndex.load(moved, fingerprint) is not None
     other = tmp_path / "workdir"
     other.mkdir()
     (other / "checkpoint").write_text("keep me")
@@ -296,7 +296,7 @@ def test_save_load_round_trip(tmp_path, caplog):
     assert (other / "checkpoint").read_text() == "keep me"
     (tmp_path / "empty").mkdir()
     searcher.save(str(tmp_path / "empty"), fingerprint)  # an empty (or absent) one is fine
-    assert index.ScannIndex.load(str(tmp_path / "empty"), fingerprint) is not None
+    assert ann.ScannIndex.load(str(tmp_path / "empty"), fingerprint) is not None
     assert sorted(os.listdir(tmp_path)) == ["empty", "moved", "workdir"]  # no temporary left
 
 
@@ -304,10 +304,10 @@ def test_make_index_loads_when_unchanged_and_rebuilds_otherwise(tmp_path):
     corpus = _random()
     directory = str(tmp_path / "idx")
     eval_cfg = _eval_cfg(mode="ah")
-    first, info = index.make_index("scann", corpus, eval_cfg, K, directory)
+    first, info = ann.make_index("scann", corpus, eval_cfg, K, directory)
     assert info["built"] and info["build_seconds"] > 0 and info["bytes_on_disk"] > 0
     assert info["settings"]["mode"] == "ah" and info["settings"]["reorder_k"] == 1000
-    second, info = index.make_index("scann", corpus, eval_cfg, K, directory)
+    second, info = ann.make_index("scann", corpus, eval_cfg, K, directory)
     assert not info["built"] and info["bytes_on_disk"] > 0
     for got, want in zip(second.search(corpus[:NQ], K), first.search(corpus[:NQ], K)):
         np.testing.assert_array_equal(got, want)
@@ -319,28 +319,28 @@ def test_make_index_loads_when_unchanged_and_rebuilds_otherwise(tmp_path):
              ((corpus[:-1], eval_cfg), {}), ((corpus[:, :-1], eval_cfg), {})]
     for i, (args, kwargs) in enumerate(cases):
         copy = shutil.copytree(directory, str(tmp_path / f"copy{i}"))  # the first index
-        _, info = index.make_index("scann", *args, K, copy, **kwargs)
+        _, info = ann.make_index("scann", *args, K, copy, **kwargs)
         assert info["built"], i
-        assert index.make_index("scann", *args, K, copy, **kwargs)[1]["built"] is False
+        assert ann.make_index("scann", *args, K, copy, **kwargs)[1]["built"] is False
     # The thread count is a search-time knob: changing it reuses the saved index.
-    _, info = index.make_index("scann", corpus, _eval_cfg(mode="ah", num_threads=1),
+    _, info = ann.make_index("scann", corpus, _eval_cfg(mode="ah", num_threads=1),
                                K, directory)
     assert not info["built"] and info["settings"]["num_threads"] == 1
 
 
 def test_make_index_without_directory_and_exact():
     corpus = _random(500, 8)
-    searcher, info = index.make_index("scann", corpus, _eval_cfg(), K)
-    assert isinstance(searcher, index.ScannIndex) and info["built"]
+    searcher, info = ann.make_index("scann", corpus, _eval_cfg(), K)
+    assert isinstance(searcher, ann.ScannIndex) and info["built"]
     assert info["bytes_on_disk"] == 0 and info["settings"]["mode"] == "brute_force"
-    exact, info = index.make_index("exact", corpus, _eval_cfg(), K)
-    assert isinstance(exact, index.ExactIndex) and info["built"] and info["bytes_on_disk"] == 0
+    exact, info = ann.make_index("exact", corpus, _eval_cfg(), K)
+    assert isinstance(exact, ann.ExactIndex) and info["built"] and info["bytes_on_disk"] == 0
     assert info["settings"] == {"query_chunk": 64, "corpus_chunk": 1024}
     exclude = np.arange(20) - 1
     for got, want in zip(exact.search(corpus[:20], K, exclude),
-                         index.exact_search(corpus[:20], corpus, K, exclude)):
+                         ann.exact_search(corpus[:20], corpus, K, exclude)):
         np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(searcher.search(corpus[:20], K, exclude)[1],
                                   exact.search(corpus[:20], K, exclude)[1])
     with pytest.raises(ValueError, match="faiss"):
-        index.make_index("faiss", corpus, _eval_cfg(), K)
+        ann.make_index("faiss", corpus, _eval_cfg(), K)

@@ -32,9 +32,9 @@ def test_searcher_reuses_the_saved_index_and_ranks_by_score(workdir):
 
 
 def test_a_changed_corpus_fingerprint_rebuilds(workdir, monkeypatch):
-    from dualjax import index
-    real = index.corpus_fingerprint
-    monkeypatch.setattr(index, "corpus_fingerprint", lambda c, extra="": real(c, extra + "x"))
+    from dualjax import ann
+    real = ann.corpus_fingerprint
+    monkeypatch.setattr(ann, "corpus_fingerprint", lambda c, extra="": real(c, extra + "x"))
     assert search.from_workdir(str(workdir), "test", k=5).info["built"] is True
 
 
@@ -83,7 +83,7 @@ def test_an_exported_encoder_and_its_index_answer_without_the_workdir(workdir, b
     import json
     import numpy as np
     import dualjax
-    from dualjax import corpus_index
+    from dualjax import index as corpus_index
     texts = search.from_workdir(str(workdir), "test", k=5).corpus[:60]
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"_id": f"doc{i}", "text": t}) + "\n"
@@ -123,7 +123,7 @@ def test_search_command_line_from_a_bundle_says_when_no_token_is_known(bundle, w
     corpus = tmp_path / "corpus.tsv"
     corpus.write_text("a\thow do i repair my car ?\nb\tbest way to cook rice ?\n"
                       "c\thow can i learn to swim ?\n")
-    from dualjax import corpus_index
+    from dualjax import index as corpus_index
     import dualjax
     corpus_index.build(dualjax.Encoder.load(bundle), ["a", "b", "c"],
                        [line.split("\t")[1] for line in corpus.read_text().splitlines()],
@@ -145,12 +145,12 @@ def test_search_command_line_from_a_bundle_says_when_no_token_is_known(bundle, w
 def test_an_hnsw_corpus_index_is_built_saved_and_loaded(bundle, tmp_path):
     pytest.importorskip("faiss", reason="eval.index=hnsw needs faiss-cpu (the test extra)")
     import dualjax
-    from dualjax import corpus_index, index
+    from dualjax import ann, index as corpus_index
     encoder = dualjax.Encoder.load(bundle)
     texts = [f"how do i fix my {w} {i} ?" for i in range(30) for w in ("car", "bike")]
     built = corpus_index.build(encoder, [str(i) for i in range(60)], texts,
                                str(tmp_path / "idx"), kind="hnsw", k=5)
-    assert isinstance(built.searcher, index.HnswIndex)
+    assert isinstance(built.searcher, ann.HnswIndex)
     assert sorted(os.listdir(tmp_path / "idx" / "hnsw")) == ["hnsw.faiss", "meta.json"]
     loaded = corpus_index.CorpusIndex(str(tmp_path / "idx"), encoder.id)
     q = encoder.encode_queries(["how do i fix my car 3 ?"])
@@ -176,7 +176,7 @@ def test_outputs_never_replace_their_inputs_or_other_folders(workdir, bundle, tm
     not of their kind, or one of their kind without --overwrite; the inputs are intact.
     On the command line the refusal is one line with exit 1."""
     import dualjax
-    from dualjax import corpus_index, export
+    from dualjax import export, index as corpus_index
     from dualjax.workdir import OutputError
     beir = tmp_path / "beir"
     (beir / "qrels").mkdir(parents=True)
@@ -219,7 +219,7 @@ def test_a_changed_bundle_or_index_is_refused_naming_the_file(bundle, tmp_path):
     import json
     import shutil
     import dualjax
-    from dualjax import corpus_index
+    from dualjax import index as corpus_index
     texts = [f"document number {i} about bikes and rice" for i in range(12)]
     encoder = dualjax.Encoder.load(bundle)
     corpus_index.build(encoder, [str(i) for i in range(12)], texts, str(tmp_path / "idx"),

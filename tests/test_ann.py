@@ -1,8 +1,8 @@
-"""Tests for dualjax.index.exact_search against a numpy brute-force reference."""
+"""Tests for dualjax.ann.exact_search against a numpy brute-force reference."""
 import numpy as np
 import pytest
 
-from dualjax import index
+from dualjax import ann
 
 NQ, NC, DIM = 13, 37, 8
 # (query_chunk, corpus_chunk): defaults, chunk=1, non-dividing, exact, larger than sizes.
@@ -38,7 +38,7 @@ def test_reference_data_has_no_ties():
 def test_matches_brute_force(query_chunk, corpus_chunk, k):
     q, c = _data()
     ref_scores, ref_rank = _reference(q, c)
-    scores, ids = index.exact_search(q, c, k, query_chunk=query_chunk,
+    scores, ids = ann.exact_search(q, c, k, query_chunk=query_chunk,
                                      corpus_chunk=corpus_chunk)
     assert scores.shape == ids.shape == (NQ, k)
     assert scores.dtype == np.float32 and ids.dtype == np.int32
@@ -57,7 +57,7 @@ def test_exclude_removes_that_id_and_next_best_moves_up(query_chunk, corpus_chun
     exclude = np.full(NQ, -1, np.int64)
     exclude[0::2] = ref_rank[0::2, 0]
     exclude[1::3] = ref_rank[1::3, 3]
-    scores, ids = index.exact_search(q, c, k, exclude=exclude, query_chunk=query_chunk,
+    scores, ids = ann.exact_search(q, c, k, exclude=exclude, query_chunk=query_chunk,
                                      corpus_chunk=corpus_chunk)
     for i in range(NQ):
         expected = [j for j in ref_rank[i] if j != exclude[i]][:k]
@@ -79,9 +79,9 @@ def test_self_retrieval_excluded():
     c /= np.linalg.norm(c, axis=1, keepdims=True)
     own = np.array([3, 0, 19, 7])
     q = c[own]
-    _, ids_all = index.exact_search(q, c, 3, corpus_chunk=6)
+    _, ids_all = ann.exact_search(q, c, 3, corpus_chunk=6)
     np.testing.assert_array_equal(ids_all[:, 0], own)  # unit vectors: self is the best
-    _, ids = index.exact_search(q, c, 3, exclude=own, corpus_chunk=6)
+    _, ids = ann.exact_search(q, c, 3, exclude=own, corpus_chunk=6)
     _, rank = _reference(q, c)
     expected = [[j for j in row if j != o][:3] for row, o in zip(rank, own)]
     np.testing.assert_array_equal(ids, expected)
@@ -92,7 +92,7 @@ def test_self_retrieval_excluded():
 def test_k_larger_than_corpus_pads_with_minus_one_and_inf(corpus_chunk):
     q, c = _data(seed=3, nq=5, nc=6)
     ref_scores, ref_rank = _reference(q, c)
-    scores, ids = index.exact_search(q, c, 9, query_chunk=2, corpus_chunk=corpus_chunk)
+    scores, ids = ann.exact_search(q, c, 9, query_chunk=2, corpus_chunk=corpus_chunk)
     assert ids.shape == (5, 9)
     np.testing.assert_array_equal(ids[:, :6], ref_rank)
     np.testing.assert_allclose(scores[:, :6], np.take_along_axis(ref_scores, ref_rank, 1),
@@ -106,7 +106,7 @@ def test_exclusion_with_k_equal_to_corpus_size(corpus_chunk):
     q, c = _data(seed=4, nq=6, nc=6)
     ref_scores, ref_rank = _reference(q, c)
     exclude = np.array([ref_rank[0, 0], -1, ref_rank[2, 5], 0, 5, ref_rank[5, 2]])
-    scores, ids = index.exact_search(q, c, 6, exclude=exclude, corpus_chunk=corpus_chunk)
+    scores, ids = ann.exact_search(q, c, 6, exclude=exclude, corpus_chunk=corpus_chunk)
     for i in range(6):
         if exclude[i] < 0:
             np.testing.assert_array_equal(ids[i], ref_rank[i])
@@ -126,14 +126,14 @@ def test_padding_rows_never_returned_when_all_scores_negative(corpus_chunk):
     c = np.abs(rng.normal(size=(9, DIM))).astype(np.float32)
     ref_scores, ref_rank = _reference(q, c)
     assert (ref_scores < 0).all()
-    scores, ids = index.exact_search(q, c, 12, query_chunk=3, corpus_chunk=corpus_chunk)
+    scores, ids = ann.exact_search(q, c, 12, query_chunk=3, corpus_chunk=corpus_chunk)
     np.testing.assert_array_equal(ids[:, :9], ref_rank)
     assert (scores[:, :9] < 0).all()
     assert (ids[:, 9:] == -1).all() and np.isneginf(scores[:, 9:]).all()
 
 
 def test_registered_kinds():
-    assert index.INDEXES == ("exact", "scann", "hnsw")
+    assert ann.INDEXES == ("exact", "scann", "hnsw")
 
 
 # ----------------------------------------------------------------------------- HNSW (faiss)
@@ -149,18 +149,18 @@ def test_hnsw_exact_top_k_at_high_ef_search_and_exclude():
     corpus = _unit_corpus()
     queries, k = corpus[:40], 7
     cfg = ml_collections.ConfigDict({"M": 16, "ef_construction": 200, "ef_search": 600})
-    hnsw = index.HnswIndex.build(corpus, cfg, k)
+    hnsw = ann.HnswIndex.build(corpus, cfg, k)
     assert hnsw.settings == {"M": 16, "ef_construction": 200, "ef_search": 600}
     exclude = np.arange(40) - 1  # query i (corpus row i) excludes row i - 1; -1: nothing
     exclude[::2] = np.arange(0, 40, 2)  # even queries exclude themselves
     for ex in (None, exclude):
         scores, ids = hnsw.search(queries, k, ex)
-        want_scores, want_ids = index.exact_search(queries, corpus, k, ex)
+        want_scores, want_ids = ann.exact_search(queries, corpus, k, ex)
         assert ids.dtype == np.int32 and scores.dtype == np.float32 and ids.shape == (40, k)
         np.testing.assert_array_equal(ids, want_ids)
         np.testing.assert_allclose(scores, want_scores, atol=1e-5)
     # k above the corpus size pads with -1 / -inf, as ExactIndex does.
-    small = index.HnswIndex.build(corpus[:5], cfg, 8)
+    small = ann.HnswIndex.build(corpus[:5], cfg, 8)
     scores, ids = small.search(queries[:3], 8, np.array([0, -1, 2]))
     assert (ids[:, 5:] == -1).all() and np.isneginf(scores[:, 5:]).all()
     assert (ids[[0, 2], 4] == -1).all() and 0 not in ids[0] and 2 not in ids[2]
@@ -172,18 +172,18 @@ def test_hnsw_make_index_saves_loads_and_rebuilds(tmp_path):
     import ml_collections
     corpus, k = _unit_corpus(300, 8), 5
     cfg = ml_collections.ConfigDict({"query_chunk": 64, "corpus_chunk": 1024,
-                                     "hnsw": index.default_hnsw_config()})
+                                     "hnsw": ann.default_hnsw_config()})
     directory = str(tmp_path / "hnsw")
-    first, info = index.make_index("hnsw", corpus, cfg, k, directory)
-    assert isinstance(first, index.HnswIndex) and info["built"] and info["bytes_on_disk"] > 0
+    first, info = ann.make_index("hnsw", corpus, cfg, k, directory)
+    assert isinstance(first, ann.HnswIndex) and info["built"] and info["bytes_on_disk"] > 0
     assert info["settings"]["ef_search"] == 128  # auto: max(128, 2 * (k + 1))
     cfg.hnsw.ef_search = 300  # search-time knob: the saved index is reused
-    again, info = index.make_index("hnsw", corpus, cfg, k, directory)
+    again, info = ann.make_index("hnsw", corpus, cfg, k, directory)
     assert not info["built"] and again.settings["ef_search"] == 300
     np.testing.assert_array_equal(again.search(corpus[:10], k, np.arange(10))[1],
                                   first.search(corpus[:10], k, np.arange(10))[1])
     cfg.hnsw.M = 8  # build knob: rebuilt
-    assert index.make_index("hnsw", corpus, cfg, k, directory)[1]["built"]
+    assert ann.make_index("hnsw", corpus, cfg, k, directory)[1]["built"]
     with pytest.raises(ValueError, match="M=1"):
-        index.hnsw_settings(10, 4, 1, ml_collections.ConfigDict(
+        ann.hnsw_settings(10, 4, 1, ml_collections.ConfigDict(
             {"M": 1, "ef_construction": 10, "ef_search": 0}))
