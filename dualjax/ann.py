@@ -400,13 +400,13 @@ def hnsw_settings(n: int, dim: int, k: int, cfg: ml_collections.ConfigDict) -> d
             "ef_search": int(cfg.ef_search) or max(128, 2 * (k + 1))}
 
 
-def _faiss():
-    """faiss, imported on first use: only eval.index = "hnsw" needs it."""
+def require_faiss():
+    """faiss, imported on first use: only HNSW indexes need it."""
     try:
         import faiss
     except ImportError:
-        raise ImportError("eval.index='hnsw' needs faiss: pip install 'dualjax[bench]' "
-                          "(or pip install faiss-cpu)") from None
+        raise ImportError("an HNSW index needs faiss: pip install faiss-cpu (or "
+                          "'dualjax[bench]')") from None
     return faiss
 
 
@@ -426,7 +426,7 @@ class HnswIndex:
     def build(cls, corpus: np.ndarray, hnsw_cfg: ml_collections.ConfigDict, k: int
               ) -> "HnswIndex":
         """Builds the graph over corpus [n, dim] (unit vectors: inner product = cosine)."""
-        faiss = _faiss()
+        faiss = require_faiss()
         corpus = np.ascontiguousarray(corpus, np.float32)
         s = hnsw_settings(*corpus.shape, k, hnsw_cfg)
         idx = faiss.IndexHNSWFlat(corpus.shape[1], s["M"], faiss.METRIC_INNER_PRODUCT)
@@ -448,16 +448,23 @@ class HnswIndex:
         self.index.hnsw.efSearch = int(ef_search or self.settings["ef_search"])
         scores, ids = self.index.search(queries, want)
         ids, scores = ids.astype(np.int64), scores.astype(np.float32)
-        missing = ids < 0
-        ids[missing], scores[missing] = -1, -np.inf
+        short = (ids < 0).any(axis=1)
+        if short.any():  # the graph walk found fewer than `want` (k near n): scan them all
+            scores[short], ids[short] = self._scan(queries[short], want)
         if exclude is not None:
             ids, scores = _drop_excluded(ids, scores, exclude)
         return _pad(scores, ids.astype(np.int32), k)
 
+    def _scan(self, queries: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact (scores, ids) [nq, want] over the vectors the graph stores."""
+        scores = queries @ self.index.reconstruct_n(0, self.n).T
+        ids = np.argsort(-scores, axis=1, kind="stable")[:, :want]
+        return np.take_along_axis(scores, ids, 1), ids
+
     def save(self, directory: str, fingerprint: str) -> None:
         """Writes the index (faiss.write_index) and meta.json (last, so a partial save never
         loads). Replaces only an empty directory or a saved dualjax index."""
-        faiss = _faiss()
+        faiss = require_faiss()
         meta = {"kind": "hnsw", "fingerprint": fingerprint, "n": self.n, "dim": self.dim,
                 "settings": self.settings, "faiss": faiss.__version__}
         _save_index(directory, "HNSW", lambda tmp: faiss.write_index(
@@ -473,7 +480,7 @@ class HnswIndex:
         if meta is None:
             return None
         try:
-            idx = _faiss().read_index(os.path.join(directory, cls.FILE))
+            idx = require_faiss().read_index(os.path.join(directory, cls.FILE))
         except (RuntimeError, OSError) as e:
             logging.warning("HNSW index at %s could not be loaded (%s); rebuilding", directory, e)
             return None

@@ -29,13 +29,45 @@ from dualjax import features, tokenizers
 from dualjax.workdir import verify_digests
 
 FORMAT = 2  # encoder.json "format": bumped when a bundle's layout changes (2: "files")
+SIDES = ("query", "document")
 
 
 def bundle_id(files: dict[str, str]) -> str:
     """A bundle's id: a digest of its files' names and sha256 digests (what an index
     built with it records)."""
     return hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest()[:16]
-SIDES = ("query", "document")
+
+
+def _read_meta(path: str) -> dict:
+    """encoder.json, checked for what loading reads; ValueError naming the file."""
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable encoder.json ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else None
+        raise ValueError(f"{path}: bundle format {got}, this dualjax reads {FORMAT}; "
+                         "export it again")
+    lengths = meta.get("max_len")
+    for key, ok in (("files", isinstance(meta.get("files"), dict)),
+                    ("dim", isinstance(meta.get("dim"), int)),
+                    ("max_len", isinstance(lengths, dict) and all(
+                        isinstance(lengths.get(side), int) for side in SIDES))):
+        if not ok:
+            raise ValueError(f"{path}: no valid {key!r}; export the bundle again")
+    if bundle_id(meta["files"]) != meta.get("id"):
+        raise ValueError(f"{path}: its file list does not give its id; export it again")
+    return meta
+
+
+def _readable(path: str, read, data):
+    """read(data), or ValueError naming the file that this jax / flax cannot read."""
+    try:
+        return read(data)
+    except Exception as e:  # struct.error, msgpack's, jax's own: all mean "not readable"
+        raise ValueError(f"{path}: unreadable by jax {jax.__version__} ({type(e).__name__}: "
+                         f"{e}); export the bundle again with this version") from None
 
 
 class Encoder:
@@ -47,27 +79,25 @@ class Encoder:
         if not os.path.exists(path):
             raise FileNotFoundError(f"{directory}: no encoder.json; make a bundle with "
                                     "python -m dualjax.export --workdir=WORKDIR --out=DIR")
-        with open(path) as f:
-            self.meta = json.load(f)
-        if self.meta.get("format") != FORMAT:
-            raise ValueError(f"{path}: bundle format {self.meta.get('format')}, this dualjax "
-                             f"reads {FORMAT}; export it again")
-        files = self.meta.get("files")
-        if not isinstance(files, dict) or bundle_id(files) != self.meta.get("id"):
-            raise ValueError(f"{path}: its file list does not give its id; export it again")
-        verify_digests(directory, files, "bundle")  # every file as it was exported
+        self.meta = _read_meta(path)
+        verify_digests(directory, self.meta["files"], "bundle")  # every file as exported
         tokenizer = tokenizers.load_tokenizer(os.path.join(directory, "vocab.json"))
         fields = (features.load(os.path.join(directory, "features.json"))
                   if os.path.exists(os.path.join(directory, "features.json"))
                   else (features.SideFeatures(), features.SideFeatures()))
         self.sides = {side: features.Side(tokenizer, self.meta["max_len"][side], f)
                       for side, f in zip(SIDES, fields)}
-        with open(os.path.join(directory, "params.msgpack"), "rb") as f:
-            self.params = jax.device_put(serialization.msgpack_restore(f.read()))
+        # The digests match, so a file that cannot be read was written by another version.
+        path = os.path.join(directory, "params.msgpack")
+        with open(path, "rb") as f:
+            self.params = jax.device_put(_readable(path, serialization.msgpack_restore,
+                                                   f.read()))
         self._fns = {}
         for side in SIDES:
-            with open(os.path.join(directory, f"{side}.jax_export"), "rb") as f:
-                self._fns[side] = jax.jit(jax.export.deserialize(bytearray(f.read())).call)
+            path = os.path.join(directory, f"{side}.jax_export")
+            with open(path, "rb") as f:
+                self._fns[side] = jax.jit(_readable(path, jax.export.deserialize,
+                                                    bytearray(f.read())).call)
 
     @classmethod
     def load(cls, directory: str) -> Encoder:

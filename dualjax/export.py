@@ -18,14 +18,18 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 from flax import serialization
 
+from dualjax import cli
 from dualjax import trained as trained_lib
 from dualjax.encoder import FORMAT, SIDES, Encoder, bundle_id
 from dualjax.metrics_log import setup_logging
-from dualjax.workdir import (OutputError, atomic_write, check_output, file_digests,
+from dualjax.workdir import (atomic_write, check_output, file_digests,
                              replace_folder)
+
+
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # what jax.export lowers for
 
 
 def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "tpu"),
@@ -34,6 +38,10 @@ def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "t
     `out` must be new, empty or (with `overwrite`) a bundle; never the workdir or a
     folder holding it (`workdir.check_output`). Written beside `out`, then renamed:
     a failure leaves `out` as it was and nothing else behind."""
+    unknown = sorted(set(platforms) - set(PLATFORMS)) or ([] if platforms else ["(none)"])
+    if unknown:
+        raise ValueError(f"--platforms: {', '.join(unknown)} is not one of jax's: "
+                         f"{', '.join(PLATFORMS)}")
     check_output(out, "encoder.json", "bundle", inputs=[workdir], overwrite=overwrite)
     trained = trained_lib.load_trained(workdir)
     params = jax.device_get(trained.params)
@@ -89,7 +97,7 @@ def main(argv: list[str]) -> None:
     f = flags.FLAGS
     try:
         encoder = export(f.workdir, f.out, f.platforms, f.overwrite)
-    except (FileNotFoundError, OutputError) as e:
+    except (FileNotFoundError, ValueError) as e:  # OutputError is a ValueError
         sys.exit(f"dualjax.export: {e}")
     size = sum(os.path.getsize(os.path.join(f.out, n)) for n in os.listdir(f.out))
     print(f"{f.out}: {encoder.meta['model']} at step {encoder.meta['step']}, "
@@ -106,7 +114,7 @@ def run() -> None:
     flags.DEFINE_list("platforms", ["cpu", "cuda", "tpu"],
                       "Platforms the exported encoders run on.")
     flags.mark_flags_as_required(["workdir", "out"])
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

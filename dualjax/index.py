@@ -20,10 +20,10 @@ import time
 
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 from tqdm.auto import tqdm
 
-from dualjax import ann
+from dualjax import ann, cli
 from dualjax.data.corpus_file import read_corpus
 from dualjax.encoder import Encoder
 from dualjax.workdir import (atomic_write, check_output, file_digests, replace_folder,
@@ -47,10 +47,10 @@ def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: st
     to `out`: new, empty or (with `overwrite`) an index, never one of `inputs` (the
     bundle, the corpus) or a folder holding one. Written beside `out`, then renamed: a
     failure leaves `out` as it was and nothing else behind. Returns it loaded."""
-    if kind not in ann.INDEXES:
-        raise ValueError(f"--kind={kind!r} is not one of: {', '.join(ann.INDEXES)}")
+    check_build(kind, batch_size)
     check_output(out, META, "corpus index", inputs=(encoder.directory, *inputs),
                  overwrite=overwrite)
+    ids, texts = without_empty(ids, texts)
     start = time.perf_counter()
     parts = []
     with tqdm(total=len(texts), desc="encode corpus", unit="text", disable=None) as bar:
@@ -69,6 +69,30 @@ def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: st
         raise
     replace_folder(tmp, out)
     return CorpusIndex(out, encoder.id)
+
+
+def check_build(kind: str, batch_size: int) -> None:
+    """ValueError (ImportError for a missing faiss) naming the setting that cannot work,
+    before anything is read or encoded."""
+    if kind not in ann.INDEXES:
+        raise ValueError(f"--kind={kind!r} is not one of: {', '.join(ann.INDEXES)}")
+    if batch_size < 1:
+        raise ValueError(f"--batch_size={batch_size}: give the texts per batch, at least 1")
+    if kind == "hnsw":
+        ann.require_faiss()
+
+
+def without_empty(ids: list[str], texts: list[str]) -> tuple[list[str], list[str]]:
+    """The documents that hold some text: an empty one has no tokens, so its vector is the
+    towers' bias alone, which ranks it first for every query the model knows nothing of."""
+    keep = [i for i, t in enumerate(texts) if t.strip()]
+    if not keep:
+        raise ValueError("the corpus holds no document with text")
+    if len(keep) < len(texts):
+        empty = [ids[i] for i in range(len(texts)) if not texts[i].strip()]
+        logging.warning("skipped %d empty documents (ids %s%s)", len(empty),
+                        ", ".join(empty[:5]), ", ..." if len(empty) > 5 else "")
+    return [ids[i] for i in keep], [texts[i] for i in keep]
 
 
 def _write(tmp: str, encoder: Encoder, ids: list[str], texts: list[str], embeddings: np.ndarray,
@@ -108,7 +132,9 @@ class CorpusIndex:
                                  f"{FORMAT}; build it again")
             n, dim, recorded = self.meta["n"], self.meta["dim"], self.meta["files"]
             built_with = self.meta["encoder_id"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except KeyError as e:
+            raise ValueError(f"{path}: no {e.args[0]!r}; build the index again") from None
+        except (OSError, ValueError, TypeError, AttributeError) as e:
             raise ValueError(f"{path}: not a readable index.json ({e})") from None
         if encoder_id is not None and built_with != encoder_id:
             raise ValueError(f"{directory} was built with encoder {built_with}, "
@@ -140,13 +166,14 @@ def main(argv: list[str]) -> None:
     setup_logging()
     f = flags.FLAGS
     try:
+        check_build(f.kind, f.batch_size)  # before anything is read
         encoder = Encoder.load(f.encoder)
         check_output(f.out, META, "corpus index", inputs=(f.encoder, f.corpus),
-                     overwrite=f.overwrite)  # before the corpus is read
+                     overwrite=f.overwrite)
         ids, texts = read_corpus(f.corpus)
         built = build(encoder, ids, texts, f.out, f.kind, batch_size=f.batch_size,
                       inputs=(f.corpus,), overwrite=f.overwrite)
-    except (FileNotFoundError, DataError, ValueError) as e:
+    except (FileNotFoundError, DataError, ImportError, ValueError) as e:
         sys.exit(f"dualjax.index: {e}")
     m = built.meta
     logging.info("encoded in %.1fs, index built in %.1fs", m["encode_seconds"], m["build_seconds"])
@@ -164,7 +191,7 @@ def run() -> None:
                       "(hnsw needs faiss-cpu).")
     flags.DEFINE_integer("batch_size", 1024, "Texts per encoding batch.")
     flags.mark_flags_as_required(["encoder", "corpus", "out"])
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

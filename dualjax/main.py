@@ -32,7 +32,7 @@ if __name__ == "__main__":  # before the slow imports below
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from dualjax import config_lib, train  # noqa: E402
+from dualjax import cli, config_lib, train  # noqa: E402
 from dualjax.metrics_log import setup_logging  # noqa: E402
 from dualjax.config_lib import ConfigError  # noqa: E402
 from dualjax.data.pairs_file import DataError  # noqa: E402
@@ -142,7 +142,7 @@ def run() -> None:
     """The `dualjax-train` console script: the same as `python -m dualjax.main`."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _stopped_while_starting)
-    app.run(main, flags_parser=parse_flags)
+    cli.run(main, __name__, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

@@ -23,21 +23,21 @@ import sys
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 
-from dualjax import baselines, evaluate, ann, hybrid, sharding, tokenizers, train
-from dualjax import tasks as tasks_lib
-from dualjax.index import CorpusIndex
+from dualjax import baselines, cli, hybrid, tokenizers
 from dualjax.encoder import Encoder
+from dualjax.index import CorpusIndex
 from dualjax.metrics_log import setup_logging
-from dualjax.trained import load_trained
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A trained dualjax workdir.")
 _ENCODER = flags.DEFINE_string("encoder", None, "An exported encoder (python -m dualjax.export).")
 _INDEX = flags.DEFINE_string("index", None, "Its corpus index (python -m dualjax.index).")
 _QUERY = flags.DEFINE_multi_string("query", [], "A query (repeatable).")
 _QUERIES_FILE = flags.DEFINE_string("queries_file", None, "A file with one query per line.")
-_K = flags.DEFINE_integer("k", 10, "Results per query.")
+_K = flags.DEFINE_integer("k", 10, "Results per query (at least 1).")
+_MAX_CHARS = flags.DEFINE_integer("max_chars", 300, "Print at most this many characters of "
+                                  "each hit's text (0: all of it).")
 _SPLIT = flags.DEFINE_string("split", "test", "--workdir: the evaluation split whose corpus "
                              "is searched.")
 _TASK = flags.DEFINE_string("task", "", "--workdir, multi-task runs: the task whose corpus is "
@@ -75,18 +75,28 @@ class Searcher:
     tokenizer: tokenizers.Tokenizer                 # the query side's
     k: int = 10
     info: dict = dataclasses.field(default_factory=dict)
+    ids: list[str] | None = None                    # the corpus' ids (None: positions)
 
-    def search(self, queries: Sequence[str], hybrid: str = "",
-               weight: float | None = None) -> Results:
-        """Per query, the top k (score, candidate text), best first; with `hybrid` (a
+    def ranked(self, queries: Sequence[str], hybrid: str = "",
+               weight: float | None = None) -> list[list[tuple[float, int]]]:
+        """Per query, the top k (score, corpus position), best first; with `hybrid` (a
         lexical system), fused with its ranking (`fused`). Typed queries carry no
         categorical fields: a query side with fields reads them as missing."""
         k = min(self.k, len(self.corpus))
         scores, ids = self.index.search(self.encode_queries(queries), k)
         if hybrid:
             scores, ids = fused((scores, ids), self.corpus, queries, k, hybrid, weight)
-        return [[(float(s), self.corpus[i]) for s, i in zip(row_s, row_i) if i >= 0]
+        return [[(float(s), int(i)) for s, i in zip(row_s, row_i) if i >= 0]
                 for row_s, row_i in zip(scores, ids)]
+
+    def search(self, queries: Sequence[str], hybrid: str = "",
+               weight: float | None = None) -> Results:
+        """Per query, the top k (score, candidate text), best first (see `ranked`)."""
+        return [[(s, self.corpus[i]) for s, i in row]
+                for row in self.ranked(queries, hybrid, weight)]
+
+    def doc_id(self, position: int) -> str:
+        return str(position) if self.ids is None else self.ids[position]
 
     def unknown(self, query: str) -> bool:
         """Whether no token of the query is in the model's vocabulary."""
@@ -99,12 +109,17 @@ def from_bundle(encoder_dir: str, index_dir: str, k: int = 10) -> Searcher:
     encoder = Encoder.load(encoder_dir)
     corpus_index = CorpusIndex(index_dir, encoder.id)
     return Searcher(corpus_index.texts, corpus_index, encoder.encode_queries,
-                    encoder.sides["query"].tokenizer, k, {"built": False, **corpus_index.meta})
+                    encoder.sides["query"].tokenizer, k, {"built": False, **corpus_index.meta},
+                    corpus_index.ids)
 
 
 def from_workdir(workdir: str, split: str = "test", k: int = 10, task: str = "") -> Searcher:
     """A training workdir's latest checkpoint over the corpus of an evaluation split of its
     dataset, with the index its final evaluation saved (rebuilt if stale)."""
+    # The training stack is imported only here: serving a bundle needs none of it.
+    from dualjax import ann, evaluate, sharding, train
+    from dualjax import tasks as tasks_lib
+    from dualjax.trained import load_trained
     config, inputs, model, params, step = load_trained(workdir)
     mesh = sharding.make_mesh()
     encode_queries, encode_documents = train.make_encoders(model)
@@ -128,42 +143,82 @@ def from_workdir(workdir: str, split: str = "test", k: int = 10, task: str = "")
     return Searcher(data.corpus, searcher, encode, inputs.query.tokenizer, k, info)
 
 
+def read_queries(given: Sequence[str], path: str | None) -> list[str]:
+    """The --query values, then the non-blank lines of --queries_file; ValueError naming
+    the query or file that cannot be answered (an empty query, a file that is missing,
+    not UTF-8 text or without a query)."""
+    for n, query in enumerate(given, 1):
+        if not query.strip():
+            raise ValueError(f"--query #{n} is empty: give the text to search for")
+    queries = list(given)
+    if path:
+        try:
+            with open(path, "rb") as f:
+                lines = f.read().splitlines()
+        except OSError as e:
+            raise ValueError(f"--queries_file={path}: {e.strerror}") from None
+        for lineno, line in enumerate(lines, 1):
+            try:
+                queries += [line.decode("utf-8").strip()] if line.strip() else []
+            except UnicodeDecodeError:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 text") from None
+        if len(queries) == len(given):
+            raise ValueError(f"--queries_file={path} holds no query (one per line; blank "
+                             "lines are skipped)")
+    if not queries:
+        raise ValueError("give --query (repeatable) or --queries_file")
+    return queries
+
+
+def _check_flags() -> None:
+    """ValueError naming the flag whose value cannot work."""
+    bundle = _ENCODER.value or _INDEX.value
+    if bool(_WORKDIR.value) == bool(bundle) or (bundle and not (_ENCODER.value and _INDEX.value)):
+        raise ValueError("give --encoder and --index (an exported model), or --workdir")
+    if _WORKDIR.value and not os.path.isfile(os.path.join(_WORKDIR.value, "config.json")):
+        raise ValueError(f"--workdir={_WORKDIR.value}: not a dualjax workdir (no config.json)")
+    if _K.value < 1:
+        raise ValueError(f"--k={_K.value}: give the number of results per query, at least 1")
+    if _MAX_CHARS.value < 0:
+        raise ValueError(f"--max_chars={_MAX_CHARS.value}: give 0 (all) or more")
+    weight = _HYBRID_WEIGHT.value
+    if weight is not None and not (_HYBRID.value and 0 <= weight <= 1):
+        raise ValueError("--hybrid_weight is a weight in [0, 1] for --hybrid")
+
+
+def snippet(text: str, max_chars: int) -> str:
+    """`text` on one line, cut to `max_chars` (0: whole) with the length it had."""
+    text = " ".join(text.split())
+    if not max_chars or len(text) <= max_chars:
+        return text
+    return f"{text[:max_chars]}... [{len(text):,} characters]"
+
+
 def main(argv: list[str]) -> None:
     del argv
     setup_logging()
-    queries = list(_QUERY.value)
-    if _QUERIES_FILE.value:
-        with open(_QUERIES_FILE.value, encoding="utf-8") as f:
-            queries += [line.strip() for line in f if line.strip()]
-    if not queries:
-        sys.exit("dualjax.search: give --query (repeatable) or --queries_file")
-    bundle = _ENCODER.value or _INDEX.value
-    if bool(_WORKDIR.value) == bool(bundle) or (bundle and not (_ENCODER.value and _INDEX.value)):
-        sys.exit("dualjax.search: give --encoder and --index (an exported model), or --workdir")
-    if _WORKDIR.value and not os.path.isfile(os.path.join(_WORKDIR.value, "config.json")):
-        sys.exit(f"dualjax.search: --workdir={_WORKDIR.value}: not a dualjax workdir (no "
-                 "config.json)")
-    weight = _HYBRID_WEIGHT.value
-    if weight is not None and not (_HYBRID.value and 0 <= weight <= 1):
-        sys.exit("dualjax.search: --hybrid_weight is a weight in [0, 1] for --hybrid")
     try:
-        searcher = (from_bundle(_ENCODER.value, _INDEX.value, _K.value) if bundle else
+        _check_flags()
+        queries = read_queries(_QUERY.value, _QUERIES_FILE.value)
+        searcher = (from_bundle(_ENCODER.value, _INDEX.value, _K.value) if _ENCODER.value else
                     from_workdir(_WORKDIR.value, _SPLIT.value, _K.value, _TASK.value))
-    except (FileNotFoundError, ValueError) as e:
+        answers = searcher.ranked(queries, _HYBRID.value, _HYBRID_WEIGHT.value)
+    except (FileNotFoundError, ImportError, ValueError) as e:
         sys.exit(f"dualjax.search: {e}")
-    for query, results in zip(queries, searcher.search(queries, _HYBRID.value, weight)):
+    for query, results in zip(queries, answers):
         print(f"\n> {query}")
         if searcher.unknown(query):
             print("  (no token of this query is in the model's vocabulary: its vector "
                   "means little" + ("; the lexical ranking still counts)" if _HYBRID.value
                                     else ")"))
-        for rank, (score, text) in enumerate(results, 1):
-            print(f"{rank:3d}. {score:+.4f}  {text}")
+        for rank, (score, i) in enumerate(results, 1):
+            print(f"{rank:3d}. {score:+.4f}  [{searcher.doc_id(i)}]  "
+                  f"{snippet(searcher.corpus[i], _MAX_CHARS.value)}")
 
 
 def run() -> None:
     """The `dualjax-search` console script: the same as `python -m dualjax.search`."""
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """ANN speed and quality on a trained dual encoder's own corpus embeddings: ScaNN vs faiss,
 each swept down to its fastest setting.
 
-Loads a workdir's latest checkpoint (`dualjax.search.load_trained`, without
+Loads a workdir's latest checkpoint (`dualjax.trained.load_trained`, without
 building or saving an index under the workdir: this script writes nothing there),
 encodes the corpus and the queries of an evaluation split, and measures, all with the
 same number of threads:
@@ -172,8 +172,9 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench_train import cpu_model  # noqa: E402  (this folder is on sys.path when run)
-from dualjax import ann, evaluate, search, sharding, train  # noqa: E402
+from dualjax import ann, evaluate, sharding, train  # noqa: E402
 from dualjax.data import builders  # noqa: E402
+from dualjax.trained import load_trained  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- embeddings
@@ -218,9 +219,9 @@ class Embedded:
 
 
 def embed_split(workdir: str, split: str, max_queries: int) -> Embedded:
-    """Restores the latest checkpoint's params (`search.load_trained`; no index is built
+    """Restores the latest checkpoint's params (`trained.load_trained`; no index is built
     or saved under the workdir) and encodes the split's corpus and queries."""
-    config, inputs, model, params, step = search.load_trained(workdir, load_config(workdir))
+    config, inputs, model, params, step = load_trained(workdir, load_config(workdir))
     mesh = sharding.make_mesh()
     encode_queries, encode_documents = train.make_encoders(model)
     tfds_dir = config.data.tfds_dir or os.path.join(workdir, "tfds")

@@ -4,6 +4,11 @@ reports.
 
     python scripts/drill.py --out=runs/drill [--kills=20] [--terms=5] [--concurrent=5]
         [--full_disk] [--seed=0] [--json=out.json]
+    python scripts/drill.py --serving --out=runs/drill_serving [--json=out.json]
+
+--serving runs the serving drill instead (scripts/serving_drill.py): export, index and
+search broken and misused as a user might, each case refused in one line or answered
+correctly.
 
 Every run is `python -m dualjax.main --config=configs/tiny.py` with 40 steps, a checkpoint
 every 5 and no evaluation before the last step (the issue's drill). One uninterrupted
@@ -149,8 +154,11 @@ def main() -> None:
     p.add_argument("--full_disk", action="store_true",
                    help="also fill a 700 KB tmpfs at a checkpoint (needs root)")
     p.add_argument("--json", default="")
+    p.add_argument("--serving", action="store_true", help="the serving drill instead")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.serving:
+        return serving(args)
     rng = random.Random(args.seed)
 
     t0 = time.time()
@@ -198,6 +206,23 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"summary": summary, "runs": results}, f, indent=1)
+
+
+def serving(args) -> None:
+    import serving_drill
+    t0 = time.time()
+    setup = serving_drill.prepare(os.path.abspath(args.out))
+    results = serving_drill.run_cases(setup)
+    print(serving_drill.table(results))
+    bad = [r["case"] for r in results if not r["ok"]]
+    print(f"\n{len(results) - len(bad)} of {len(results)} cases refused in one line or "
+          f"answered correctly; {sum(r['traceback'] for r in results)} tracebacks; "
+          f"{time.time() - t0:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if bad:
+        sys.exit(f"not as expected: {', '.join(bad)}")
 
 
 if __name__ == "__main__":

@@ -197,13 +197,7 @@ def test_outputs_never_replace_their_inputs_or_other_folders(workdir, bundle, tm
             (lambda: index(beir / "corpus.jsonl"), "is a file")]:
         with pytest.raises(OutputError, match=message):
             call()
-    for args in (["dualjax.export", f"--workdir={workdir}", f"--out={workdir}"],
-                 ["dualjax.index", f"--encoder={bundle}", f"--corpus={beir}", f"--out={beir}"]):
-        out = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
-                             timeout=300)
-        assert out.returncode == 1 and "its own input" in out.stderr, out.stderr
-        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert {p: sorted(os.listdir(p)) for p in before} == before
+    assert {p: sorted(os.listdir(p)) for p in before} == before  # (the command line: the drill)
     # A new folder inside the corpus folder is fine, and --overwrite replaces an index.
     index(beir / "idx")
     with pytest.raises(OutputError, match="--overwrite"):
@@ -245,3 +239,103 @@ def test_a_changed_bundle_or_index_is_refused_naming_the_file(bundle, tmp_path):
         with pytest.raises(ValueError, match=f"{name}: changed since the index was written"):
             corpus_index.CorpusIndex(broken(idx, name, change), encoder.id)
     assert corpus_index.CorpusIndex(idx, encoder.id).texts == texts
+
+
+def _serving_drill():
+    import importlib.util
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "serving_drill.py")
+    spec = importlib.util.spec_from_file_location("serving_drill", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["serving_drill"] = module  # (its dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+# What happens in the commands' main(): the rest of the drill's cases are tested in-process.
+DRILLED = ("index --out=<its BEIR corpus folder>", "export --out=<its workdir>",
+           "index --kind=hnsw without faiss", "search --k=0 (exact)", "index --batch_size=0",
+           "--queries_file not UTF-8", "--queries_file empty", "export --platforms=bogus",
+           "index --out= (empty)", "dualjax-search --help", "dualjax-index --help",
+           "search --query=''", "the huge document, printed cut")
+
+
+def test_the_serving_drill_refuses_in_one_line_or_answers_correctly(workdir, bundle, tmp_path):
+    """scripts/drill.py --serving's cases for the commands' flags and output, run as a
+    user runs them: exit 1 with one line naming the flag or file, or the right answer;
+    no input changed and nothing left behind."""
+    import dualjax
+    from dualjax import index as corpus_index
+    drill = _serving_drill()
+    rows = drill.corpus_rows()
+    setup = drill.Setup(str(tmp_path), str(workdir), bundle, drill.write_corpus(
+        str(tmp_path / "beir"), rows), {"exact": str(tmp_path / "index_exact")},
+        {r["_id"]: r["text"] for r in rows})
+    corpus_index.build(dualjax.Encoder.load(bundle), [r["_id"] for r in rows],
+                       [r["text"] for r in rows], setup.indexes["exact"], kind="exact")
+    cases = [c for c in drill.CASES if c.name in DRILLED]
+    assert len(cases) == len(DRILLED)
+    results = drill.run_cases(setup, cases)
+    assert [r for r in results if not r["ok"]] == [], drill.table(results)
+
+
+def test_search_flags_and_output_by_hand(tmp_path):
+    from dualjax import search
+    f = tmp_path / "q.txt"
+    f.write_bytes(b"fix my bike\n\n  \ncook rice\n")
+    assert search.read_queries(["a car"], str(f)) == ["a car", "fix my bike", "cook rice"]
+    for given, content, message in (([" "], None, "--query #1 is empty"),
+                                    ([], b"\n\n", "holds no query"),
+                                    ([], b"ok\n\xff\n", r"q.txt:2: not UTF-8"),
+                                    ([], None, "give --query")):
+        if content is not None:
+            f.write_bytes(content)
+        with pytest.raises(ValueError, match=message):
+            search.read_queries(given, str(f) if content is not None else None)
+    with pytest.raises(ValueError, match="nowhere.txt: No such file"):
+        search.read_queries([], str(tmp_path / "nowhere.txt"))
+    assert search.snippet("a  b\nc", 0) == "a b c"
+    assert search.snippet("x" * 2000, 10) == "xxxxxxxxxx... [2,000 characters]"
+
+
+def test_bundle_and_index_metadata_errors_name_the_file(workdir, bundle, tmp_path):
+    """A key missing from encoder.json or index.json, a file this jax cannot read, empty
+    documents, a bad --batch_size or --platforms: each a ValueError naming the file or
+    flag, raised before anything is written."""
+    import json
+    import shutil
+    import dualjax
+    from dualjax import encoder as encoder_lib, export, index as corpus_index
+    from dualjax.workdir import file_digests
+    copy = shutil.copytree(bundle, tmp_path / "b")
+    meta = json.loads((copy / "encoder.json").read_text())
+    (copy / "encoder.json").write_text(json.dumps({k: v for k, v in meta.items()
+                                                   if k != "max_len"}))
+    with pytest.raises(ValueError, match=r"b/encoder.json: no valid 'max_len'"):
+        dualjax.Encoder.load(str(copy))
+    (copy / "encoder.json").write_text(json.dumps(meta)[:40])
+    with pytest.raises(ValueError, match=r"b/encoder.json: not a readable encoder.json"):
+        dualjax.Encoder.load(str(copy))
+    # Digests that match a file jax cannot read (another version wrote it): named.
+    (copy / "query.jax_export").write_bytes(b"\x00" * 16)
+    meta["files"] = file_digests(str(copy), list(meta["files"]))
+    meta["id"] = encoder_lib.bundle_id(meta["files"])
+    (copy / "encoder.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"b/query.jax_export: unreadable by jax"):
+        dualjax.Encoder.load(str(copy))
+
+    encoder = dualjax.Encoder.load(bundle)
+    with pytest.raises(ValueError, match="--batch_size=0"):
+        corpus_index.build(encoder, ["a"], ["x"], str(tmp_path / "i0"), batch_size=0)
+    with pytest.raises(ValueError, match="no document with text"):
+        corpus_index.build(encoder, ["a", "b"], ["", " \n"], str(tmp_path / "i1"))
+    built = corpus_index.build(encoder, ["a", "e", "b"], ["fix my bike", "  ", "cook rice"],
+                               str(tmp_path / "idx"), kind="exact")
+    assert (built.ids, built.texts) == (["a", "b"], ["fix my bike", "cook rice"])
+    idx_meta = json.loads((tmp_path / "idx" / "index.json").read_text())
+    del idx_meta["encoder_id"]
+    (tmp_path / "idx" / "index.json").write_text(json.dumps(idx_meta))
+    with pytest.raises(ValueError, match=r"idx/index.json: no 'encoder_id'"):
+        corpus_index.CorpusIndex(str(tmp_path / "idx"), encoder.id)
+    with pytest.raises(ValueError, match="--platforms: bogus"):
+        export.export(str(workdir), str(tmp_path / "e"), platforms=("cpu", "bogus"))
+    assert not any(".tmp" in p for p in os.listdir(tmp_path))

@@ -260,11 +260,12 @@ def test_categorical_fields_and_side_lengths_train_evaluate_and_search(tmp_path,
     assert step_options == ["lazy"]
     assert results["dual_encoder [exact]"]["num_queries"] > 10
     from dualjax import features, search
+    from dualjax import trained as trained_lib
     _, doc_side = features.load(os.path.join(workdir, "features.json"))
     assert sorted(doc_side.fields[0].vocab) == ["bike", "car", "phone"]
     assert final_params(workdir, cfg.num_train_steps)["doc_feature_0"]["embedding"].shape == (
         1 + 3 + cfg.model.feature_buckets, 8)
-    trained = search.load_trained(workdir)
+    trained = trained_lib.load_trained(workdir)
     assert (trained.inputs.query.max_len, trained.inputs.document.max_len) == (6, 12)
     assert trained.inputs.document.features == doc_side
     hits = search.from_workdir(workdir, k=3).search(["how do i fix my bike 7 ?"])[0]
