@@ -223,21 +223,104 @@ def test_parse_tasks():
             pretraining.parse_tasks(bad)
 
 
-@pytest.mark.skipif(not os.path.exists(WIKISPEEDIA), reason="Wikispeedia articles absent")
-def test_real_wikispeedia_lead_and_links(tmp_path):
-    # Read the first 200 articles (links to articles outside them are dropped).
+def _wikispeedia_head(tmp_path, n):
+    """The first n Wikispeedia articles (links to articles outside them dropped)."""
     lines = []
     with open(WIKISPEEDIA) as f:
-        for _ in range(200):
+        for _ in range(n):
             lines.append(json.loads(f.readline()))
     ids = {a["id"] for a in lines}
     for a in lines:
         a["links"] = [x for x in a["links"] if x in ids]
     path = tmp_path / "wiki.jsonl"
     path.write_text("".join(json.dumps(a) + "\n" for a in lines))
-    c = documents.read_collection(str(path))
+    return documents.read_collection(str(path))
+
+
+@pytest.mark.skipif(not os.path.exists(WIKISPEEDIA), reason="Wikispeedia articles absent")
+def test_real_wikispeedia_lead_and_links(tmp_path):
+    c = _wikispeedia_head(tmp_path, 200)
     assert c.num_articles == 200
     assert all(c.lead_end[a] > c.article_start[a] for a in range(200))  # every one has a lead
     g = pretraining.PairGenerator(c, ("ict", "bfs", "wlp"), seed=0)
     assert all(g.num_items(t) > 100 for t in g.tasks)
     assert all(len(q.split()) >= 5 for q, _, _ in map(g.pair, range(300)))
+
+
+@pytest.mark.skipif(not os.path.exists(WIKISPEEDIA), reason="Wikispeedia articles absent")
+def test_real_wikispeedia_ict_removes_every_occurrence_of_the_query(tmp_path):
+    # Wikipedia repeats image captions ("X Enlarge X"), sentences, and captions the
+    # splitter cuts differently, so a query's text can be elsewhere in its passage: as
+    # another sentence, inside one, or across two joined by a space.
+    c = _wikispeedia_head(tmp_path, 300)
+    g = pretraining.PairGenerator(c, ("ict",), seed=0, mask_rate=1.0)
+    n = g.num_items("ict")  # 8,723 passages
+    pairs = [g.pair(p) for p in range(n)]
+    # The same queries with nothing removed: whole passages, ~3% holding theirs twice.
+    whole = pretraining.PairGenerator(c, ("ict",), seed=0, mask_rate=0.0)
+    assert sum(d.count(q) > 1 for q, d, _ in map(whole.pair, range(n))) > 200
+    assert [q for q, d, _ in pairs if q in d] == []
+    # Kept at the rate (ORQA): Binomial(n, 0.1) has sd 0.0032 as a fraction.
+    g = pretraining.PairGenerator(c, ("ict",), seed=0, mask_rate=0.9)
+    kept = np.mean([q in d for q, d, _ in map(g.pair, range(n))])
+    assert abs(kept - 0.1) < 0.015
+
+
+def test_remove_text_removes_every_occurrence_and_those_a_removal_joins():
+    q = "Map of the old town."
+    assert pretraining.remove_text(f"{q} Enlarge {q} It is old.", q) == "Enlarge It is old."
+    assert pretraining.remove_text("Map of the old", q) == "Map of the old"
+    assert pretraining.remove_text("x x y y", "x y") == ""   # "x  y" is left after one pass
+
+
+def _plain_text_file(tmp_path, rows):
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+# README: a .jsonl of articles "with a plain "text" (and optional "title")": no ids, no
+# links. Long enough for two passages at passage_words=20 (a lead and one for BFS).
+PLAIN = [{"text": " ".join(f"Topic {k} sentence number {i} has seven words." for i in range(5))}
+         for k in range(3)]
+
+
+def test_plain_text_documents_need_no_title_or_id(tmp_path):
+    rows = [*PLAIN, {"_id": "d1", "text": "A BEIR style line with its own id here."},
+            {"title": "Same", "text": "One of two lines with the same title here."},
+            {"title": "Same", "text": "The other of two lines with that title here."}]
+    c = documents.read_collection(_plain_text_file(tmp_path, rows), passage_words=20)
+    assert c.titles == ["", "", "", "", "Same", "Same"] and len(c.links) == 0
+    assert list(c.article_start) == [0, 3, 6, 9, 10, 11, 12]  # 3 passages of <= 20 words
+    g = pretraining.PairGenerator(c, ("ict", "bfs"), seed=0)
+    assert g.num_items("bfs") == 6 and all(q for q, _, _ in map(g.pair, range(10)))
+
+
+@pytest.mark.parametrize("rows, fragment", [
+    ([{"id": "a", "text": "x"}, {"id": "a", "text": "y"}], "2: duplicate article id 'a'"),
+    ([{"_id": "a", "text": "x"}, {"_id": "a", "text": "y"}], "2: duplicate article id 'a'"),
+    ([{"title": "T", "text": "x"}, {"title": "T", "text": "y"},
+      {"id": "b", "text": "z", "links": ["T"]}], "3: \"links\" names 'T', the title of lines 1"),
+])
+def test_duplicate_ids_and_ambiguous_links_name_the_line(tmp_path, rows, fragment):
+    with pytest.raises(DataError, match=f"docs.jsonl:{fragment}"):
+        documents.read_collection(_plain_text_file(tmp_path, rows))
+
+
+def test_plain_text_pretraining_as_the_readme_says(tmp_path):
+    """configs/pretrain.py on plain "text" lines: its default tasks need links (WLP),
+    and the error says which tasks the collection does have pairs for."""
+    from conftest import load_config
+    from dualjax import config_lib, tasks as tasks_lib
+    cfg = load_config("pretrain")
+    cfg.data.path = _plain_text_file(tmp_path, PLAIN)
+    cfg.data.passage_words = 20
+    config_lib.validate(cfg, 1)
+    [task] = tasks_lib.make_tasks(cfg, str(tmp_path / "run"))
+    with pytest.raises(DataError, match=r"nothing to make WLP pairs from \(links.*; it has "
+                                        r"pairs for ict, bfs, crop: use e\.g\. "
+                                        r"--config\.data\.tasks=ict,bfs$"):
+        task.train_source
+    cfg.data.tasks = "ict,bfs"
+    [task] = tasks_lib.make_tasks(cfg, str(tmp_path / "run"))
+    assert [t for _, _, t in map(task.train_source.pair, range(4))] == ["ict", "bfs"] * 2

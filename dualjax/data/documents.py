@@ -11,6 +11,8 @@
   optionally `"id"` and `"title_in_text"`) or with a plain `"text"` (and optional
   `"title"`), split into passages of whole sentences of at most `passage_words` words
   (Chang et al. 2020: 288 tokens for title + passage); the first passage is the lead.
+  Links name an article by its `"id"` (or BEIR's `"_id"`), which must be unique, or by
+  the title of an article without one; an article with neither needs no name.
 
 Sentences come from `text.sentence_spans` (sentencex, Wikimedia's rule-based segmenter);
 text without any sentence punctuation is cut into pseudo-sentences of about 12 words
@@ -185,9 +187,38 @@ def chunk_sentences(sentences: Iterable[str], max_words: int) -> list[str]:
     return out
 
 
+def _article_id(obj: dict, path: str, lineno: int) -> str | int | None:
+    """An article's explicit id: `"id"`, else `"_id"` (BEIR's corpus lines); None when
+    it has neither (then its title, if any, names it in links)."""
+    key = next((obj[k] for k in ("id", "_id") if obj.get(k) not in (None, "")), None)
+    if key is not None and (not isinstance(key, (str, int)) or isinstance(key, bool)):
+        raise DataError(f"{path}:{lineno}: an article's \"id\" must be a string or an integer")
+    return key
+
+
+def _link_targets(links: list, ids: dict, titles: dict, path: str, lineno: int) -> list[int]:
+    """The article indices `links` names: by id, else by the title of exactly one article
+    without an id (a title several articles share names none of them)."""
+    out = []
+    for x in links:
+        if isinstance(x, (str, int)) and x in ids:
+            out.append(ids[x])
+            continue
+        rows = titles.get(x, []) if isinstance(x, str) else []
+        if len(rows) > 1:
+            raise DataError(f"{path}:{lineno}: \"links\" names {x!r}, the title of lines "
+                            f"{', '.join(str(n) for n, _ in rows)}: give those articles ids")
+        if not rows:
+            raise DataError(f"{path}:{lineno}: \"links\" names unknown article id {x!r}")
+        out.append(rows[0][1])
+    return sorted(set(out))
+
+
 def _jsonl_articles(path: str, passage_words: int) -> list[_Article]:
-    """Wikispeedia-layout or plain-text articles, one JSON object per line."""
-    rows, index = [], {}
+    """Wikispeedia-layout or plain-text articles, one JSON object per line. An article
+    is known in links by its id (`_article_id`), else by its title; one with neither
+    (plain text) is known by its line alone, which nothing links to."""
+    rows, ids, titles = [], {}, {}
     for lineno, obj in beir.json_objects(path):
         title = obj.get("title") or ""
         if not isinstance(title, str):
@@ -211,21 +242,20 @@ def _jsonl_articles(path: str, passage_words: int) -> list[_Article]:
         links = obj.get("links") or []
         if not isinstance(links, list):
             raise DataError(f"{path}:{lineno}: \"links\" must be a list of article ids")
-        key = obj.get("id", title)
-        if key in index:
+        key = _article_id(obj, path, lineno)
+        if key in ids:
             raise DataError(f"{path}:{lineno}: duplicate article id {key!r} (first at line "
-                            f"{rows[index[key]][0]})")
-        index[key] = len(rows)
+                            f"{rows[ids[key]][0]})")
+        if key is not None:
+            ids[key] = len(rows)
+        elif title:
+            titles.setdefault(title, []).append((lineno, len(rows)))
         rows.append((lineno, _Article(_clean(obj.get("title_in_text") or title), texts,
                                       num_lead), links))
     if not rows:
         raise DataError(f"{path}: no articles")
     for lineno, art, links in rows:
-        unknown = [x for x in links if x not in index]
-        if unknown:
-            raise DataError(f"{path}:{lineno}: \"links\" names unknown article id "
-                            f"{unknown[0]!r}")
-        art.links = sorted({index[x] for x in links})
+        art.links = _link_targets(links, ids, titles, path, lineno)
     return [art for _, art, _ in rows]
 
 

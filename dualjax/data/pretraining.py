@@ -4,7 +4,8 @@ Three paragraph-level tasks, each making (query, document) pairs from a `Collect
 - ICT, Inverse Cloze Task (Lee et al. 2019): the query is a random sentence of a passage;
   the document is the article's title and the passage, with the query sentence removed
   with probability `mask_rate` (ORQA's `ict_dataset.py`: 0.9, so it stays in 10% of the
-  time). A passage needs two sentences (one to ask, one left to answer).
+  time), and with it every other occurrence of its text (`remove_text`). A passage needs
+  two sentences (one to ask, one left to answer).
 - BFS, Body First Selection: the query is a random sentence of the article's lead; the
   document is a random passage of the same article outside its lead.
 - WLP, Wiki Link Prediction: the query is a random sentence of article A's lead; the
@@ -56,6 +57,18 @@ def parse_tasks(spec: str) -> tuple[str, ...]:
     return names
 
 
+def remove_text(text: str, query: str) -> str:
+    """`text` without any occurrence of `query`, whitespace runs then made one space.
+    Dropping the query's sentence is not enough: Wikipedia repeats captions ("X Enlarge
+    X") and sentences, and the splitter may cut a repeat differently, so the query's text
+    can be another sentence, inside one, or across two joined ones (3% of Wikispeedia's
+    ICT passages), and ICT would keep it far more often than 1 - mask_rate. Unchanged
+    when `query` is not in `text`; repeated since a removal can join a new occurrence."""
+    while query and query in text:
+        text = " ".join(text.replace(query, " ").split())
+    return text
+
+
 class PairGenerator:
     """(seed, position) -> one pre-training pair; see the module docstring."""
 
@@ -74,31 +87,42 @@ class PairGenerator:
         self._passage_q = np.stack([where(starts[:-1]), where(starts[1:])], 1)  # [P, 2]
         first = c.article_start[:-1]
         self._lead_q = np.stack([where(starts[first]), where(starts[c.lead_end])], 1)  # [A, 2]
+        self._items = {t: self._task_items(t) for t in tasks}
+        for t in tasks:
+            if not len(self._items[t]):
+                raise DataError(self._nothing_for(t))
+        self._perm: dict[tuple[int, int], np.ndarray] = {}  # (task, epoch) -> item order
+
+    def _task_items(self, task: str) -> np.ndarray:
+        """The items task `task` draws from: passages, links or pseudo pairs."""
+        c, starts = self.collection, self.collection.passage_sent_start
         has_query = self._passage_q[:, 1] > self._passage_q[:, 0]
         lead_has_query = self._lead_q[:, 1] > self._lead_q[:, 0]
         passages = np.arange(len(c.passages))
-        self._items = {}
-        if "ict" in tasks:  # passages with a query sentence and another sentence
-            self._items["ict"] = passages[has_query & (starts[1:] - starts[:-1] >= 2)]
-        if "bfs" in tasks:  # passages outside a lead whose article's lead has a query
+        if task == "ict":  # passages with a query sentence and another sentence
+            return passages[has_query & (starts[1:] - starts[:-1] >= 2)]
+        if task == "bfs":  # passages outside a lead whose article's lead has a query
             article = c.passage_article
-            self._items["bfs"] = passages[(passages >= c.lead_end[article])
-                                          & lead_has_query[article]]
-        if "mlm" in tasks:  # every passage (its text is the input; no query)
-            self._items["mlm"] = passages
-        if "pseudo" in tasks:  # the pairs made for it
-            self._items["pseudo"] = np.arange(len(self.pseudo_pairs))
-        if "crop" in tasks:  # passages with enough words to crop twice
+            return passages[(passages >= c.lead_end[article]) & lead_has_query[article]]
+        if task == "mlm":  # every passage (its text is the input; no query)
+            return passages
+        if task == "pseudo":  # the pairs made for it
+            return np.arange(len(self.pseudo_pairs))
+        if task == "crop":  # passages with enough words to crop twice
             n_words = np.fromiter((len(p.split()) for p in c.passages), np.int64, len(passages))
-            self._items["crop"] = passages[n_words >= CROP_MIN_WORDS]
-        if "wlp" in tasks:  # links (passage of B, A) whose target A has a lead query
-            self._items["wlp"] = np.flatnonzero(lead_has_query[c.links[:, 1]]
-                                                if len(c.links) else [])
-        for t in tasks:
-            if not len(self._items[t]):
-                raise DataError(f"data.tasks: the collection has nothing to make {t.upper()} "
-                                f"pairs from ({_NEEDS[t]})")
-        self._perm: dict[tuple[int, int], np.ndarray] = {}  # (task, epoch) -> item order
+            return passages[n_words >= CROP_MIN_WORDS]
+        # wlp: links (passage of B, A) whose target A has a lead query
+        return np.flatnonzero(lead_has_query[c.links[:, 1]] if len(c.links) else [])
+
+    def _nothing_for(self, task: str) -> str:
+        """The error for a task without items, naming the tasks that have some, so that
+        e.g. plain-text documents (no links: no WLP) say what to run instead."""
+        has = [t for t in ("ict", "bfs", "wlp", "crop") if len(self._task_items(t))]
+        fix = [t for t in self.tasks if t in has] or has
+        return (f"data.tasks: the collection has nothing to make {task.upper()} pairs from "
+                f"({_NEEDS[task]}); " + (f"it has pairs for {', '.join(has)}: use e.g. "
+                                         f"--config.data.tasks={','.join(fix)}"
+                                         if has else "nor for any other pre-training task"))
 
     def num_items(self, task: str) -> int:
         return len(self._items[task])
@@ -115,12 +139,15 @@ class PairGenerator:
         return int(items[self._perm[(t, epoch)][i]])
 
     def _document(self, p: int, drop: int | None = None) -> str:
+        """Passage p as a document; with `drop`, without sentence `drop` and without any
+        other occurrence of its text (`remove_text`)."""
         c = self.collection
         start, end = c.passage_sent_start[p], c.passage_sent_start[p + 1]
         if drop is None:
             text = c.passages[p]
         else:
             text = " ".join(c.sentences[s] for s in range(start, end) if s != drop)
+            text = remove_text(text, c.sentences[drop])
         return document_text(c.titles[c.passage_article[p]], text)
 
     def _crop(self, p: int, rng: np.random.Generator) -> str:
