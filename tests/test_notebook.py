@@ -1,5 +1,5 @@
 """notebooks/colab_tpu.ipynb runs top to bottom on CPU (the tiny config, a few steps), so
-it cannot rot."""
+it cannot rot. It starts in another working directory than the checkout's."""
 import os
 import pathlib
 
@@ -16,8 +16,9 @@ def test_colab_notebook_runs_on_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("DUALJAX_NOTEBOOK_WORKDIR", str(tmp_path / "run"))
     monkeypatch.setenv("XLA_FLAGS", "")  # one CPU device, as a CPU runtime has
     nb = nbformat.read(ROOT / "notebooks" / "colab_tpu.ipynb", as_version=4)
+    # From another working directory, as after a runtime restart (Colab's is /content).
     NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT)}}).execute()
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = "".join(o.get("text", "") for cell in nb.cells if cell.cell_type == "code"
                       for o in cell.get("outputs", []))
     assert "1 cpu device(s)" in outputs
