@@ -6,7 +6,10 @@
         [--json=out.json]
 
 Every run is one `python -m dualjax.main` call with its own workdir under --out (a
-finished workdir is reused, so an interrupted benchmark resumes where it stopped):
+finished workdir is reused, so an interrupted benchmark resumes where it stopped; only
+when its config.json holds the very settings the run would have: a workdir of the same
+name run with other settings, e.g. another --pretrain_steps, stops the benchmark with a
+one-line message naming the keys that differ):
 
 - pre-training (configs/pretrain.py) on the Wikispeedia articles
   (../shared/data/wikispeedia/articles.jsonl) with the tasks of the row;
@@ -31,11 +34,14 @@ import argparse
 import json
 import os
 import platform
+import runpy
 import subprocess
 import sys
 import time
 
 from bench_variants import read_rows, slug  # scripts/ is on the path of a script
+
+from dualjax.workdir import flatten
 
 RECALL = ("recall@1", "recall@5", "recall@10", "recall@50", "recall@100")
 FRACTIONS = (0.01, 0.05, 0.8)
@@ -68,14 +74,50 @@ def finished(workdir: str, steps: int, evaluates: bool) -> bool:
     return any(r["split"] == "train" and r["step"] == steps for r in rows)
 
 
+# Keys whose value does not change what a run computes: where the data cache lives.
+NOT_SETTINGS = ("data.tfds_dir",)
+
+
+def settings(config: str, flags: dict) -> dict:
+    """{dotted key: value} of the config `python -m dualjax.main --config=CONFIG
+    --config.KEY=VALUE ...` runs with, as its workdir's config.json records it."""
+    cfg = runpy.run_path(config)["get_config"]()
+    cfg.update_from_flattened_dict(flags)
+    return {k: v for k, v in flatten(json.loads(json.dumps(cfg.to_dict()))).items()
+            if k not in NOT_SETTINGS}
+
+
+def settings_differ(workdir: str, config: str, flags: dict) -> list[str] | None:
+    """"key: saved -> wanted" for each setting the workdir's config.json holds otherwise;
+    None when it has no config.json (no run started there)."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        saved = {k: v for k, v in flatten(json.load(f)).items() if k not in NOT_SETTINGS}
+    wanted = settings(config, flags)
+    return [f"{k}: {saved.get(k, '(absent)')!r} -> {wanted.get(k, '(absent)')!r}"
+            for k in sorted(set(saved) | set(wanted))
+            if saved.get(k, "(absent)") != wanted.get(k, "(absent)")]
+
+
 def run(args, name: str, config: str, flags: dict, steps: int, evaluates: bool = True
         ) -> tuple[str, float | None]:
-    """Runs (or reuses) one workdir; returns (workdir, wall seconds or None if reused)."""
+    """Runs (or reuses) one workdir; returns (workdir, wall seconds or None if reused).
+    Refuses (exits with one line) a workdir that was run with other settings."""
     workdir = os.path.abspath(os.path.join(args.out, slug(name)))
+    flags = {"num_train_steps": steps, "data.tfds_dir": args.tfds_dir, **flags}
+    differ = settings_differ(workdir, config, flags)
+    if differ:
+        sys.exit(f"bench_pretrain: {workdir} was run with other settings "
+                 f"({'; '.join(differ[:4])}{'; ...' if len(differ) > 4 else ''}): remove it "
+                 "or give another --out")
+    if differ is None and read_rows(workdir):
+        sys.exit(f"bench_pretrain: {workdir} has results but no config.json to compare the "
+                 "settings with: remove it or give another --out")
     if finished(workdir, steps, evaluates):
         return workdir, None
     cmd = [sys.executable, "-m", "dualjax.main", f"--config={config}", f"--workdir={workdir}",
-           f"--config.num_train_steps={steps}", f"--config.data.tfds_dir={args.tfds_dir}",
            *(f"--config.{k}={v}" for k, v in flags.items())]
     print("$", " ".join(cmd), flush=True)
     start = time.time()
@@ -95,9 +137,11 @@ def pretrain(args, tower: str, tasks: str, path: str = WIKISPEEDIA, extra: dict 
              **(extra or {}), **({"init_from": init_from} if init_from else {})}
     workdir, wall = run(args, name, "configs/pretrain.py", flags, args.pretrain_steps, False)
     rows = [r for r in read_rows(workdir) if r["split"] == "train"]
+    # The last train row's own figure: in-batch p@1 of the pairs, or MLM's masked-token
+    # accuracy (a token-level objective has no in-batch retrieval).
+    metric = "mlm_accuracy" if "mlm_accuracy" in rows[-1] else "in_batch_p@1"
     return {"workdir": workdir, "wall_seconds": wall, "steps": args.pretrain_steps,
-            "final_loss": rows[-1]["loss"],  # MLM logs its accuracy instead of in-batch p@1
-            "final_in_batch_p@1": rows[-1].get("in_batch_p@1", rows[-1].get("mlm_accuracy")),
+            "final_loss": rows[-1]["loss"], f"final_{metric}": rows[-1].get(metric),
             "pairs_per_second": sorted(r["pairs_per_second"] for r in rows[1:])[len(rows[1:]) // 2]
             if len(rows) > 1 else None}
 
@@ -272,8 +316,10 @@ def main() -> None:
             print(results[key] + "\n")
     for label, p in results.get("pretraining", {}).items():
         wall = f"{p['wall_seconds'] / 60:.1f} min" if p["wall_seconds"] else "reused"
+        name, value = (("masked-token accuracy", p["final_mlm_accuracy"])
+                       if "final_mlm_accuracy" in p else ("in-batch p@1", p["final_in_batch_p@1"]))
         print(f"pre-training {label}: {p['steps']} steps, {wall}, final loss "
-              f"{p['final_loss']:.3f}, in-batch p@1 {p['final_in_batch_p@1']:.3f}")
+              f"{p['final_loss']:.3f}, {name} {value:.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"suite": args.suite, "args": vars(args), **results}, f, indent=1,

@@ -1,7 +1,7 @@
 """Cached tower gradients (config.train.encode_chunks, GradCache): the towers encode the global
 batch K chunks at a time under jax.checkpoint, and the loss and every gradient equal the
-unchunked ones on 8 devices; dropout masks are replayed by the recomputation; one
-chunk's activations per device; config checks."""
+unchunked ones on 8 devices; every chunk of every side draws its own dropout masks, and
+the recomputation replays them; one chunk's activations per device; config checks."""
 
 import functools
 import math
@@ -155,6 +155,38 @@ def test_recomputation_replays_the_dropout_masks(monkeypatch):
     assert abs(float(other_loss) - float(loss)) > 1e-3
     kernel = lambda g: np.asarray(g["tower"]["Dense_0"]["kernel"])
     assert np.linalg.norm(kernel(other_grads) - kernel(grads)) > 1e-2 * np.linalg.norm(kernel(grads))
+
+
+def test_every_chunk_and_side_draws_its_own_dropout_masks(monkeypatch):
+    # Every row of every side is the same text, and one tower (shared_towers) encodes
+    # them all: without dropout all the embeddings would be equal, so two rows' embeddings
+    # differ only where their dropout masks do. Chunks are [B/K] rows of one shape on every
+    # side: the same rng would draw the same masks, and row r of chunk j would equal row r
+    # of chunk 0, a side's chunk j the other sides' chunk j. Each draws its own.
+    monkeypatch.setitem(towers.TOWERS, "dropout_test",
+                        lambda cfg, vocab, name, embed=None: DropoutTower(vocab, name=name))
+    cfg = model_cfg("dropout_test")
+    assert cfg.shared_towers
+    model = dual_encoder.make_model(cfg, VOCAB)
+    text = np.arange(1, L + 1, dtype=np.int32)
+    same = lambda rows: (np.broadcast_to(text, (rows, L)).copy(), np.ones((rows, L), bool))
+    batch = {}
+    for key in ("q", "d", "m"):  # U = B mixed negatives: chunks of the same shape
+        batch[f"{key}_ids"], batch[f"{key}_mask"] = same(B)
+    batch = sharding.put_global_batch(batch, sharding.make_mesh())
+    params = jax.jit(lambda rng: dual_encoder.init_params(model, rng, L))(jax.random.key(0))
+    chunks = 4
+    q, d, negatives = jax.jit(functools.partial(de_objective.encode_in_chunks, model,
+                                                chunks=chunks))(params, batch,
+                                                                jax.random.key(1))
+    sides = np.stack([np.asarray(x) for x in (q, d, negatives["mixed_negatives"])])
+    # [side, B, dim] -> [side, chunk, position in the chunk, dim] (row r: chunk r % K).
+    by_chunk = sides.reshape(3, B // chunks, chunks, -1).swapaxes(1, 2)
+    gap = lambda a, b: np.abs(a - b).max(-1)  # per row
+    for j in range(1, chunks):  # chunk j against chunk 0, row by row, on every side
+        assert (gap(by_chunk[:, j], by_chunk[:, 0]) > 1e-3).all(), j
+    for s, t in ((0, 1), (0, 2), (1, 2)):  # side against side, chunk by chunk, row by row
+        assert (gap(by_chunk[s], by_chunk[t]) > 1e-3).all(), (s, t)
 
 
 def test_one_chunk_of_mlp_activations_per_device():

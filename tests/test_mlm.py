@@ -1,5 +1,6 @@
-"""MLM (the token-level pre-training baseline): masking statistics, the head against a
-hand computation, and an MLM pre-training run that a dual encoder fine-tunes from."""
+"""MLM (the token-level pre-training baseline): masking statistics, BERT's exact count of
+predicted tokens per text, the head against a hand computation, and an MLM pre-training
+run that a dual encoder fine-tunes from."""
 
 import functools
 import json
@@ -51,6 +52,28 @@ def test_mask_tokens_statistics():
     randomised = predicted & ~replace & (inputs != ids)
     assert abs(replace.sum() / n - 0.8) < 0.02            # [MASK]
     assert abs(randomised.sum() / n - 0.1) < 0.02          # random token (rarely the same)
+
+
+def test_mask_tokens_predicts_bert_s_exact_count_per_text():
+    # BERT: min(max_predictions, max(1, int(round(len x rate)))) real tokens of each text,
+    # none of an empty one; Python's round halves to even (30 x 0.15 = 4.5 -> 4, 10 x 0.15
+    # = 1.5 -> 2). Each length 64 times, so that chance counts would show.
+    lengths = np.repeat([0, 1, 2, 3, 4, 7, 10, 13, 17, 30, 37, 40], 64)
+    want = {0: 0, 1: 1, 2: 1, 3: 1, 4: 1, 7: 1, 10: 2, 13: 2, 17: 3, 30: 4, 37: 6, 40: 6}
+    mask = np.arange(40)[None] < lengths[:, None]
+    ids = np.where(mask, np.arange(1, 41)[None], 0).astype(np.int32)
+    m = jax.jit(objectives.mlm.mask_tokens, static_argnums=(3, 4, 5))(
+        jax.random.key(3), jnp.asarray(ids), jnp.asarray(mask), 0.15, 1000, 6)  # k = 6 slots
+    positions, weights = np.asarray(m.positions), np.asarray(m.weights)
+    assert positions.shape == weights.shape == (len(lengths), 6)
+    np.testing.assert_array_equal(weights.sum(1), [want[n] for n in lengths])
+    real = weights > 0
+    assert (positions[real] < np.repeat(lengths, 6).reshape(-1, 6)[real]).all()  # real tokens
+    assert all(len(set(p[w])) == w.sum() for p, w in zip(positions, real))  # distinct
+    # Chosen at random: texts of one length predict different tokens.
+    full = [frozenset(p[w]) for p, w, n in zip(positions, real, lengths) if n == 40]
+    assert len(set(full)) > 50
+    assert all(objectives.mlm.num_to_predict(n, 0.15, 6) == c for n, c in want.items())
 
 
 def test_mlm_head_logits_through_the_tied_table():

@@ -92,6 +92,34 @@ def test_orthogonality_reconstruction_and_weights_by_hand():
     assert float(pses.weight_penalty(params)) == pytest.approx(4 * 4 + 2)
 
 
+def test_weight_penalty_counts_the_transformer_s_attention_weights():
+    # A Transformer trunk: its attention projections are params named query_kernel,
+    # key_kernel, value_kernel and out_kernel ([width, heads, kv] / [heads, kv, width]);
+    # they count with every Dense kernel, and no table, bias, norm, [CLS] or similarity
+    # param does.
+    _, _, objective = pses_objective(**{
+        "model.tower": "transformer", "model.transformer.num_layers": 2,
+        "model.transformer.width": 16, "model.transformer.num_heads": 2,
+        "model.transformer.mlp_dim": 32, "model.transformer.max_positions": 16,
+        "model.max_len": 16})
+    params = jax.jit(objective.init)(jax.random.key(0))
+    flat = flax.traverse_util.flatten_dict(params)
+    squares = lambda keep: sum(float(np.sum(np.asarray(x, np.float64) ** 2))
+                               for path, x in flat.items() if keep(path))
+    attention = lambda path: path[-2:-1] == ("attn",) and path[-1].endswith("_kernel")
+    assert sum(map(attention, flat)) == 2 * 4  # 2 layers x query, key, value, out
+    assert squares(attention) > 0
+    dense = lambda path: path[-1] == "kernel"
+    assert {path[1] for path in flat if path[0] == "trunk" and dense(path)} == {
+        "layer_0", "layer_1", "output"}  # the MLPs' mlp_in, mlp_out and the output layer
+    not_weights = {"embedding", "pos_embed", "cls", "bias", "scale", "alpha", "beta"}
+    assert all(dense(p) or attention(p) or p[-1] in not_weights or p[-1].endswith("_bias")
+               for p in flat)
+    penalty = float(jax.jit(pses.weight_penalty)(params))
+    assert penalty == pytest.approx(squares(dense) + squares(attention), rel=1e-5)
+    assert penalty - squares(dense) == pytest.approx(squares(attention), rel=1e-3)
+
+
 def test_wasserstein_estimate_and_critic_accuracy_by_hand():
     f_q, f_d = jnp.array([0.3, 0.1, 0.2, -0.4]), jnp.array([-0.1, 0.0])
     assert float(pses.wasserstein(f_q, f_d)) == pytest.approx(0.05 - (-0.05))
@@ -304,7 +332,8 @@ def test_objective_loss_is_the_weighted_sum_of_its_terms(pairwise):
 
     adversarial = f(q.shared).mean() - f(d.shared).mean()
     regularization = sum(np.sum(np.asarray(x, np.float64) ** 2) for path, x in
-                         flax.traverse_util.flatten_dict(params).items() if path[-1] == "kernel")
+                         flax.traverse_util.flatten_dict(params).items()
+                         if path[-1] == "kernel" or path[-1].endswith("_kernel"))
     assert float(m["orthogonality"]) == pytest.approx(ortho, rel=1e-4) and ortho > 0
     assert float(m["reconstruction"]) == pytest.approx(recon, rel=1e-4) and recon > 0
     assert float(m["adversarial"]) == pytest.approx(adversarial, rel=1e-4)

@@ -1,6 +1,7 @@
 """Train-state shardings: FSDP splits the big arrays (params and the optimizer's copies
-alike) over the mesh, trains as the replicated state does, and a checkpoint saved on 8
-devices resumes on 4."""
+alike) over the mesh, the state a run's train steps get and return is so split, it trains
+as the replicated state does, and a checkpoint saved on 8 devices resumes on 4, split 4
+ways."""
 
 import os
 import signal
@@ -74,9 +75,53 @@ def tiny(**more):
     return cfg
 
 
-def test_fsdp_trains_as_replicated_and_resumes_on_fewer_devices(tmp_path):
+def step_states(monkeypatch) -> list[list[tuple[str, tuple, jax.sharding.Sharding]]]:
+    """Records, for every train step the runs below make, each leaf of the train state the
+    step received and of the one it returned: (its path, global shape, sharding)."""
+    seen = []
+    make = train.make_train_step
+
+    def recording(*args, **kwargs):
+        step = make(*args, **kwargs)
+
+        def recorded(state, batch):
+            leaves = lambda s: [(jax.tree_util.keystr(p), x.shape, x.sharding)
+                                for p, x in jax.tree_util.tree_leaves_with_path(s)]
+            before = leaves(state)  # read before the call: the step donates its input
+            new_state, metrics = step(state, batch)
+            seen.extend([before, leaves(new_state)])
+            return new_state, metrics
+        return recorded
+
+    monkeypatch.setattr(train, "make_train_step", recording)
+    return seen
+
+
+def assert_fsdp_sharded(state: list, n: int) -> None:
+    """Every params and optimizer-state array of at least FSDP_MIN_SIZE elements with a
+    dimension the n devices divide is split n ways over the mesh (each device holds 1/n of
+    it), the smaller ones are replicated; the params and Adam's two moments of each big one
+    count, so params and optimizer state alike are sharded."""
+    big = {"params": 0, "opt_state": 0}
+    for path, shape, where in state:
+        part = next((k for k in big if path.startswith(f"['{k}']")), None)
+        if part is None:
+            continue
+        assert len(where.device_set) == n, path
+        size = int(np.prod(shape, dtype=np.int64))
+        if size >= sharding.FSDP_MIN_SIZE and any(d % n == 0 for d in shape):
+            assert not where.is_fully_replicated, path
+            assert int(np.prod(where.shard_shape(shape))) * n == size, (path, where)
+            big[part] += 1
+        else:
+            assert where.is_fully_replicated, path
+    assert big["params"] >= 1 and big["opt_state"] >= 2 * big["params"], big
+
+
+def test_fsdp_trains_as_replicated_and_resumes_on_fewer_devices(tmp_path, monkeypatch):
     replicated = train.train_and_evaluate(tiny(), str(tmp_path / "replicated"))
     fsdp = str(tmp_path / "fsdp")
+    states = step_states(monkeypatch)
 
     def stop_at_10(step, metrics):
         if step == 10:
@@ -84,9 +129,18 @@ def test_fsdp_trains_as_replicated_and_resumes_on_fewer_devices(tmp_path):
 
     with pytest.raises(train.Preempted):
         train.train_and_evaluate(tiny(**{"mesh.param_sharding": "fsdp"}), fsdp, hooks=[stop_at_10])
+    # The state a step gets (the initialisation) and returns is FSDP-split over the 8
+    # devices, params and optimizer state alike.
+    assert len(states) == 20
+    assert_fsdp_sharded(states[0], 8)
+    assert_fsdp_sharded(states[-1], 8)
     # The same workdir goes on with 4 devices: Orbax re-splits the saved arrays.
+    states.clear()
     resumed = train.train_and_evaluate(
         tiny(**{"mesh.param_sharding": "fsdp", "mesh.num_devices": 4}), fsdp)
+    assert len(states) == 20  # steps 11..20: the restored state and the last one
+    assert_fsdp_sharded(states[0], 4)
+    assert_fsdp_sharded(states[-1], 4)
     a = checkpoints.latest_params(str(tmp_path / "replicated"))
     b = checkpoints.latest_params(fsdp)
     assert a[0] == b[0] == 20

@@ -5,13 +5,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from conftest import load_config
 from dualjax import config_lib, losses, sharding, tables, train
 from dualjax.models import dual_encoder
 from dualjax.objectives import dual_encoder as de_objective
 
-VOCAB, B, L = 500, 16, 6  # 500 rows, at most 96 read per side and step: most untouched
+# Tables of 4,096 x 8, twice sharding.FSDP_MIN_SIZE elements: "fsdp" splits their rows over
+# the devices. At most 96 rows read per side and step: most untouched.
+VOCAB, B, L = 4096, 16, 6
 
 
 def batch(seed):
@@ -47,9 +50,21 @@ def run(table_updates, batches, shared_towers=False, shared_embedding=False, chu
     states = []
     for b in batches:
         state, metrics = step(state, b)
+        if param_sharding == "fsdp":
+            assert_tables_sharded(state, mesh.devices.size, 1 if shared_towers else 2)
         states.append(jax.tree.map(np.asarray, state))
         assert np.isfinite(float(metrics["grad_norm"]))
     return objective, states
+
+
+def assert_tables_sharded(state, n: int, num_tables: int) -> None:
+    """The token tables and their Adam moments, as the step returns them, are split by
+    rows over the n devices (each holds VOCAB / n rows); nothing else is that big."""
+    tables_and_moments = [x for x in jax.tree.leaves(state) if x.shape == (VOCAB, 8)]
+    assert len(tables_and_moments) == 3 * num_tables
+    for x in tables_and_moments:
+        assert x.sharding.spec == P("data", None)
+        assert {s.data.shape for s in x.addressable_shards} == {(VOCAB // n, 8)}
 
 
 def test_lazy_adam_moves_only_the_rows_a_batch_reads_and_is_adam_on_them():

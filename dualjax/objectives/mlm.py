@@ -1,9 +1,10 @@
 """Masked language modelling (Devlin et al. 2019), the token-level pre-training baseline
-of Chang et al. 2020, for a Transformer document tower: `rate` of each text's real tokens
-(at most ceil(rate x max_len)) are predicted from the tower's token states through the
-tied token table; of those, 80% are replaced by a learned [MASK] vector, 10% by a random
-token and 10% kept. Its head (transform, LayerNorm, output bias, [MASK] vector) lives
-under params["mlm"] and is dropped when fine-tuning.
+of Chang et al. 2020, for a Transformer document tower: as BERT's create_pretraining_data,
+each text predicts exactly min(k, max(1, round(rate x its real tokens))) of them (k =
+ceil(rate x max_len), the static number of slots), chosen at random, from the tower's
+token states through the tied token table; of those, 80% are replaced by a learned
+[MASK] vector, 10% by a random token and 10% kept. Its head (transform, LayerNorm,
+output bias, [MASK] vector) lives under params["mlm"] and is dropped when fine-tuning.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dualjax.models import dual_encoder
 from dualjax.objectives.core import Objective, Params
@@ -46,15 +48,27 @@ class Masked(NamedTuple):
     weights: jnp.ndarray    # float32 [b, k]: 1 for a real prediction, 0 for an empty slot
 
 
+def num_to_predict(length: int, rate: float, k: int) -> int:
+    """How many of a text's `length` real tokens MLM predicts: BERT's
+    min(max_predictions, max(1, int(round(length x rate)))) (Python's round, half to
+    even), none of an empty text."""
+    return min(k, max(1, int(round(length * rate)))) if length else 0
+
+
 def mask_tokens(rng: jax.Array, ids: jnp.ndarray, mask: jnp.ndarray, rate: float,
                 vocab_size: int, k: int) -> Masked:
-    """Each real token is chosen with probability `rate`; at most `k` per text are kept
-    (those with the smallest draws), and only those are corrupted and predicted."""
+    """Each text predicts exactly `num_to_predict` (of its number of real tokens) of its
+    real tokens, chosen uniformly at random (the smallest of one uniform draw per token);
+    only those are corrupted. The slots past a text's count have weight 0."""
     choose, corrupt, random_ids = jax.random.split(rng, 3)
+    k = min(k, ids.shape[1])
     u = jax.random.uniform(choose, ids.shape)
-    chosen = mask & (u < rate)
-    positions = jnp.argsort(jnp.where(chosen, u, 2.0), axis=1)[:, :k].astype(jnp.int32)
-    weights = jnp.take_along_axis(chosen, positions, axis=1)
+    # The real tokens first, in random order; then the pads.
+    positions = jnp.argsort(jnp.where(mask, u, 2.0), axis=1)[:, :k].astype(jnp.int32)
+    # The count per length, by Python's rounding (static: one entry per possible length).
+    counts = jnp.asarray(np.array([num_to_predict(n, rate, k) for n in range(ids.shape[1] + 1)],
+                                  np.int32))
+    weights = jnp.arange(k)[None] < counts[mask.sum(axis=1)][:, None]
     rows = jnp.arange(ids.shape[0])[:, None]
     predicted = jnp.zeros(ids.shape, bool).at[rows, positions].max(weights)
     r = jax.random.uniform(corrupt, ids.shape)

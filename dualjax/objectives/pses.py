@@ -10,8 +10,9 @@ plus, each weighted by its `config.loss.pses` weight,
 - reconstruction: ||x - NN_r([z_s; z_specific])||^2 per text, mean over the batch, of
   both sides; x is the trunk's output, a target here (no gradient flows into it through
   this term, else the trunk could shrink x to zero to make it vanish);
-- regularisation: the sum of squared Frobenius norms of every dense weight matrix of the
-  model (the trunk's layers, encoders, decoders; not token tables, biases or the critic).
+- regularisation: the sum of squared Frobenius norms of every projection weight of the
+  model (`weight_penalty`: the trunk's layers, its attention included, the encoders and
+  decoders; not tables, biases, norms or the critic).
 
 The pairwise loss is the paper's hinge max(0, margin - (cos(q, d+) - cos(q, d-))) with d-
 a random document of the global batch (`pairwise="hinge"`; a pair whose d- is its own
@@ -87,11 +88,24 @@ def reconstruction(c: Codes) -> jnp.ndarray:
     return jnp.mean(jnp.sum((c.reconstruction - jax.lax.stop_gradient(c.x)) ** 2, axis=-1))
 
 
+def is_projection_weight(name: str) -> bool:
+    """Whether a param named `name` is a layer's projection weight: "kernel" (nn.Dense,
+    nn.Conv) or "<what>_kernel" (the Transformer's attention, towers.SelfAttention:
+    query_/key_/value_kernel [width, heads, kv] and out_kernel [heads, kv, width], each a
+    [width, width] matrix with its output or input split by head)."""
+    return name == "kernel" or name.endswith("_kernel")
+
+
 def weight_penalty(params) -> jnp.ndarray:
-    """Sum of squared Frobenius norms of every dense layer's kernel in `params`."""
+    """Sum of squared Frobenius norms of every projection weight in `params`
+    (`is_projection_weight`): the dense, convolution and attention weights that the paper's
+    regularisation of the networks' weights covers. Tables (tokens, positions, features:
+    rows looked up, not a projection), the [CLS] vector, biases, LayerNorm scales and the
+    similarity's scale and bias are not weights of a projection, and stay out, as the
+    critic does (its own player)."""
     leaves = jax.tree_util.tree_leaves_with_path(params)
     return sum(jnp.sum(w ** 2) for path, w in leaves
-               if getattr(path[-1], "key", None) == "kernel")
+               if is_projection_weight(str(getattr(path[-1], "key", ""))))
 
 
 def pairwise_hinge(q: jnp.ndarray, d: jnp.ndarray, shift: jnp.ndarray, margin: float,
