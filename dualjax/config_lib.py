@@ -73,6 +73,12 @@ def _check_loss(loss: ml_collections.ConfigDict) -> None:
                               f"{users(option)}, not loss.name={loss.name!r}{default}")
 
 
+def loss_options(loss: ml_collections.ConfigDict) -> dict:
+    """The options of loss `loss.name` from `config.loss` (fields = option names), for
+    `losses.sharded` / `losses.reference`."""
+    return {k: loss[k] for k in losses.LOSSES[loss.name].options}
+
+
 def _check_towers(model: ml_collections.ConfigDict) -> None:
     """config.model: known towers and compute dtype, per-side towers and a shared token
     table only with two towers, and the cnn / transformer settings of the towers in use."""

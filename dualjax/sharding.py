@@ -8,7 +8,7 @@ towers name, in `FSDP_AXES` order, that the devices divide, else the largest one
 divide), so each device holds and updates 1/n of the big tables and matrices, as
 big_vision's "fsdp" strategy. Axes are `Auto` so that plain jitted code (the towers)
 partitions itself from these shardings, gathering a weight where it needs it, while the
-in-batch loss does its gather explicitly under `jax.shard_map` (see losses.py).
+in-batch loss does its gather explicitly under `jax.shard_map` (see losses/streaming.py).
 """
 from __future__ import annotations
 

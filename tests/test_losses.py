@@ -557,13 +557,13 @@ def test_config_accepts_every_in_batch_loss_and_passes_its_options():
                  "triplet_margin", "sdml"):
         _validate(name=name)
     cfg = _validate(name="triplet_margin", distance="euclidean", hard=True, margin=0.2)
-    assert losses.config_options(cfg.loss) == {"distance": "euclidean", "margin": 0.2,
+    assert config_lib.loss_options(cfg.loss) == {"distance": "euclidean", "margin": 0.2,
                                                "hard": True, "remove_accidental_hits": True}
     cfg = _validate(name="sdml", label_smoothing=0.1)
-    assert losses.resolve_options("sdml", losses.config_options(cfg.loss))["label_smoothing"] == 0.1
+    assert losses.resolve_options("sdml", config_lib.loss_options(cfg.loss))["label_smoothing"] == 0.1
     _validate(name="sdml", column_block=1024)
     cfg = _validate(name="triplet_margin", distance="squared_euclidean")
-    resolved = losses.resolve_options("triplet_margin", losses.config_options(cfg.loss))
+    resolved = losses.resolve_options("triplet_margin", config_lib.loss_options(cfg.loss))
     assert resolved["margin"] == 0.5
 
 

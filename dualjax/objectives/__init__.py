@@ -36,7 +36,7 @@ def from_config(config, model, mesh: jax.sharding.Mesh) -> Objective:
         width = towers.transformer_settings(config.model)["width"]
         return mlm.objective(model, d_len, width)
     loss_fn = losses.sharded(config.loss.name, mesh, config.loss.column_block,
-                             **losses.config_options(config.loss))
+                             **config_lib.loss_options(config.loss))
     hits = config.loss.remove_query_hits, config.loss.remove_cluster_hits
     if config.model.name == "pses":
         return pses.objective(model, config.loss.pses, mesh, max(q_len, d_len), loss_fn, *hits)
