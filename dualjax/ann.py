@@ -26,12 +26,12 @@ import math
 import os
 import shutil
 import time
-from typing import Callable
+import types
+from typing import Any, Callable, Mapping
 
 from absl import logging
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 _META = "meta.json"
@@ -115,12 +115,15 @@ INDEXES = ("exact", "scann", "hnsw")
 _MODES = ("auto", "brute_force", "ah", "tree_ah")
 
 
-def default_scann_config() -> ml_collections.ConfigDict:
+Settings = Mapping[str, Any]  # a plain dict, or the config's eval.scann / eval.hnsw
+
+
+def default_scann_config() -> dict[str, Any]:
     """ScaNN knobs (mounted as `config.eval.scann`); 0 / "auto" pick by corpus size n.
 
     The defaults follow ScaNN's docs/algorithms.md rules of thumb.
     """
-    c = ml_collections.ConfigDict()
+    c = types.SimpleNamespace()  # (c.KEY = ... # comment: what `--keys` prints for eval.scann)
     c.mode = "auto"               # "brute_force" | "ah" | "tree_ah"; auto: n < 20k brute force,
                                   # n < 100k AH + reorder, else tree + AH + reorder
     c.num_leaves = 0              # tree_ah: k-means partitions (0: round(sqrt(n)))
@@ -141,46 +144,46 @@ def default_scann_config() -> ml_collections.ConfigDict:
     c.reorder_k = 0               # AH: candidates rescored exactly (0: max(1000, 10 * k); 2 * k
                                   # loses ~15% of recall@100 at k = 100)
     c.num_threads = 0             # build and search threads (0: all cores this process may use)
-    return c
+    return vars(c)
 
 
-def scann_settings(n: int, dim: int, k: int, cfg: ml_collections.ConfigDict) -> dict:
+def scann_settings(n: int, dim: int, k: int, cfg: Settings) -> dict:
     """The knobs actually used for a corpus of n x dim searched for k results.
 
     Raises ValueError naming the knob when a value cannot work.
     """
-    if cfg.mode not in _MODES:
-        raise ValueError(f"scann mode {cfg.mode!r} is not one of: {', '.join(_MODES)}")
+    if cfg["mode"] not in _MODES:
+        raise ValueError(f"scann mode {cfg['mode']!r} is not one of: {', '.join(_MODES)}")
     if n < 1 or dim < 1:
         raise ValueError(f"cannot build a ScaNN index over a corpus of shape ({n}, {dim})")
-    mode = cfg.mode if cfg.mode != "auto" else (
+    mode = cfg["mode"] if cfg["mode"] != "auto" else (
         "brute_force" if n < 20_000 else "ah" if n < 100_000 else "tree_ah")
     s = {"mode": mode,
-         "num_threads": int(cfg.num_threads) or len(os.sched_getaffinity(0))}
+         "num_threads": int(cfg["num_threads"]) or len(os.sched_getaffinity(0))}
     if mode == "brute_force":
         return s
-    if cfg.dims_per_block < 1:
-        raise ValueError(f"scann dims_per_block={cfg.dims_per_block} must be >= 1")
-    s.update(dims_per_block=int(cfg.dims_per_block),
-             anisotropic_threshold=float(cfg.anisotropic_threshold),
-             reorder_k=min(n, int(cfg.reorder_k) or max(1000, 10 * k)),
-             training_sample_size=min(n, int(cfg.training_sample_size) or 250_000))
+    if cfg["dims_per_block"] < 1:
+        raise ValueError(f"scann dims_per_block={cfg['dims_per_block']} must be >= 1")
+    s.update(dims_per_block=int(cfg["dims_per_block"]),
+             anisotropic_threshold=float(cfg["anisotropic_threshold"]),
+             reorder_k=min(n, int(cfg["reorder_k"]) or max(1000, 10 * k)),
+             training_sample_size=min(n, int(cfg["training_sample_size"]) or 250_000))
     if mode == "tree_ah":
-        leaves = int(cfg.num_leaves) or max(1, round(math.sqrt(n)))
-        search = int(cfg.num_leaves_to_search) or -(-leaves // 10)
+        leaves = int(cfg["num_leaves"]) or max(1, round(math.sqrt(n)))
+        search = int(cfg["num_leaves_to_search"]) or -(-leaves // 10)
         if not 1 <= leaves <= s["training_sample_size"]:
             raise ValueError(f"scann num_leaves={leaves} must be in [1, training sample size "
                              f"{s['training_sample_size']}]")
         if not 1 <= search <= leaves:
             raise ValueError(f"scann num_leaves_to_search={search} must be in [1, {leaves}]")
         soar = float(cfg.get("soar_lambda", 0.0))
-        if soar < 0 or (soar and cfg.overretrieve_factor < 1):
+        if soar < 0 or (soar and cfg["overretrieve_factor"] < 1):
             raise ValueError(f"scann soar_lambda={soar} must be >= 0 (0: off) and "
-                             f"overretrieve_factor={cfg.overretrieve_factor} >= 1")
-        s.update(num_leaves=leaves, num_leaves_to_search=search, spherical=bool(cfg.spherical),
+                             f"overretrieve_factor={cfg['overretrieve_factor']} >= 1")
+        s.update(num_leaves=leaves, num_leaves_to_search=search, spherical=bool(cfg["spherical"]),
                  soar_lambda=soar)
         if soar:
-            s["overretrieve_factor"] = float(cfg.overretrieve_factor)
+            s["overretrieve_factor"] = float(cfg["overretrieve_factor"])
         if cfg.get("quantize_centroids", False):  # int8 query-centroid scoring
             s["quantize_centroids"] = True
     if cfg.get("reorder_int8", False):  # reordering on int8 copies, not float32
@@ -295,7 +298,7 @@ class ScannIndex:
         searcher.set_num_threads(settings["num_threads"])
 
     @classmethod
-    def build(cls, corpus: np.ndarray, scann_cfg: ml_collections.ConfigDict, k: int
+    def build(cls, corpus: np.ndarray, scann_cfg: Settings, k: int
               ) -> "ScannIndex":
         """Trains a searcher over corpus [n, dim] (unit vectors: dot product = cosine)."""
         from scann import scann_ops_pybind
@@ -380,24 +383,24 @@ class ScannIndex:
                        searcher.size(), meta)
 
 
-def default_hnsw_config() -> ml_collections.ConfigDict:
+def default_hnsw_config() -> dict[str, Any]:
     """faiss HNSW knobs, for callers whose eval config has no `hnsw` (configs/default.py's
     `eval.hnsw` holds the same values, commented)."""
-    return ml_collections.ConfigDict({"M": 32, "ef_construction": 200, "ef_search": 0})
+    return {"M": 32, "ef_construction": 200, "ef_search": 0}
 
 
-def hnsw_settings(n: int, dim: int, k: int, cfg: ml_collections.ConfigDict) -> dict:
+def hnsw_settings(n: int, dim: int, k: int, cfg: Settings) -> dict:
     """The knobs actually used (ef_search 0: max(128, 2 * (k + 1))). Raises ValueError
     naming the knob when a value cannot work."""
     if n < 1 or dim < 1:
         raise ValueError(f"cannot build an HNSW index over a corpus of shape ({n}, {dim})")
-    if cfg.M < 2:
-        raise ValueError(f"hnsw.M={cfg.M} must be >= 2")
-    if cfg.ef_construction < 1 or cfg.ef_search < 0:
-        raise ValueError(f"hnsw.ef_construction={cfg.ef_construction} must be >= 1 and "
-                         f"hnsw.ef_search={cfg.ef_search} >= 0 (0: auto)")
-    return {"M": int(cfg.M), "ef_construction": int(cfg.ef_construction),
-            "ef_search": int(cfg.ef_search) or max(128, 2 * (k + 1))}
+    if cfg["M"] < 2:
+        raise ValueError(f"hnsw.M={cfg['M']} must be >= 2")
+    if cfg["ef_construction"] < 1 or cfg["ef_search"] < 0:
+        raise ValueError(f"hnsw.ef_construction={cfg['ef_construction']} must be >= 1 and "
+                         f"hnsw.ef_search={cfg['ef_search']} >= 0 (0: auto)")
+    return {"M": int(cfg["M"]), "ef_construction": int(cfg["ef_construction"]),
+            "ef_search": int(cfg["ef_search"]) or max(128, 2 * (k + 1))}
 
 
 def require_faiss():
@@ -423,7 +426,7 @@ class HnswIndex:
         self.index, self.settings, self.n, self.dim = faiss_index, settings, n, dim
 
     @classmethod
-    def build(cls, corpus: np.ndarray, hnsw_cfg: ml_collections.ConfigDict, k: int
+    def build(cls, corpus: np.ndarray, hnsw_cfg: Settings, k: int
               ) -> "HnswIndex":
         """Builds the graph over corpus [n, dim] (unit vectors: inner product = cosine)."""
         faiss = require_faiss()
@@ -488,7 +491,7 @@ class HnswIndex:
                        idx.ntotal, meta)
 
 
-def make_index(kind: str, corpus: np.ndarray, eval_cfg: ml_collections.ConfigDict, k: int,
+def make_index(kind: str, corpus: np.ndarray, eval_cfg: Settings, k: int,
                directory: str | None = None, extra: str = ""
                ) -> tuple[ExactIndex | ScannIndex | HnswIndex, dict]:
     """A searcher over corpus [n, dim] and info {built, build_seconds, bytes_on_disk, settings}.
@@ -500,7 +503,7 @@ def make_index(kind: str, corpus: np.ndarray, eval_cfg: ml_collections.ConfigDic
     """
     start = time.perf_counter()
     if kind == "exact":
-        idx, built = ExactIndex(corpus, eval_cfg.query_chunk, eval_cfg.corpus_chunk), True
+        idx, built = ExactIndex(corpus, eval_cfg["query_chunk"], eval_cfg["corpus_chunk"]), True
     elif kind in ("scann", "hnsw"):
         cls, cfg = ((ScannIndex, eval_cfg.get("scann") or default_scann_config())
                     if kind == "scann" else (HnswIndex, eval_cfg.get("hnsw") or

@@ -11,8 +11,8 @@ import re
 import ml_collections
 import numpy as np
 
-from dualjax import (baselines, features, ann, losses, metrics, models, sharding, tokenizers,
-                     workdir)
+from dualjax import (ann, baselines, features, losses, metrics, models, sharding, specs,
+                     tokenizers, workdir)
 from dualjax import tasks as tasks_lib
 from dualjax.data import builders, pretraining, reqa
 from dualjax.models import dual_encoder, pses, towers
@@ -90,12 +90,11 @@ def _check_towers(model: ml_collections.ConfigDict) -> None:
         if model[key] and model.shared_towers:
             raise ConfigError(f"config.model.{key}={model[key]!r} needs two towers: set "
                               "config.model.shared_towers=False")
-    used = dual_encoder.tower_names(model)
-    try:  # the cnn / transformer helpers check their own settings
-        if "cnn" in used:
-            towers.parse_windows(model.cnn_windows)
+    used = specs.tower_names(model)
+    try:  # the cnn / transformer settings of the towers in use are checked making the spec
+        spec = specs.model_spec(model)
         if "transformer" in used:
-            max_positions = towers.transformer_settings(model)["max_positions"]
+            max_positions = spec.transformer.max_positions
             for key, length in zip(("query_max_len", "doc_max_len"), max_lens(model)):
                 if length > max_positions:
                     key = key if model.get(key, 0) else "max_len"  # the key that set it
@@ -105,14 +104,14 @@ def _check_towers(model: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config.{e}") from None
     if "cnn" in used and model.cnn_filters <= 0:
         raise ConfigError(f"config.model.cnn_filters={model.cnn_filters} must be > 0")
-    if towers.output_dim(model, used[0]) != towers.output_dim(model, used[1]):
+    if towers.output_dim(spec, used[0]) != towers.output_dim(spec, used[1]):
         raise ConfigError(f"config.model.query_tower={used[0]!r} and model.doc_tower={used[1]!r} "
                           "must output vectors of one size: set model.output_dim to "
                           "model.embed_dim (a bow tower outputs embed_dim)")
-    if model.shared_embedding and len({towers.embedding_dim(model, n) for n in used}) > 1:
+    if model.shared_embedding and len({towers.embedding_dim(spec, n) for n in used}) > 1:
         raise ConfigError("config.model.shared_embedding=True needs token tables of one width "
-                          f"on both sides: {used[0]} has {towers.embedding_dim(model, used[0])}, "
-                          f"{used[1]} {towers.embedding_dim(model, used[1])} (model.embed_dim; "
+                          f"on both sides: {used[0]} has {towers.embedding_dim(spec, used[0])}, "
+                          f"{used[1]} {towers.embedding_dim(spec, used[1])} (model.embed_dim; "
                           "model.transformer.width for a transformer)")
 
 
@@ -122,7 +121,7 @@ def _check_pretrained(config: ml_collections.ConfigDict) -> None:
     from dualjax import pretrained  # reads the folder; needs safetensors for a table
     m = config.model
     name, tok = m.get("pretrained", ""), m.tokenizer
-    used = dual_encoder.tower_names(m)
+    used = specs.tower_names(m)
     if not name:
         if "bert" in used and not config.init_from:
             raise ConfigError("config.model.tower='bert' takes its sizes and weights from "
@@ -213,15 +212,15 @@ def feature_specs(model: ml_collections.ConfigDict
 def _check_features(model: ml_collections.ConfigDict) -> None:
     """Categorical fields: parseable, fed to a tower with layers above the text vector,
     one set for a shared tower."""
-    specs = feature_specs(model)
-    for key, spec, tower in zip(("query_features", "doc_features"), specs,
-                                dual_encoder.tower_names(model)):
+    sides = feature_specs(model)
+    for key, spec, tower in zip(("query_features", "doc_features"), sides,
+                                specs.tower_names(model)):
         if spec and tower in ("bow", "bert"):
             raise ConfigError(f"config.model.{key}={model[key]!r}: the {tower} tower has no "
                               "layer above its pooled vector to feed categorical features "
                               "to; use model.tower (or query_tower / doc_tower) bow_mlp, cnn or "
                               "transformer")
-    if model.shared_towers and specs[0] != specs[1]:
+    if model.shared_towers and sides[0] != sides[1]:
         raise ConfigError(f"config.model.query_features={model.query_features!r} and "
                           f"model.doc_features={model.doc_features!r} differ, but one shared "
                           "tower reads both sides: make them equal or set "
@@ -255,7 +254,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
         if len(task_list) > 1:
             raise ConfigError("config.data.tasks='mlm' trains a token-level objective; it "
                               "does not mix with config.tasks")
-        if dual_encoder.tower_names(config.model)[1] != "transformer":
+        if specs.tower_names(config.model)[1] != "transformer":
             raise ConfigError("config.data.tasks='mlm' needs a transformer document tower "
                               f"(model.tower={config.model.tower!r}); MLM predicts tokens "
                               "from its token states")
@@ -360,7 +359,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
 def _check_data(data: ml_collections.ConfigDict, key: str) -> None:
     """One data group (config.data, or config.tasks.<name>.data): known dataset and
     candidates, a pairs file named, split fractions that leave every split non-empty."""
-    _one_of(f"{key}.name", data.name, (*builders.DATASETS, tasks_lib.PRETRAIN))
+    _one_of(f"{key}.name", data.name, (*builders.BUILDERS, tasks_lib.PRETRAIN))
     _one_of(f"{key}.candidates", data.candidates, builders.CANDIDATES)
     _one_of(f"{key}.split_by", data.split_by, reqa.SPLIT_BY)
     if data.name == tasks_lib.PRETRAIN:

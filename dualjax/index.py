@@ -18,7 +18,6 @@ import shutil
 import sys
 import time
 
-import ml_collections
 import numpy as np
 from absl import flags, logging
 from tqdm.auto import tqdm
@@ -33,10 +32,9 @@ META = "index.json"
 FORMAT = 2  # 2: index.json records its files' digests
 
 
-def _eval_config() -> ml_collections.ConfigDict:
-    return ml_collections.ConfigDict({"query_chunk": 256, "corpus_chunk": 4096,
-                                      "scann": ann.default_scann_config(),
-                                      "hnsw": ann.default_hnsw_config()})
+def _eval_config() -> dict:
+    return {"query_chunk": 256, "corpus_chunk": 4096, "scann": ann.default_scann_config(),
+            "hnsw": ann.default_hnsw_config()}
 
 
 def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: str = "scann",

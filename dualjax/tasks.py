@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from dualjax import features
+from dualjax import features, specs
 from dualjax.data import builders, documents, pipeline, pretraining
 from dualjax.data.clusters import RetrievalTask
 
@@ -61,12 +61,17 @@ class Task:
         data.name = "beir"
         return data
 
+    @functools.cached_property
+    def eval_spec(self) -> builders.DatasetSpec | None:
+        """`eval_data` as the builders take it (None: no evaluation)."""
+        return None if self.eval_data is None else specs.dataset_spec(self.eval_data, self.seed)
+
     def splits(self) -> tuple[str, ...]:
         """Its evaluation splits ("val", "test"); none for a pre-training collection
         without judgements."""
         if self.eval_data is None:
             return ()
-        return builders.eval_splits(self.eval_data, self.seed, self.tfds_dir)
+        return builders.eval_splits(self.eval_spec, self.tfds_dir)
 
     @functools.cached_property
     def train_source(self):
@@ -80,7 +85,7 @@ class Task:
             return pretraining.PairGenerator(self.collection, names, self.seed,
                                              d.ict_mask_rate, d.min_query_words,
                                              self.pseudo_pairs)
-        return builders.train_source(self.data, self.seed, self.tfds_dir)
+        return builders.train_source(specs.dataset_spec(self.data, self.seed), self.tfds_dir)
 
     @functools.cached_property
     def collection(self) -> documents.Collection:
@@ -135,8 +140,7 @@ class Task:
     def eval_task(self, split: str) -> RetrievalTask:
         """The retrieval task of a split, read once."""
         if split not in self._eval:
-            self._eval[split] = builders.eval_task(self.eval_data, self.seed, self.tfds_dir,
-                                                   split)
+            self._eval[split] = builders.eval_task(self.eval_spec, self.tfds_dir, split)
         return self._eval[split]
 
     def fields(self) -> dict[str, str]:

@@ -29,7 +29,7 @@ from dualjax import workdir as workdir_lib
 from dualjax import tasks as tasks_lib
 from dualjax.metrics_log import MetricsLog
 from dualjax.workdir import Preempted, Signals  # noqa: F401 (train.Preempted)
-from dualjax import models
+from dualjax import models, specs
 from dualjax.tokenizers import Tokenizer
 
 State = dict[str, Any]  # {"params", "opt_state", "step", "rng"[, "critic", "frequency"]}
@@ -256,7 +256,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
     splits, inputs, origin = workdir_lib.main_first(prepare)
 
     # Model, optimizer and the sharded state.
-    model = models.make_model(config.model, inputs.query.tokenizer.vocab_size,
+    model = models.make_model(specs.model_spec(config.model), inputs.query.tokenizer.vocab_size,
                               inputs.feature_sizes(), num_tasks=len(tasks),
                               bert=origin.bert if origin else None)
     objective = objectives.from_config(config, model, mesh)

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import jax
 import ml_collections
 
-from dualjax import checkpoints, features, models, pretrained, sharding, train
+from dualjax import checkpoints, features, models, pretrained, sharding, specs, train
 from dualjax import tasks as tasks_lib
 
 
@@ -40,8 +40,9 @@ def load_trained(workdir: str, config: ml_collections.ConfigDict | None = None) 
     start = pretrained.load(workdir)  # the bert tower's sizes, if it has one
     inputs = train.load_inputs(config, workdir, lambda: not_saved("vocab.json"),
                                lambda: not_saved("features.json"))
-    model = models.make_model(config.model, inputs.query.tokenizer.vocab_size,
-                              inputs.feature_sizes(), num_tasks=len(tasks_lib.task_configs(config)),
+    model = models.make_model(specs.model_spec(config.model),
+                              inputs.query.tokenizer.vocab_size, inputs.feature_sizes(),
+                              num_tasks=len(tasks_lib.task_configs(config)),
                               bert=start.bert if start else None)
     step, params = checkpoints.latest_params(workdir)  # the params alone, as numpy arrays
     params = jax.device_put(params, sharding.replicated(sharding.make_mesh()))

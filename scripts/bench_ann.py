@@ -172,7 +172,7 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench_train import cpu_model  # noqa: E402  (this folder is on sys.path when run)
-from dualjax import ann, evaluate, sharding, train  # noqa: E402
+from dualjax import ann, evaluate, sharding, specs, train  # noqa: E402
 from dualjax.data import builders  # noqa: E402
 from dualjax.trained import load_trained  # noqa: E402
 
@@ -225,7 +225,7 @@ def embed_split(workdir: str, split: str, max_queries: int) -> Embedded:
     mesh = sharding.make_mesh()
     encode_queries, encode_documents = train.make_encoders(model)
     tfds_dir = config.data.tfds_dir or os.path.join(workdir, "tfds")
-    task = builders.eval_task(config.data, config.seed, tfds_dir, split)
+    task = builders.eval_task(specs.dataset_spec(config.data, config.seed), tfds_dir, split)
     queries = task.queries[:max_queries] if max_queries > 0 else task.queries
     enc = dict(batch_size=config.eval.batch_size, mesh=mesh)
     corpus_emb = evaluate.encode_texts(lambda x: encode_documents(params, x), task.corpus,
@@ -388,7 +388,7 @@ def scann_variants(n: int, dim: int, k: int, args: argparse.Namespace
 
     def cfg(**overrides: Any) -> ml_collections.ConfigDict:
         c = ann.default_scann_config()
-        c.num_threads = args.threads
+        c["num_threads"] = args.threads
         c.update(overrides)
         return c
 

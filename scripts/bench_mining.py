@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
-import json
 import logging
 import os
 import pathlib
@@ -42,7 +41,7 @@ from absl import logging as absl_logging
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dualjax import baselines  # noqa: E402
+from dualjax import baselines, specs  # noqa: E402
 from dualjax.data import builders, mining  # noqa: E402
 from dualjax.data.clusters import RetrievalTask  # noqa: E402
 from dualjax.text import normalize  # noqa: E402
@@ -51,13 +50,11 @@ from dualjax.text import normalize  # noqa: E402
 def quora_train_pairs(config: str, seed: int) -> list[tuple[str, str]]:
     """The training pairs of the `quora` dataset of `config`, as its builder loads them."""
     cfg = runpy.run_path(str(ROOT / config))["get_config"]()
-    builder_cls, make_settings = builders.DATASETS[cfg.data.name]
-    settings = make_settings(cfg.data, seed)
+    spec = specs.dataset_spec(cfg.data, seed)
     with tempfile.TemporaryDirectory() as tmp:  # nothing is written: no prepare()
-        builder = builder_cls(config=builders.TableConfig(
-            name="pairs-bench", table="pairs", settings=json.dumps(settings, sort_keys=True)),
-            data_dir=tmp)
-        return builder._load(settings).train_pairs
+        builder = builders.BUILDERS[spec.name](config=builders.TableConfig(
+            name="pairs-bench", table="pairs", settings=spec.settings), data_dir=tmp)
+        return builder._load(spec.loaded_settings()).train_pairs
 
 
 def old_module(rev: str) -> ModuleType:

@@ -123,7 +123,7 @@ def towers_child(batch: int, chunks: int, layers: int, width: int, max_len: int,
     import optax
 
     sys.path.insert(0, REPO)
-    from dualjax import losses, sharding, train
+    from dualjax import losses, sharding, specs, train
     from dualjax.models import dual_encoder
     from dualjax.objectives import dual_encoder as objective_lib
 
@@ -133,7 +133,7 @@ def towers_child(batch: int, chunks: int, layers: int, width: int, max_len: int,
     t.num_layers, t.width, t.num_heads, t.mlp_dim = layers, width, max(1, width // 32), 4 * width
     vocab = 8000
     mesh = sharding.make_mesh(DEVICES)
-    model = dual_encoder.make_model(cfg, vocab)
+    model = dual_encoder.make_model(specs.model_spec(cfg), vocab)
     objective = objective_lib.objective(
         model, losses.sharded("in_batch_softmax", mesh, column_block=block), max_len,
         encode_chunks=chunks)
@@ -229,7 +229,7 @@ def bert_memory_child(batch: int, chunks: int, block: int, max_len: int) -> dict
     import optax
 
     sys.path.insert(0, REPO)
-    from dualjax import losses, sharding, train
+    from dualjax import losses, sharding, specs, train
     from dualjax.models import dual_encoder
     from dualjax.models.bert import BertConfig
     from dualjax.objectives import dual_encoder as objective_lib
@@ -238,7 +238,7 @@ def bert_memory_child(batch: int, chunks: int, block: int, max_len: int) -> dict
     cfg.tower, cfg.max_len, cfg.tokenizer = "bert", max_len, "hf"
     bert = BertConfig(30522, 768, 12, 12, 3072, 512)
     mesh = sharding.make_mesh(DEVICES)
-    model = dual_encoder.make_model(cfg, bert.vocab_size, bert=bert)
+    model = dual_encoder.make_model(specs.model_spec(cfg), bert.vocab_size, bert=bert)
     objective = objective_lib.objective(
         model, losses.sharded("in_batch_softmax", mesh, column_block=block), max_len,
         encode_chunks=chunks)

@@ -148,7 +148,7 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
     import jax
     import numpy as np
 
-    from dualjax import losses, objectives, sharding, train
+    from dualjax import losses, objectives, sharding, specs, train
     from dualjax.models import dual_encoder
 
     (devices,) = args.devices
@@ -167,7 +167,7 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"expected {devices} CPU devices, jax sees {jax.device_count()} "
                          f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})")
     mesh = sharding.make_mesh(devices)
-    model = dual_encoder.make_model(config.model, args.vocab)
+    model = dual_encoder.make_model(specs.model_spec(config.model), args.vocab)
     # Schedule long enough that warmup/decay never reach zero during the benchmark.
     tx, schedule = train.make_optimizer(config.optimizer, 100 * (args.steps + args.warmup))
 
@@ -341,13 +341,13 @@ def bench_torch_step(args: argparse.Namespace) -> dict[str, Any]:
 
 def bench_input(args: argparse.Namespace) -> dict[str, Any]:
     """Times `pipeline.train_iterator` over the synthetic dataset (run in a subprocess)."""
-    from dualjax import features, text
+    from dualjax import features, specs, text
     from dualjax.data import builders, pipeline
 
     config = default_config()
     with tempfile.TemporaryDirectory(prefix="bench_tfds_") as tfds_dir:
         t0 = time.perf_counter()
-        source = builders.train_source(config.data, config.seed, tfds_dir)
+        source = builders.train_source(specs.dataset_spec(config.data, config.seed), tfds_dir)
         prepare_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         records = (source[i] for i in range(len(source)))

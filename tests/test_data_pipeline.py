@@ -12,6 +12,7 @@ from dualjax import features as feature_lib
 from dualjax.features import Inputs, Side, SideFeatures
 from dualjax.data import builders, pipeline, synthetic
 from dualjax.data.pairs_file import DataError
+from dualjax.specs import dataset_spec as spec
 from dualjax.text import WordTokenizer, build_word_tokenizer, normalize
 
 VERSION = str(builders._RetrievalBuilder.VERSION)
@@ -37,13 +38,13 @@ def synthetic_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def train_src(tiny_data, synthetic_dir):
-    return builders.train_source(tiny_data, SEED, synthetic_dir)
+    return builders.train_source(spec(tiny_data, SEED), synthetic_dir)
 
 
 # --- synthetic_paraphrase ----------------------------------------------------------------
 
 def test_synthetic_array_record_files_exist(tiny_data, synthetic_dir, train_src):
-    builders.eval_task(tiny_data, SEED, synthetic_dir, "val")
+    builders.eval_task(spec(tiny_data, SEED), synthetic_dir, "val")
     root = os.path.join(synthetic_dir, "synthetic_paraphrase")
     pairs = glob.glob(os.path.join(root, "pairs-*", VERSION, "*-train.array_record-*"))
     evals = [glob.glob(os.path.join(root, f"{table}-*", VERSION, f"*-{split}.array_record-*"))
@@ -71,7 +72,7 @@ def test_synthetic_train_records_match_generate(tiny_data, train_src):
 @pytest.mark.parametrize("split", ["val", "test"])
 def test_synthetic_eval_task_matches_generate(tiny_data, synthetic_dir, split):
     data = _generate(tiny_data)
-    task = builders.eval_task(tiny_data, SEED, synthetic_dir, split)
+    task = builders.eval_task(spec(tiny_data, SEED), synthetic_dir, split)
     cluster_of = {q.text: q.cluster for q in data.splits[split]}
     assert sorted(task.corpus) == sorted(cluster_of)
     assert len(task.corpus) == len(data.splits[split])
@@ -93,8 +94,8 @@ def test_synthetic_eval_texts_not_in_training(tiny_data, synthetic_dir, train_sr
         r = train_src[i]
         train_texts |= {r["query"].decode(), r["document"].decode()}
     train_norm = {normalize(t) for t in train_texts}
-    val = builders.eval_task(tiny_data, SEED, synthetic_dir, "val").corpus
-    test = builders.eval_task(tiny_data, SEED, synthetic_dir, "test").corpus
+    val = builders.eval_task(spec(tiny_data, SEED), synthetic_dir, "val").corpus
+    test = builders.eval_task(spec(tiny_data, SEED), synthetic_dir, "test").corpus
     assert not set(val) & set(test)
     for text in val + test:
         assert text not in train_texts and normalize(text) not in train_norm
@@ -102,18 +103,18 @@ def test_synthetic_eval_texts_not_in_training(tiny_data, synthetic_dir, train_sr
 
 def test_changed_setting_makes_new_config_dir(tiny_data, tmp_path):
     tfds_dir = str(tmp_path)
-    first = builders.prepare(tiny_data, SEED, tfds_dir, "pairs")
+    first = builders.prepare(spec(tiny_data, SEED), tfds_dir, "pairs")
     changed = tiny_data.copy_and_resolve_references()
     changed.num_train_clusters = 40
-    second = builders.prepare(changed, SEED, tfds_dir, "pairs")
-    other_seed = builders.prepare(tiny_data, SEED + 1, tfds_dir, "pairs")
+    second = builders.prepare(spec(changed, SEED), tfds_dir, "pairs")
+    other_seed = builders.prepare(spec(tiny_data, SEED + 1), tfds_dir, "pairs")
     dirs = {first.data_dir, second.data_dir, other_seed.data_dir}
     assert len(dirs) == 3 and all(os.path.isdir(d) for d in dirs)
     assert len(second.as_data_source("train")) == len(_generate(changed).train_pairs)
     assert len(first.as_data_source("train")) == len(_generate(tiny_data).train_pairs)
     assert len(second.as_data_source("train")) < len(first.as_data_source("train"))
     # Same settings again: the same directory, reused.
-    assert builders.prepare(tiny_data, SEED, tfds_dir, "pairs").data_dir == first.data_dir
+    assert builders.prepare(spec(tiny_data, SEED), tfds_dir, "pairs").data_dir == first.data_dir
 
 
 # --- pairs file ----------------------------------------------------------------------------
@@ -151,7 +152,7 @@ def test_coherence_filter_with_two_spellings_of_one_text(tmp_path):
     path.write_text("\n".join(lines) + "\n")
     trained_rice = 0
     for seed in range(4):  # the rice cluster lands in train for some seeds
-        src = builders.train_source(_pairs_cfg(path, min_cluster_coherence=0.55), seed,
+        src = builders.train_source(spec(_pairs_cfg(path, min_cluster_coherence=0.55), seed),
                                     str(tmp_path / "tfds"))
         queries = {src[i]["query"].decode() for i in range(len(src))}
         assert "alpha beta gamma" not in queries and len(src) > 10
@@ -162,11 +163,11 @@ def test_coherence_filter_with_two_spellings_of_one_text(tmp_path):
 def test_pairs_builder_splits_by_cluster(tmp_path):
     cfg = _pairs_cfg(_write_pairs(tmp_path / "pairs.tsv"))
     tfds_dir = str(tmp_path / "tfds")
-    src = builders.train_source(cfg, SEED, tfds_dir)
+    src = builders.train_source(spec(cfg, SEED), tfds_dir)
     assert glob.glob(os.path.join(tfds_dir, "pairs_file", "pairs-*", VERSION,
                                   "*-train.array_record-*"))
     train = [(src[i]["query"].decode(), src[i]["document"].decode()) for i in range(len(src))]
-    tasks = {s: builders.eval_task(cfg, SEED, tfds_dir, s) for s in ("val", "test")}
+    tasks = {s: builders.eval_task(spec(cfg, SEED), tfds_dir, s) for s in ("val", "test")}
 
     cluster = {t: c for c in range(NUM_CLUSTERS) for t in _members(c)}
     texts = {"train": {t for pair in train for t in pair},
@@ -194,10 +195,10 @@ def test_pairs_builder_splits_by_cluster(tmp_path):
 
 
 def _all_texts(cfg, tfds_dir):
-    src = builders.train_source(cfg, SEED, tfds_dir)
+    src = builders.train_source(spec(cfg, SEED), tfds_dir)
     texts = {src[i][k].decode() for i in range(len(src)) for k in ("query", "document")}
     for split in ("val", "test"):
-        texts |= set(builders.eval_task(cfg, SEED, tfds_dir, split).corpus)
+        texts |= set(builders.eval_task(spec(cfg, SEED), tfds_dir, split).corpus)
     return texts
 
 
@@ -219,16 +220,16 @@ def test_pairs_clustered_on_normalised_text(tmp_path):
     lines += ["How are you?\tHow do you do?", "how are you\thow are things going"]
     path.write_text("\n".join(lines) + "\n")
     cfg, tfds_dir = _pairs_cfg(path), str(tmp_path / "tfds")
-    src = builders.train_source(cfg, SEED, tfds_dir)
+    src = builders.train_source(spec(cfg, SEED), tfds_dir)
     where = {"train": {normalize(src[i][k].decode()) for i in range(len(src))
                        for k in ("query", "document")}}
     for split in ("val", "test"):
-        where[split] = {normalize(t) for t in builders.eval_task(cfg, SEED, tfds_dir, split).corpus}
+        where[split] = {normalize(t) for t in builders.eval_task(spec(cfg, SEED), tfds_dir, split).corpus}
     splits = [name for name, texts in where.items() if "how are you" in texts]
     assert len(splits) == 1
     assert {"how do you do", "how are things going"} <= where[splits[0]]
     if splits[0] != "train":  # one corpus entry for the two spellings
-        task = builders.eval_task(cfg, SEED, tfds_dir, splits[0])
+        task = builders.eval_task(spec(cfg, SEED), tfds_dir, splits[0])
         assert sum(normalize(t) == "how are you" for t in task.corpus) == 1
 
 
@@ -236,31 +237,31 @@ def test_pairs_too_few_clusters_for_a_split_is_a_clear_error(tmp_path):
     path = tmp_path / "few.tsv"
     path.write_text("a b\tc d\ne f\tg h\ni j\tk l\n")  # 3 clusters, fractions 0.9/0.05/0.05
     with pytest.raises(DataError, match=re.escape(f"{path}: 3 clusters of pairs leave split")):
-        builders.train_source(_pairs_cfg(path, val_fraction=0.05, test_fraction=0.05),
-                              SEED, str(tmp_path / "tfds"))
+        builders.train_source(spec(_pairs_cfg(path, val_fraction=0.05, test_fraction=0.05),
+                                   SEED), str(tmp_path / "tfds"))
 
 
 def test_unknown_dataset_name_raises(tmp_path):
     cfg = load_config("tiny").data
     cfg.name = "no_such_data"
     with pytest.raises(DataError, match="no_such_data") as err:
-        builders.train_source(cfg, SEED, str(tmp_path))
+        builders.train_source(spec(cfg, SEED), str(tmp_path))
     assert "known: synthetic_paraphrase, pairs" in str(err.value)
 
 
 def test_missing_pairs_file_raises(tmp_path):
     missing = tmp_path / "nope.tsv"
     with pytest.raises(DataError, match=re.escape(f"{missing}: no such file")):
-        builders.train_source(_pairs_cfg(missing), SEED, str(tmp_path / "tfds"))
+        builders.train_source(spec(_pairs_cfg(missing), SEED), str(tmp_path / "tfds"))
     with pytest.raises(DataError, match="data.path"):
-        builders.train_source(_pairs_cfg(""), SEED, str(tmp_path / "tfds"))
+        builders.train_source(spec(_pairs_cfg(""), SEED), str(tmp_path / "tfds"))
 
 
 def test_bad_pairs_line_raises_on_prepare(tmp_path):
     path = tmp_path / "bad.tsv"
     path.write_text("a query\ta doc\nno tab on this line\nq\td\n")
     with pytest.raises(DataError) as err:
-        builders.train_source(_pairs_cfg(path), SEED, str(tmp_path / "tfds"))
+        builders.train_source(spec(_pairs_cfg(path), SEED), str(tmp_path / "tfds"))
     assert f"{path}:2:" in str(err.value)
     # skip_bad_lines is a different setting: it prepares, without line 2.
     good = _write_pairs(tmp_path / "good.tsv").read_text().splitlines()

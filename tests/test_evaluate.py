@@ -13,6 +13,7 @@ from dualjax.data.clusters import RetrievalTask
 from dualjax.features import Inputs, Side
 from dualjax.models import dual_encoder
 from dualjax.text import WordTokenizer, build_word_tokenizer
+from dualjax.specs import model_spec
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def test_encode_texts_with_real_model(mesh):
     """The tiny config's dual encoder, batched over the mesh, equals one direct call."""
     cfg = load_config("tiny").model
     tok = build_word_tokenizer(TEXTS, vocab_size=20, num_oov_buckets=cfg.num_oov_buckets)
-    model = dual_encoder.make_model(cfg, tok.vocab_size)
+    model = dual_encoder.make_model(model_spec(cfg), tok.vocab_size)
     params = dual_encoder.init_params(model, jax.random.PRNGKey(0), cfg.max_len)
     encode = jax.jit(lambda x: model.apply({"params": params}, **x, method="encode_queries"))
     ids, mask = tok.encode(TEXTS, cfg.max_len)

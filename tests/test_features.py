@@ -12,6 +12,7 @@ import pytest
 from conftest import load_config
 from dualjax import config_lib, features
 from dualjax.models import dual_encoder
+from dualjax.specs import model_spec
 
 
 def test_parse_spec():
@@ -71,7 +72,7 @@ def _model(**overrides):
     cfg = _config({"model.tower": "bow_mlp", "model.shared_towers": False,
                    "model.doc_features": "shop:4,brand:3", **overrides}).model
     sizes = {"query": (), "document": ((1 + 2 + 3, 4), (1 + 1 + 3, 3))}
-    model = dual_encoder.make_model(cfg, 50, sizes)
+    model = dual_encoder.make_model(model_spec(cfg), 50, sizes)
     return model, dual_encoder.init_params(model, jax.random.PRNGKey(0), 8)
 
 

@@ -17,6 +17,7 @@ from conftest import load_config
 from dualjax import config_lib, losses, objectives, sharding
 from dualjax.models import dual_encoder, towers
 from dualjax.objectives import dual_encoder as de_objective
+from dualjax.specs import model_spec
 
 VOCAB, B, L, K_HARD, U = 60, 32, 11, 2, 32  # 32 mixed negatives: a multiple of 4 x 8 devices
 MLP_DIM = 48  # the transformer's MLP width, found by it in the compiled program
@@ -63,7 +64,7 @@ def make_batch(seed=0, negatives=True):
 def value_and_grad(tower: str, chunks: int, rematerialise: bool = True):
     """(model, jitted value_and_grad of the objective's loss) as train.make_train_step
     takes it."""
-    model = dual_encoder.make_model(model_cfg(tower), VOCAB)
+    model = dual_encoder.make_model(model_spec(model_cfg(tower)), VOCAB)
     loss_fn = losses.sharded("in_batch_softmax", sharding.make_mesh(), symmetric=True)
     objective = de_objective.objective(model, loss_fn, L, encode_chunks=chunks,
                                        rematerialise=rematerialise)
@@ -137,7 +138,7 @@ def test_recomputation_replays_the_dropout_masks(monkeypatch):
     # pass's recomputation drew exactly the forward pass's masks.
     monkeypatch.setitem(towers.TOWERS, "dropout_test",
                         lambda cfg, vocab, name, embed=None: DropoutTower(vocab, name=name))
-    model = dual_encoder.make_model(model_cfg("dropout_test"), VOCAB)
+    model = dual_encoder.make_model(model_spec(model_cfg("dropout_test")), VOCAB)
     loss_fn = losses.sharded("in_batch_softmax", sharding.make_mesh())
     batch, extras = make_batch(negatives=False)
     run = {}
@@ -167,7 +168,7 @@ def test_every_chunk_and_side_draws_its_own_dropout_masks(monkeypatch):
                         lambda cfg, vocab, name, embed=None: DropoutTower(vocab, name=name))
     cfg = model_cfg("dropout_test")
     assert cfg.shared_towers
-    model = dual_encoder.make_model(cfg, VOCAB)
+    model = dual_encoder.make_model(model_spec(cfg), VOCAB)
     text = np.arange(1, L + 1, dtype=np.int32)
     same = lambda rows: (np.broadcast_to(text, (rows, L)).copy(), np.ones((rows, L), bool))
     batch = {}
@@ -232,7 +233,7 @@ def test_encode_chunks_config_checks_and_plumbing():
         config_lib.validate(pses, 8)
     # from_config hands the key to the objective: its loss maps checkpointed chunks.
     cfg = load_config("tiny")
-    model = dual_encoder.make_model(cfg.model, VOCAB)
+    model = dual_encoder.make_model(model_spec(cfg.model), VOCAB)
     batch, extras = make_batch(negatives=False)
     for chunks, chunked in ((0, False), (4, True)):
         cfg.train.encode_chunks = chunks

@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 from conftest import load_config
 from dualjax import config_lib, frequency, losses, objectives, sharding
 from dualjax.models import dual_encoder
+from dualjax.specs import model_spec
 
 
 def sigmoid(x):
@@ -465,7 +466,7 @@ def test_sharded_loss_and_grads_equal_unsharded_global_batch_8192(shared):
     cfg = load_config("default").model
     cfg.embed_dim, cfg.hidden_dim, cfg.output_dim, cfg.shared_towers = 32, 64, 32, shared
     vocab, batch, max_len = 1000, 8192, 12
-    model = dual_encoder.make_model(cfg, vocab)
+    model = dual_encoder.make_model(model_spec(cfg), vocab)
     params = dual_encoder.init_params(model, jax.random.key(0), max_len)
     rng = np.random.default_rng(0)
     ids = {k: rng.integers(1, vocab, (batch, max_len)).astype(np.int32) for k in ("q", "d")}
@@ -596,5 +597,5 @@ def test_the_dual_encoder_objective_streams_config_loss_column_block(monkeypatch
 
     monkeypatch.setattr(losses, "sharded", spy)
     cfg = _validate(name="in_batch_softmax", column_block=256)
-    objectives.from_config(cfg, dual_encoder.make_model(cfg.model, 100), sharding.make_mesh())
+    objectives.from_config(cfg, dual_encoder.make_model(model_spec(cfg.model), 100), sharding.make_mesh())
     assert seen == [256]

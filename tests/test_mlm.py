@@ -15,6 +15,7 @@ from conftest import load_config
 from dualjax import checkpoints, config_lib, objectives, train
 from dualjax.config_lib import ConfigError
 from dualjax.models import dual_encoder
+from dualjax.specs import model_spec
 from test_pretraining import ARTICLES
 
 TRANSFORMER = {"model.tower": "transformer", "model.transformer.num_layers": 1,
@@ -92,7 +93,7 @@ def test_mlm_head_logits_through_the_tied_table():
 
 def test_mlm_loss_is_the_mean_nll_of_the_predicted_tokens():
     cfg = tiny(**{"data.name": "pretrain", "data.tasks": "mlm", "data.path": "x.jsonl"})
-    model = dual_encoder.make_model(cfg.model, 50)
+    model = dual_encoder.make_model(model_spec(cfg.model), 50)
     objective = objectives.mlm.objective(model, max_len=16, width=16)
     params = jax.jit(objective.init)(jax.random.key(0))  # jitted: eager ops compile one by one
     ids = jax.random.randint(jax.random.key(1), (6, 16), 1, 50)

@@ -20,6 +20,7 @@ from dualjax import config_lib, features, pretrained, warm_start
 from dualjax.models import dual_encoder
 from dualjax.models.bert import BertTower
 from dualjax.pretrained import sources
+from dualjax.specs import model_spec
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "pretrained"
 TINY = str(FIXTURES / "tiny_bert")
@@ -55,7 +56,7 @@ def start_encoder(cfg, side: str = "documents"):
     call at the full max length: one compilation)."""
     start = pretrained.resolve(cfg.model.pretrained, cfg.model.pretrained_pooling)
     tok = start.tokenizer()
-    model = dual_encoder.make_model(cfg.model, tok.vocab_size, bert=start.bert)
+    model = dual_encoder.make_model(model_spec(cfg.model), tok.vocab_size, bert=start.bert)
     params = dual_encoder.init_params(model, jax.random.PRNGKey(0), 8)
     params = warm_start.pretrained_params(start, jax.device_get(params))
     fn = jax.jit(lambda x: model.apply({"params": params}, **x, method=f"encode_{side}"))

@@ -279,7 +279,7 @@ def _plain_text_file(tmp_path, rows):
     return str(path)
 
 
-# README: a .jsonl of articles "with a plain "text" (and optional "title")": no ids, no
+# docs/pretraining.md: a .jsonl of articles "with a plain "text" (and optional "title")": no ids, no
 # links. Long enough for two passages at passage_words=20 (a lead and one for BFS).
 PLAIN = [{"text": " ".join(f"Topic {k} sentence number {i} has seven words." for i in range(5))}
          for k in range(3)]

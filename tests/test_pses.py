@@ -21,6 +21,7 @@ from dualjax import tasks as tasks_lib
 from dualjax.data import builders, mining, reqa
 from dualjax.models import pses as pses_model
 from dualjax.objectives import pses
+from dualjax.specs import dataset_spec, model_spec
 from test_train import preempt_at, tiny, train_rows  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,7 +40,7 @@ def pses_objective(mesh=None, **overrides):
     """(config, model, objective) of `tiny_pses(**overrides)` over 60 token ids, on
     `mesh` (default: the config's 2 devices)."""
     cfg = tiny_pses(**overrides)
-    model = models.make_model(cfg.model, 60)
+    model = models.make_model(model_spec(cfg.model), 60)
     mesh = mesh or sharding.make_mesh(cfg.mesh.num_devices)
     return cfg, model, objectives.from_config(cfg, model, mesh)
 
@@ -304,7 +305,7 @@ def test_objective_loss_is_the_weighted_sum_of_its_terms(pairwise):
                        "loss.pses.reconstruction_weight": 0.25,
                        "loss.pses.regularization_weight": 0.125, "loss.pses.pairwise": pairwise})
     mesh = sharding.make_mesh()
-    model = models.make_model(cfg.model, 60)
+    model = models.make_model(model_spec(cfg.model), 60)
     objective = objectives.from_config(cfg, model, mesh)
     params = jax.jit(objective.init)(jax.random.key(0))
     assert set(params) == {"trunk", "shared", "query_specific", "doc_specific", "query_decoder",
@@ -401,7 +402,7 @@ def test_exported_pses_encodes_as_the_model(tmp_path, trained):
 def test_fine_tuning_the_shared_encoder_alone():
     """loss.pses.trainable=shared: the optimizer moves NN_s (and the similarity) only."""
     cfg = tiny_pses(**{"loss.pses.trainable": "shared", "loss.pses.pairwise": "in_batch"})
-    model = models.make_model(cfg.model, 60)
+    model = models.make_model(model_spec(cfg.model), 60)
     objective = objectives.from_config(cfg, model, sharding.make_mesh())
     params = jax.jit(objective.init)(jax.random.key(0))
     critic = objectives.init_critic_state(objective.critic, jax.random.key(1))["params"]
@@ -498,7 +499,7 @@ def test_weakly_supervised_pairs_table_from_the_training_queries(tmp_path):
     def table(pseudo_labels: int) -> list[tuple[str, str, int]]:
         data = tiny(**{"data.name": "pairs", "data.path": str(path), "data.val_fraction": 0.2,
                        "data.test_fraction": 0.2, "data.pseudo_labels": pseudo_labels}).data
-        source = builders.train_source(data, 0, tfds_dir)
+        source = builders.train_source(dataset_spec(data, 0), tfds_dir)
         return [(r["query"].decode(), r["document"].decode(), int(r["cluster"]))
                 for r in (source[i] for i in range(len(source)))]
 

@@ -34,7 +34,7 @@ def _clustered(n=N, dim=DIM, clusters=100, noise=0.5, seed=0) -> np.ndarray:
 
 def _cfg(mode: str = "auto", **overrides):
     cfg = ann.default_scann_config()
-    cfg.mode = mode
+    cfg["mode"] = mode
     cfg.update(overrides)
     return cfg
 

@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 from conftest import load_config
 from dualjax import checkpoints, sharding, train
 from dualjax.models import dual_encoder
+from dualjax.specs import model_spec
 
 
 def test_fsdp_spec_by_hand():
@@ -35,7 +36,7 @@ def test_fsdp_spec_by_hand():
 def test_the_optimizer_state_follows_its_params():
     cfg = load_config("tiny").model
     cfg.update(vocab_size=3000, embed_dim=64, tower="bow_mlp")
-    model = dual_encoder.make_model(cfg, 3000 + 1 + 50)
+    model = dual_encoder.make_model(model_spec(cfg), 3000 + 1 + 50)
     mesh = sharding.make_mesh(8)
     tx = optax.adamw(1e-3)
 

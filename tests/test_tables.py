@@ -11,6 +11,7 @@ from conftest import load_config
 from dualjax import config_lib, losses, sharding, tables, train
 from dualjax.models import dual_encoder
 from dualjax.objectives import dual_encoder as de_objective
+from dualjax.specs import model_spec
 
 # Tables of 4,096 x 8, twice sharding.FSDP_MIN_SIZE elements: "fsdp" splits their rows over
 # the devices. At most 96 rows read per side and step: most untouched.
@@ -37,7 +38,7 @@ def run(table_updates, batches, shared_towers=False, shared_embedding=False, chu
     m.shared_towers, m.shared_embedding = shared_towers, shared_embedding
     cfg.optimizer.update(name="adam", warmup_steps=0, decay="constant", grad_clip_norm=0.5)
     mesh = sharding.make_mesh()
-    model = dual_encoder.make_model(m, VOCAB)
+    model = dual_encoder.make_model(model_spec(m), VOCAB)
     objective = de_objective.objective(model, losses.sharded("in_batch_softmax", mesh), L,
                                        encode_chunks=chunks)
     tx, schedule = train.make_optimizer(cfg.optimizer, 100)

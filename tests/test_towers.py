@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 from conftest import load_config
 from dualjax import config_lib, train
 from dualjax.models import dual_encoder, pses, towers
+from dualjax.specs import model_spec
 
 VOCAB = 50
 KINDS = ("bow", "bow_mlp", "cnn", "transformer_cls", "transformer_mean")
@@ -49,7 +50,7 @@ def texts(lengths, total_len, seed=0, pad_ids="zero"):
 @functools.lru_cache
 def _build(kind, overrides):
     cfg = model_cfg(kind, **dict(overrides))
-    tower = towers.TOWERS[cfg.tower](cfg, VOCAB, "tower")
+    tower = towers.TOWERS[cfg.tower](model_spec(cfg), VOCAB, "tower")
     if kind == "transformer_mean":  # the same params as with [CLS] pooling
         params = _build("transformer_cls", overrides)[2]
     else:
@@ -72,7 +73,7 @@ def test_padding_never_changes_a_vector_and_an_empty_text_is_finite(kind):
     ids, mask = texts(lengths, 7)
     ids = ids.at[4, 2].set(ids[3, 2] % (VOCAB - 1) + 1)  # ... with one real token changed
     out = apply(params, ids, mask)
-    dim = towers.output_dim(cfg, cfg.tower)
+    dim = towers.output_dim(model_spec(cfg), cfg.tower)
     assert out.shape == (5, dim) and out.dtype == jnp.float32
     assert np.isfinite(np.asarray(out)).all()
     assert np.abs(np.asarray(out[4] - out[3])).max() > 1e-4  # the vector depends on the text
@@ -218,8 +219,8 @@ def test_bfloat16_compute_keeps_float32_params_and_unit_float32_embeddings(kind)
     models = {}
     for dtype in ("float32", "bfloat16"):
         cfg = model_cfg(tower_kind, dtype=dtype)
-        models[dtype] = (pses.make_model(cfg, VOCAB) if is_pses
-                         else dual_encoder.make_model(cfg, VOCAB, sizes))
+        models[dtype] = (pses.make_model(model_spec(cfg), VOCAB) if is_pses
+                         else dual_encoder.make_model(model_spec(cfg), VOCAB, sizes))
     shapes = [jax.eval_shape(lambda: dual_encoder.init_params(m, jax.random.key(0), 8))
               for m in models.values()]
     assert jax.tree.structure(shapes[1]) == jax.tree.structure(shapes[0])
@@ -269,7 +270,7 @@ def test_masked_mean_of_bfloat16_accumulates_in_float32():
 def test_shared_embedding_is_one_table_that_both_sides_train(kinds):
     cfg = model_cfg(shared_towers=False, shared_embedding=True, query_tower=kinds[0],
                     doc_tower=kinds[1], embed_dim=16)
-    model = dual_encoder.make_model(cfg, VOCAB)
+    model = dual_encoder.make_model(model_spec(cfg), VOCAB)
     params = jax.jit(lambda key: dual_encoder.init_params(model, key, 8))(jax.random.key(0))
     tables = [jax.tree_util.keystr(path) for path, _ in
               jax.tree_util.tree_leaves_with_path(params) if "embedding" in str(path)]
@@ -290,7 +291,7 @@ def test_shared_embedding_is_one_table_that_both_sides_train(kinds):
 
 
 def test_logical_axes_name_the_transformer_embedding_and_mlp_kernels():
-    model = dual_encoder.make_model(model_cfg("transformer_cls", **{"transformer.num_layers": 2}),
+    model = dual_encoder.make_model(model_spec(model_cfg("transformer_cls", **{"transformer.num_layers": 2})),
                                     VOCAB)
     axes = dual_encoder.logical_axes(model, 8)
     shapes = jax.eval_shape(lambda: dual_encoder.init_params(model, jax.random.key(0), 8))
@@ -308,7 +309,7 @@ def test_logical_axes_name_the_transformer_embedding_and_mlp_kernels():
 def test_bert_base_preset_sizes():
     cfg = model_cfg("transformer_cls", **{"transformer.preset": "bert_base",
                                           "transformer.max_positions": 512})
-    model = dual_encoder.make_model(cfg, VOCAB)
+    model = dual_encoder.make_model(model_spec(cfg), VOCAB)
     shapes = jax.eval_shape(lambda: dual_encoder.init_params(model, jax.random.key(0), 8))
     t = shapes["tower"]
     assert sorted(k for k in t if k.startswith("layer_")) == sorted(f"layer_{i}" for i in range(12))
@@ -363,7 +364,7 @@ def test_tiny_training_run_with_cnn_queries_and_transformer_documents(tmp_path):
 
 def test_learned_temperature_starts_at_tau_is_clipped_and_trained():
     cfg = model_cfg("bow", similarity="cosine_learned_temperature", temperature=0.05)
-    model = dual_encoder.make_model(cfg, VOCAB)
+    model = dual_encoder.make_model(model_spec(cfg), VOCAB)
     params = dual_encoder.init_params(model, jax.random.key(0), 8)
     assert set(params) == {"tower", "log_temperature"}
     np.testing.assert_allclose(params["log_temperature"], np.log(0.05), rtol=1e-6)

@@ -16,6 +16,7 @@ import pytest
 from conftest import CONFIGS, load_config
 from dualjax import config_lib, tasks, train
 from dualjax.data.pairs_file import DataError
+from dualjax.specs import dataset_spec
 
 
 def tiny(**overrides):
@@ -381,7 +382,7 @@ def test_mined_hard_negatives_join_every_row(tmp_path):
     assert first[2] > first[0] + 0.3  # 32 + 64 columns against 32, hard ones among them
     from dualjax.data import builders
     cfg = tiny(**{"data.hard_negatives": 2})
-    source = builders.train_source(cfg.data, cfg.seed,
+    source = builders.train_source(dataset_spec(cfg.data, cfg.seed),
                                    str(tmp_path / "data.hard_negatives_2" / "tfds"))
     record = source[0]
     assert len(record["hard_negatives"]) == 2
@@ -466,7 +467,8 @@ def test_paraphrases_of_the_row_are_masked_as_accidental_hits(tmp_path):
         train.train_and_evaluate(cfg, str(workdir))
         first_loss[remove] = train_rows(workdir)[0]["loss"]
     from dualjax.data import builders
-    source = builders.train_source(cfg.data, cfg.seed, str(tmp_path / "run_False" / "tfds"))
+    source = builders.train_source(dataset_spec(cfg.data, cfg.seed),
+                                   str(tmp_path / "run_False" / "tfds"))
     seen = {(r["query"].decode().split()[4], int(r["cluster"]))
             for r in (source[i] for i in range(len(source)))}
     assert len(seen) == len({t for t, _ in seen}) == len({c for _, c in seen}) == 7

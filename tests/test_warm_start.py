@@ -12,6 +12,7 @@ from conftest import load_config
 from dualjax import checkpoints, config_lib, train, warm_start
 from dualjax.config_lib import ConfigError
 from dualjax.models import dual_encoder
+from dualjax.specs import model_spec
 from test_pretraining import ARTICLES
 
 
@@ -64,7 +65,7 @@ def test_init_from_restores_towers_and_vocabulary(pretrained, tmp_path):
 
 def test_init_from_carries_the_same_similarity(pretrained):
     cfg = tiny(**{"model.similarity": "cosine_learned_temperature"})
-    model = dual_encoder.make_model(cfg.model, 100)
+    model = dual_encoder.make_model(model_spec(cfg.model), 100)
     step, saved = checkpoints.latest_params(str(pretrained))
     fresh = dual_encoder.init_params(model, jax.random.key(1), 16)
     fresh["tower"] = jax.tree.map(np.zeros_like, saved["tower"])  # the saved vocabulary's size

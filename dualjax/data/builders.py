@@ -22,9 +22,8 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Callable, Iterator
+from typing import Iterator
 
-import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
@@ -300,37 +299,6 @@ class ReqaSquad(_RetrievalBuilder):
         return reqa.load_reqa_squad(settings)
 
 
-QUORA_PATH = os.path.join("..", "shared", "data", "quora", "pairs.tsv")
-SQUAD_PATH = os.path.join("..", "shared", "data", "squad", "dev-v1.1.json")
-
-
-def _common(cfg: ml_collections.ConfigDict, seed: int) -> dict:
-    if cfg.candidates not in CANDIDATES:
-        raise DataError(f"data.candidates={cfg.candidates!r} is not one of: {', '.join(CANDIDATES)}")
-    return {"seed": seed, "candidates": cfg.candidates,
-            "min_cluster_coherence": cfg.min_cluster_coherence,
-            **_negatives(cfg)}
-
-
-def _negatives(cfg: ml_collections.ConfigDict) -> dict:
-    """The mining and pseudo-label settings, only when on (so the data of runs without
-    them keeps its hash)."""
-    out = {}
-    if cfg.get("hard_negatives", 0):
-        out["hard_negatives"] = cfg.hard_negatives
-    if cfg.get("pseudo_labels", 0):
-        out["pseudo_labels"] = cfg.pseudo_labels
-        if cfg.get("pseudo_label_queries", ""):
-            out.update(pseudo_label_queries=file_settings(cfg.pseudo_label_queries,
-                                                          "a file of queries, one per line"))
-    return out
-
-
-def _synthetic_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
-    return {**_common(cfg, seed), "num_train_clusters": cfg.num_train_clusters,
-            "num_val_clusters": cfg.num_val_clusters, "num_test_clusters": cfg.num_test_clusters}
-
-
 def file_settings(path: str, what: str) -> dict:
     """The absolute path and a hash of the contents of an input file (or DataError)."""
     if not path:
@@ -344,77 +312,47 @@ def file_settings(path: str, what: str) -> dict:
         return {"path": full, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
 
 
-def _pairs_settings(cfg: ml_collections.ConfigDict, seed: int, default_path: str = "") -> dict:
-    return {**_common(cfg, seed),
-            **file_settings(cfg.path or default_path, "a TSV or JSONL file of positive pairs"),
-            "skip_bad_lines": cfg.skip_bad_lines, "val_fraction": cfg.val_fraction,
-            "test_fraction": cfg.test_fraction}
-
-
-def _quora_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
-    return _pairs_settings(cfg, seed, default_path=QUORA_PATH)
-
-
-def _beir_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
-    if not cfg.path or not os.path.isdir(cfg.path):
-        raise DataError(f"{cfg.path or '(empty)'}: data.path must be a BEIR folder "
-                        "(corpus.jsonl, queries.jsonl, qrels/<split>.tsv)")
-    folder = os.path.abspath(os.path.expanduser(cfg.path))
-    digest = hashlib.sha256()
-    for root, _, files in sorted(os.walk(folder)):
-        for name in sorted(files):
-            if name.endswith((".jsonl", ".tsv")):
-                with open(os.path.join(root, name), "rb") as f:
-                    digest.update(name.encode() + hashlib.file_digest(f, "sha256").digest())
-    return {"seed": seed, "path": folder, "sha256": digest.hexdigest(),
-            "skip_bad_lines": cfg.skip_bad_lines, **_negatives(cfg),
-            **({} if cfg.get("ignore_identical_ids", True) else {"ignore_identical_ids": False})}
-
-
-def _reqa_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
-    return {**_common(cfg, seed),
-            **file_settings(cfg.path or SQUAD_PATH, "a SQuAD v1.1 JSON file"),
-            "val_fraction": cfg.val_fraction, "test_fraction": cfg.test_fraction,
-            "context": cfg.candidate_context,
-            **({"split_by": "question", "train_fraction": cfg.train_fraction}
-               if cfg.get("split_by", "article") == "question" else {}),
-            **({"unit": "paragraph"} if cfg.get("candidate_unit", "sentence") == "paragraph"
-               else {})}
-
-
-# data.name -> (builder class, settings from the data config and the run's seed)
-DATASETS: dict[str, tuple[type[_RetrievalBuilder], Callable[[ml_collections.ConfigDict, int], dict]]] = {
-    "synthetic_paraphrase": (SyntheticParaphrase, _synthetic_settings),
-    "pairs": (PairsFile, _pairs_settings),
-    "quora": (Quora, _quora_settings),
-    "beir": (Beir, _beir_settings),
-    "reqa_squad": (ReqaSquad, _reqa_settings),
+# data.name -> its builder class (`specs.dataset_spec` makes its settings)
+BUILDERS: dict[str, type[_RetrievalBuilder]] = {
+    "synthetic_paraphrase": SyntheticParaphrase,
+    "pairs": PairsFile,
+    "quora": Quora,
+    "beir": Beir,
+    "reqa_squad": ReqaSquad,
 }
 
 
-def prepare(data_cfg: ml_collections.ConfigDict, seed: int, tfds_dir: str, table: str
-            ) -> tfds.core.DatasetBuilder:
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec:
+    """A dataset as the builders take it: its name (a BUILDERS key) and the JSON of the
+    settings that shape its tables (sizes, seed, file paths and digests, ...)."""
+    name: str
+    settings: str
+
+    def loaded_settings(self) -> dict:
+        return json.loads(self.settings)
+
+
+def prepare(spec: DatasetSpec, tfds_dir: str, table: str) -> tfds.core.DatasetBuilder:
     """Writes the table (once) as array_record under `tfds_dir`; returns its builder."""
-    if data_cfg.name not in DATASETS:
-        raise DataError(f"unknown dataset data.name={data_cfg.name!r}; known: {', '.join(DATASETS)}")
-    builder_cls, make_settings = DATASETS[data_cfg.name]
-    settings = json.dumps(make_settings(data_cfg, seed), sort_keys=True)
-    digest = hashlib.sha1(settings.encode()).hexdigest()[:12]
-    config = TableConfig(name=f"{table}-{digest}", table=table, settings=settings)
-    builder = builder_cls(config=config, data_dir=tfds_dir)
+    if spec.name not in BUILDERS:
+        raise DataError(f"unknown dataset data.name={spec.name!r}; known: {', '.join(BUILDERS)}")
+    digest = hashlib.sha1(spec.settings.encode()).hexdigest()[:12]
+    config = TableConfig(name=f"{table}-{digest}", table=table, settings=spec.settings)
+    builder = BUILDERS[spec.name](config=config, data_dir=tfds_dir)
     builder.download_and_prepare(file_format="array_record")
     return builder
 
 
-def train_source(data_cfg, seed: int, tfds_dir: str):
+def train_source(spec: DatasetSpec, tfds_dir: str):
     """Random-access source of training pairs: records {"query", "document": bytes,
     "query_fields", "document_fields": JSON bytes, b"" when none}."""
-    return prepare(data_cfg, seed, tfds_dir, "pairs").as_data_source(split="train")
+    return prepare(spec, tfds_dir, "pairs").as_data_source(split="train")
 
 
-def eval_splits(data_cfg, seed: int, tfds_dir: str) -> tuple[str, ...]:
+def eval_splits(spec: DatasetSpec, tfds_dir: str) -> tuple[str, ...]:
     """The evaluation splits this dataset has, in EVAL_SPLITS order."""
-    have = prepare(data_cfg, seed, tfds_dir, "queries").info.splits
+    have = prepare(spec, tfds_dir, "queries").info.splits
     return tuple(s for s in EVAL_SPLITS if s in have)
 
 
@@ -424,10 +362,10 @@ def _read_sorted(source) -> list[dict]:
     return records
 
 
-def eval_task(data_cfg, seed: int, tfds_dir: str, split: str) -> RetrievalTask:
+def eval_task(spec: DatasetSpec, tfds_dir: str, split: str) -> RetrievalTask:
     """The retrieval task of an evaluation split ("val" or "test")."""
-    corpus = _read_sorted(prepare(data_cfg, seed, tfds_dir, "corpus").as_data_source(split=split))
-    queries = _read_sorted(prepare(data_cfg, seed, tfds_dir, "queries").as_data_source(split=split))
+    corpus = _read_sorted(prepare(spec, tfds_dir, "corpus").as_data_source(split=split))
+    queries = _read_sorted(prepare(spec, tfds_dir, "queries").as_data_source(split=split))
     corpus_fields = [_fields(r["fields"]) for r in corpus]
     query_fields = [_fields(r["fields"]) for r in queries]
     return RetrievalTask(

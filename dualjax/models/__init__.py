@@ -4,20 +4,19 @@ bias, so evaluation and search treat them alike."""
 
 from __future__ import annotations
 
-import ml_collections
-
 from dualjax.models import dual_encoder, pses
+from dualjax.models.spec import ModelSpec
 
 MODELS = ("dual_encoder", "pses")
 
 
-def make_model(model_config: ml_collections.ConfigDict, vocab_size: int,
-               feature_sizes: dict | None = None, num_tasks: int = 1, bert=None):
-    """The model `model_config.name` names (see `dual_encoder.make_model`); bert: the
-    "bert" tower's `BertConfig` (a pretrained start's)."""
-    if model_config.get("name", "dual_encoder") == "pses":
-        return pses.make_model(model_config, vocab_size, num_tasks)
-    return dual_encoder.make_model(model_config, vocab_size, feature_sizes, num_tasks, bert)
+def make_model(spec: ModelSpec, vocab_size: int, feature_sizes: dict | None = None,
+               num_tasks: int = 1, bert=None):
+    """The model `spec.name` names (see `dual_encoder.make_model`); bert: the "bert"
+    tower's `BertConfig` (a pretrained start's)."""
+    if spec.name == "pses":
+        return pses.make_model(spec, vocab_size, num_tasks)
+    return dual_encoder.make_model(spec, vocab_size, feature_sizes, num_tasks, bert)
 
 
 def logical_axes(model, max_lens: tuple[int, int]):

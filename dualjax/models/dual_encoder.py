@@ -1,11 +1,12 @@
 """The dual encoder: a query tower and a document tower (one shared, or two), L2-
 normalised outputs, and the similarity's scale and bias that turn cosines into logits.
 
-Pure-functional: build the module with `make_model(config.model, vocab_size,
-feature_sizes)`, get the params pytree (plain arrays) from `init_params`, and call
-`model.apply({"params": p}, ids, mask, cats, method="encode_queries")` and friends (cats:
-the side's categorical feature ids [batch, num_fields], when it has any). `logical_axes` gives every param's logical
-axis names (a PartitionSpec per param, same tree) for sharding them over a mesh.
+Pure-functional: build the module with `make_model(spec, vocab_size, feature_sizes)` (a
+`ModelSpec`: `dualjax.specs.model_spec(config.model)`), get the params pytree (plain
+arrays) from `init_params`, and call `model.apply({"params": p}, ids, mask, cats,
+method="encode_queries")` and friends (cats: the side's categorical feature ids [batch,
+num_fields], when it has any). `logical_axes` gives every param's logical axis names (a
+PartitionSpec per param, same tree) for sharding them over a mesh.
 """
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from dualjax.models import towers
 from dualjax.models.bert import BertConfig, BertTower
+from dualjax.models.spec import ModelSpec
 from dualjax.models.towers import TOWERS
 
 TOWER_KINDS = (*TOWERS, "bert")  # model.tower names; "bert" takes its sizes from a BertConfig
@@ -33,13 +34,7 @@ def l2_normalize(x: jnp.ndarray, eps: float = 1e-12) -> jnp.ndarray:
     return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), eps))
 
 
-def tower_names(cfg: ml_collections.ConfigDict) -> tuple[str, str]:
-    """(query tower, document tower): model.query_tower / model.doc_tower where set, else
-    model.tower."""
-    return cfg.get("query_tower", "") or cfg.tower, cfg.get("doc_tower", "") or cfg.tower
-
-
-def similarity_params(module: nn.Module, cfg: ml_collections.ConfigDict, num_tasks: int
+def similarity_params(module: nn.Module, cfg: ModelSpec, num_tasks: int
                       ) -> dict[str, jnp.ndarray]:
     """The similarity's own params, made in `module`'s setup (top-level names in
     SIMILARITY_PARAMS; one per task when num_tasks > 1)."""
@@ -53,7 +48,7 @@ def similarity_params(module: nn.Module, cfg: ml_collections.ConfigDict, num_tas
     return {}
 
 
-def scale_and_bias(cfg: ml_collections.ConfigDict, params: dict[str, jnp.ndarray],
+def scale_and_bias(cfg: ModelSpec, params: dict[str, jnp.ndarray],
                    task: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
     """(scale, bias) such that logits = scale * cosine + bias, from `similarity_params`
     (of task `task` when there is one per task; None: task 0)."""
@@ -80,7 +75,7 @@ class DualEncoder(nn.Module):
     log tau learned (CLIP, SigLIP), initialised at log(temperature) and clipped to
     LOG_TEMPERATURE_RANGE (tau in [0.01, 1]).
     """
-    config: ml_collections.ConfigDict
+    spec: ModelSpec
     vocab_size: int
     query_features: tuple[tuple[int, int], ...] = ()  # (table rows, size) per categorical field
     doc_features: tuple[tuple[int, int], ...] = ()
@@ -89,14 +84,14 @@ class DualEncoder(nn.Module):
 
     def _tower(self, kind: str, name: str, embed: nn.Module | None = None) -> nn.Module:
         if kind != "bert":
-            return TOWERS[kind](self.config, self.vocab_size, name, embed)
+            return TOWERS[kind](self.spec, self.vocab_size, name, embed)
         if self.bert is None:  # config_lib says so earlier, naming the keys
             raise ValueError("model.tower='bert' takes its sizes from model.pretrained")
-        return BertTower(self.bert, towers.compute_dtype(self.config), embed, name=name)
+        return BertTower(self.bert, towers.compute_dtype(self.spec), embed, name=name)
 
     def setup(self):
-        cfg = self.config
-        q_tower, d_tower = tower_names(cfg)
+        cfg = self.spec
+        q_tower, d_tower = cfg.towers
         # Categorical fields: one table per field and side (shared towers: one set).
         self.query_tables = [self._feature_table(n, d, f"query_feature_{i}")
                              for i, (n, d) in enumerate(self.query_features)]
@@ -108,7 +103,7 @@ class DualEncoder(nn.Module):
             self.doc_tower = self.query_tower
         else:
             embed = None
-            if cfg.get("shared_embedding", False):
+            if cfg.shared_embedding:
                 self.embed = towers.make_embedding(cfg, self.vocab_size, q_tower, name="embed")
                 embed = self.embed
             self.query_tower = self._tower(q_tower, "query_tower", embed)
@@ -148,7 +143,7 @@ class DualEncoder(nn.Module):
     def scale_and_bias(self, task: jnp.ndarray | None = None) -> tuple[jnp.ndarray, jnp.ndarray]:
         """(scale, bias) such that logits = scale * cosine + bias (of task `task`, an int
         scalar, when the model has several; None: task 0)."""
-        return scale_and_bias(self.config, self.similarity, task)
+        return scale_and_bias(self.spec, self.similarity, task)
 
     def __call__(self, q_ids, q_mask, d_ids, d_mask, q_cats=None, d_cats=None, task=None):
         """Both towers and the similarity (used to create every parameter at init)."""
@@ -175,14 +170,14 @@ def token_tables(params: dict) -> dict[tuple[str, ...], tuple[str, ...]]:
     return out
 
 
-def make_model(model_config: ml_collections.ConfigDict, vocab_size: int,
+def make_model(spec: ModelSpec, vocab_size: int,
                feature_sizes: dict[str, tuple[tuple[int, int], ...]] | None = None,
                num_tasks: int = 1, bert: BertConfig | None = None) -> DualEncoder:
     """feature_sizes: {"query": ((rows, size), ...), "document": ...} of the categorical
     fields (`features.Inputs.feature_sizes()`); None: none. num_tasks: training tasks,
     each with its own learned scale and bias. bert: the "bert" tower's sizes."""
     sizes = feature_sizes or {}
-    return DualEncoder(ml_collections.FrozenConfigDict(model_config), vocab_size,
+    return DualEncoder(spec, vocab_size,
                        tuple(sizes.get("query", ())), tuple(sizes.get("document", ())),
                        num_tasks, bert)
 

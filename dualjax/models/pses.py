@@ -20,11 +20,10 @@ from typing import NamedTuple
 
 import flax.linen as nn
 import jax.numpy as jnp
-import ml_collections
 
 from dualjax.models import towers
-from dualjax.models.dual_encoder import (l2_normalize, scale_and_bias, similarity_params,
-                                         tower_names)
+from dualjax.models.dual_encoder import l2_normalize, scale_and_bias, similarity_params
+from dualjax.models.spec import ModelSpec
 from dualjax.models.towers import TOWERS
 
 SCORES = ("concat", "shared")
@@ -66,15 +65,15 @@ def retrieval_vector(c: Codes, score: str = "concat") -> jnp.ndarray:
 class Pses(nn.Module):
     """Same interface as `dual_encoder.DualEncoder` (encode_queries, encode_documents,
     scale_and_bias, logical axes through the trunk), plus `codes` for the PSES losses."""
-    config: ml_collections.ConfigDict
+    spec: ModelSpec
     vocab_size: int
     query_features: tuple[tuple[int, int], ...] = ()
     doc_features: tuple[tuple[int, int], ...] = ()
     num_tasks: int = 1
 
     def setup(self):
-        cfg, p = self.config, self.config.pses
-        q_tower, d_tower = tower_names(cfg)
+        cfg, p = self.spec, self.spec.pses
+        q_tower, d_tower = cfg.towers
         if cfg.shared_towers:
             self.query_trunk = TOWERS[q_tower](cfg, self.vocab_size, "trunk")
             self.doc_trunk = self.query_trunk
@@ -102,13 +101,13 @@ class Pses(nn.Module):
         return Codes(x, z_s, z, decoded)
 
     def encode_queries(self, ids: jnp.ndarray, mask: jnp.ndarray, cats=None) -> jnp.ndarray:
-        return retrieval_vector(self.codes(ids, mask, "query"), self.config.pses.score)
+        return retrieval_vector(self.codes(ids, mask, "query"), self.spec.pses.score)
 
     def encode_documents(self, ids: jnp.ndarray, mask: jnp.ndarray, cats=None) -> jnp.ndarray:
-        return retrieval_vector(self.codes(ids, mask, "document"), self.config.pses.score)
+        return retrieval_vector(self.codes(ids, mask, "document"), self.spec.pses.score)
 
     def scale_and_bias(self, task=None) -> tuple[jnp.ndarray, jnp.ndarray]:
-        return scale_and_bias(self.config, self.similarity, task)
+        return scale_and_bias(self.spec, self.similarity, task)
 
     def __call__(self, q_ids, q_mask, d_ids, d_mask, q_cats=None, d_cats=None, task=None):
         """Both sides' codes and the similarity (creates every parameter at init)."""
@@ -117,6 +116,5 @@ class Pses(nn.Module):
         return q, d, scale, bias
 
 
-def make_model(model_config: ml_collections.ConfigDict, vocab_size: int,
-               num_tasks: int = 1) -> Pses:
-    return Pses(ml_collections.FrozenConfigDict(model_config), vocab_size, num_tasks=num_tasks)
+def make_model(spec: ModelSpec, vocab_size: int, num_tasks: int = 1) -> Pses:
+    return Pses(spec, vocab_size, num_tasks=num_tasks)

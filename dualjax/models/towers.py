@@ -5,7 +5,7 @@ tokens), and optionally `extra` float [batch, e] (categorical feature vectors, a
 to the text vector before the tower's dense layers: bow_mlp's MLP, cnn's and the
 transformer's output layer), and returns float32 [batch, dim]. Towers are looked up by name in `TOWERS`
 (`model.tower`, or `model.query_tower` / `model.doc_tower` per side); each constructor
-takes the `model` config group, the vocabulary size, the module name and optionally a
+takes the `ModelSpec` (models/spec.py), the vocabulary size, the module name and optionally a
 token-embedding module to use instead of its own table (`model.shared_embedding`: one
 table for both sides, built by `make_embedding`).
 
@@ -33,14 +33,10 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-TRANSFORMER_PRESETS: dict[str, dict[str, int]] = {
-        "": {},  # the explicit model.transformer fields
-        "bert_base": {"num_layers": 12, "width": 768, "num_heads": 12, "mlp_dim": 3072},
-}
-TRANSFORMER_POOLINGS = ("cls", "mean")
+from dualjax.models.spec import ModelSpec
+
 DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 _zeros = nn.initializers.zeros_init()
@@ -85,53 +81,27 @@ def parse_windows(windows: str) -> tuple[int, ...]:
     return out
 
 
-def compute_dtype(cfg: ml_collections.ConfigDict) -> Any:
-    """The towers' activation dtype, model.dtype ("float32" when the config has no such key,
-    e.g. a workdir's config.json saved before it existed); ValueError naming the key."""
-    name = cfg.get("dtype", "float32")
-    if name not in DTYPES:
-        raise ValueError(f"model.dtype={name!r} is not one of: {', '.join(DTYPES)}")
-    return DTYPES[name]
+def compute_dtype(spec: ModelSpec) -> Any:
+    """The towers' activation dtype (model.dtype)."""
+    return DTYPES[spec.dtype]
 
 
-def transformer_settings(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
-    """The Transformer's settings: model.transformer's fields, the sizes overridden by its
-    preset; ValueError naming the key for a value that cannot work."""
-    t = cfg.transformer
-    if t.preset not in TRANSFORMER_PRESETS:
-        raise ValueError(f"model.transformer.preset={t.preset!r} is not one of: "
-                         f"{', '.join(map(repr, TRANSFORMER_PRESETS))}")
-    settings = {k: t[k] for k in ("num_layers", "width", "num_heads", "mlp_dim",
-                                  "max_positions", "pooling", "init_std")}
-    settings.update(TRANSFORMER_PRESETS[t.preset])
-    if settings["pooling"] not in TRANSFORMER_POOLINGS:
-        raise ValueError(f"model.transformer.pooling={settings['pooling']!r} is not one of: "
-                         f"{', '.join(TRANSFORMER_POOLINGS)}")
-    for key in ("num_layers", "width", "num_heads", "mlp_dim", "max_positions", "init_std"):
-        if settings[key] <= 0:
-            raise ValueError(f"model.transformer.{key}={settings[key]} must be > 0")
-    if settings["width"] % settings["num_heads"]:
-        raise ValueError(f"model.transformer.width={settings['width']} must be divisible by "
-                         f"model.transformer.num_heads={settings['num_heads']}")
-    return settings
-
-
-def embedding_dim(cfg: ml_collections.ConfigDict, tower: str) -> int:
+def embedding_dim(spec: ModelSpec, tower: str) -> int:
     """Width of the token table of tower `tower` (the Transformer's width, else embed_dim)."""
-    return transformer_settings(cfg)["width"] if tower == "transformer" else cfg.embed_dim
+    return spec.transformer.width if tower == "transformer" else spec.embed_dim
 
 
-def output_dim(cfg: ml_collections.ConfigDict, tower: str) -> int:
+def output_dim(spec: ModelSpec, tower: str) -> int:
     """Size of the vectors tower `tower` returns (embed_dim for bow, else output_dim)."""
-    return cfg.embed_dim if tower == "bow" else cfg.output_dim
+    return spec.embed_dim if tower == "bow" else spec.output_dim
 
 
-def make_embedding(cfg: ml_collections.ConfigDict, vocab_size: int, tower: str,
+def make_embedding(spec: ModelSpec, vocab_size: int, tower: str,
                    name: str | None = "embed") -> TokenTable:
     """The token table [vocab_size, embedding_dim] that tower `tower` would make for itself
     (its width and init), for `model.shared_embedding`."""
-    std = transformer_settings(cfg)["init_std"] if tower == "transformer" else cfg.embed_init_std
-    return _table(vocab_size, embedding_dim(cfg, tower), std, name)
+    std = spec.transformer.init_std if tower == "transformer" else spec.embed_init_std
+    return _table(vocab_size, embedding_dim(spec, tower), std, name)
 
 
 def _table(vocab_size: int, dim: int, std: float, name: str | None) -> "TokenTable":
@@ -405,30 +375,30 @@ class TransformerTower(nn.Module):
 
 
 # ----------------------------------------------------------------------------- registry
-def _bow(cfg: ml_collections.ConfigDict, vocab_size: int, name: str,
+def _bow(spec: ModelSpec, vocab_size: int, name: str,
          embed: nn.Module | None = None) -> nn.Module:
-    return BowTower(vocab_size, cfg.embed_dim, cfg.embed_init_std, embed, compute_dtype(cfg),
+    return BowTower(vocab_size, spec.embed_dim, spec.embed_init_std, embed, compute_dtype(spec),
                     name=name)
 
 
-def _bow_mlp(cfg: ml_collections.ConfigDict, vocab_size: int, name: str,
+def _bow_mlp(spec: ModelSpec, vocab_size: int, name: str,
              embed: nn.Module | None = None) -> nn.Module:
-    return BowMlpTower(vocab_size, cfg.embed_dim, cfg.hidden_dim, cfg.output_dim,
-                       cfg.embed_init_std, embed, compute_dtype(cfg), name=name)
+    return BowMlpTower(vocab_size, spec.embed_dim, spec.hidden_dim, spec.output_dim,
+                       spec.embed_init_std, embed, compute_dtype(spec), name=name)
 
 
-def _cnn(cfg: ml_collections.ConfigDict, vocab_size: int, name: str,
+def _cnn(spec: ModelSpec, vocab_size: int, name: str,
          embed: nn.Module | None = None) -> nn.Module:
-    return CnnTower(vocab_size, cfg.embed_dim, parse_windows(cfg.cnn_windows), cfg.cnn_filters,
-                    cfg.output_dim, cfg.embed_init_std, embed, compute_dtype(cfg), name=name)
+    return CnnTower(vocab_size, spec.embed_dim, spec.cnn_windows, spec.cnn_filters,
+                    spec.output_dim, spec.embed_init_std, embed, compute_dtype(spec), name=name)
 
 
-def _transformer(cfg: ml_collections.ConfigDict, vocab_size: int, name: str,
+def _transformer(spec: ModelSpec, vocab_size: int, name: str,
                  embed: nn.Module | None = None) -> nn.Module:
-    t = transformer_settings(cfg)
-    return TransformerTower(vocab_size, t["num_layers"], t["width"], t["num_heads"],
-                            t["mlp_dim"], cfg.output_dim, t["max_positions"], t["pooling"],
-                            t["init_std"], compute_dtype(cfg), embed, name=name)
+    t = spec.transformer
+    return TransformerTower(vocab_size, t.num_layers, t.width, t.num_heads, t.mlp_dim,
+                            spec.output_dim, t.max_positions, t.pooling, t.init_std,
+                            compute_dtype(spec), embed, name=name)
 
 
 TOWERS: dict[str, Callable[..., nn.Module]] = {

@@ -12,7 +12,6 @@ from __future__ import annotations
 import jax
 
 from dualjax import config_lib, losses, tasks
-from dualjax.models import towers
 from dualjax.objectives import dual_encoder, mlm, pses
 from dualjax.objectives.core import (Critic, Objective, init_critic_state, restrict,
                                      update_critic)
@@ -33,7 +32,7 @@ def from_config(config, model, mesh: jax.sharding.Mesh) -> Objective:
     the dual encoder with `config.loss`."""
     q_len, d_len = config_lib.max_lens(config.model)
     if is_mlm(config):
-        width = towers.transformer_settings(config.model)["width"]
+        width = model.spec.transformer.width
         return mlm.objective(model, d_len, width)
     loss_fn = losses.sharded(config.loss.name, mesh, config.loss.column_block,
                              **config_lib.loss_options(config.loss))

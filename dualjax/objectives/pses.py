@@ -136,8 +136,8 @@ def objective(model: Pses, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Me
     `losses.sharded(...)`, used when cfg.pairwise="in_batch"."""
     net = CriticNet(cfg.critic_hidden_dim)
     ortho = orthogonality(mesh)
-    shared_dim = model.config.pses.shared_dim
-    score = model.config.pses.score
+    shared_dim = model.spec.pses.shared_dim
+    score = model.spec.pses.score
 
     def codes(params, batch):
         task = batch["task"][0] if "task" in batch else None
