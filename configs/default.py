@@ -251,7 +251,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.optimizer.grad_clip_norm = 0.0  # clip the global gradient norm to this (0: off)
     c.optimizer.table_updates = "dense"  # "lazy": a step updates only the token-table rows its
                                     # batch reads (their moments too): faster, but not Adam's
-                                    # semantics for the other rows (README, dualjax/tables.py)
+                                    # semantics for the other rows (docs/training.md,
+                                    # dualjax/tables.py)
 
     c.eval = ml_collections.ConfigDict()
     c.eval.index = "scann"          # "scann": ScaNN index (also searched exactly, to report

@@ -2,7 +2,7 @@
 
 Every config key, its value and its meaning: --config=configs/NAME.py --keys. Several
 processes (a TPU pod slice): --distributed, or --coordinator_address, --num_processes and
---process_id (README, "Colab and TPU VMs").
+--process_id (docs/scale.md).
 
 Parses flags and calls `train.train_and_evaluate`; nothing else. Bad input (config, data
 files) ends the run with one line naming the key, file or line, and exit status 1; a
