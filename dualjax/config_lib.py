@@ -230,10 +230,27 @@ def _check_features(model: ml_collections.ConfigDict) -> None:
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     """Raises ConfigError for the first value that cannot work."""
     task_list = tasks_lib.task_configs(config)
+    _check_tasks(task_list)
+    _check_model(config)
+    pretraining = _check_pretraining(config, task_list)
+    _check_loss(config.loss)
+    _check_pses_data(config, task_list, pretraining)
+    _check_optimizer(config, task_list)
+    _check_eval(config)
+    _check_numbers(config)
+    _check_batch(config, task_list, num_devices)
+
+
+def _check_tasks(task_list) -> None:
+    """Each task's data group, and its weight."""
     for name, data, weight in task_list:
         _check_data(data, f"tasks.{name}.data" if name else "data")
         if not weight > 0:
             raise ConfigError(f"config.tasks.{name}.weight={weight} must be > 0")
+
+
+def _check_model(config: ml_collections.ConfigDict) -> None:
+    """config.model: tokenizer, model, towers, pretrained start, fields and similarity."""
     _one_of("model.tokenizer", config.model.tokenizer, tokenizers.KINDS)
     _one_of("model.name", config.model.name, models.MODELS)
     _check_towers(config.model)
@@ -245,6 +262,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
             and not low <= config.model.temperature <= high):
         raise ConfigError(f"config.model.temperature={config.model.temperature} must be in "
                           f"[{low:g}, {high:g}] for the learned temperature")
+
+
+def _check_pretraining(config: ml_collections.ConfigDict, task_list) -> bool:
+    """data.name="pretrain" tasks: what they can be mixed with; whether there are any."""
     pretrain = [name for name, data, _ in task_list if data.name == tasks_lib.PRETRAIN]
     if pretrain and len(pretrain) == len(task_list) and not config.num_train_steps:
         raise ConfigError("config.num_train_steps=0 evaluates only, but data.name='pretrain' "
@@ -266,12 +287,20 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     if pretrain and config.loss.num_mixed_negatives:
         raise ConfigError("config.loss.num_mixed_negatives: mixed negatives are drawn from a "
                           "table of training pairs, which data.name='pretrain' does not have")
-    _check_loss(config.loss)
+    return bool(pretrain)
+
+
+def _check_pses_data(config: ml_collections.ConfigDict, task_list, pretraining: bool) -> None:
+    """model.name="pses": its settings, and the negatives it draws (the batch's only)."""
     if config.model.name == "pses":
-        _check_pses(config, bool(pretrain))
+        _check_pses(config, pretraining)
         if any(d.get("hard_negatives", 0) for _, d, _ in task_list):
             raise ConfigError("config.data.hard_negatives: model.name='pses' draws its "
                               "negatives from the batch; set data.hard_negatives=0")
+
+
+def _check_optimizer(config: ml_collections.ConfigDict, task_list) -> None:
+    """config.mesh's sharding and config.optimizer."""
     _one_of("mesh.param_sharding", config.mesh.get("param_sharding", "replicated"),
             sharding.PARAM_SHARDINGS)
     _one_of("optimizer.name", config.optimizer.name, OPTIMIZERS)
@@ -283,6 +312,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
         raise ConfigError("config.optimizer.table_updates='lazy' updates the token-table rows "
                           "a batch looks up; model.name='pses' and data.tasks='mlm' also read "
                           "the tables otherwise: use 'dense'")
+
+
+def _check_eval(config: ml_collections.ConfigDict) -> None:
+    """config.eval: the index, baselines, best-step selection, hybrid search, typos."""
     _one_of("eval.index", config.eval.index, ann.INDEXES)
     if config.eval.get("hnsw") is not None:
         try:
@@ -313,6 +346,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
             raise ConfigError(f"config.eval.hybrid_weight={config.eval.hybrid_weight} must be "
                               "in [0, 1]")
     typo_probs(config)
+
+
+def _check_numbers(config: ml_collections.ConfigDict) -> None:
+    """Sizes, rates and counts: positive (or zero where zero means off)."""
     _positive(config, "global_batch_size", "model.vocab_size", "model.max_len",
               "model.embed_dim", "model.hidden_dim", "model.output_dim", "model.temperature",
               "optimizer.learning_rate", "eval.top_k", "eval.batch_size", "eval.query_chunk",
@@ -322,6 +359,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
               "optimizer.grad_clip_norm", "optimizer.weight_decay", "data.worker_count",
               "mesh.num_devices", "model.query_max_len", "model.doc_max_len",
               "model.feature_vocab_size", "model.feature_buckets", allow_zero=True)
+
+
+def _check_batch(config: ml_collections.ConfigDict, task_list, num_devices: int) -> None:
+    """What the global batch holds, and how it splits over the devices."""
     mixed = config.loss.num_mixed_negatives
     if mixed < 0 or mixed % num_devices:
         raise ConfigError(f"config.loss.num_mixed_negatives={mixed} must be a multiple of the "

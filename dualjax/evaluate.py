@@ -129,18 +129,9 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
         exact_index, _ = ann.make_index("exact", corpus, eval_cfg, k)
         scored[system] = exact_index.search(queries, k, exclude)[::-1]  # (ids, scores)
         exact = add(system, "exact", scored[system][0])
-        kind = eval_cfg.index  # "scann" or "hnsw": an approximate index beside exact search
-        if kind != "exact" and system in ann_systems:
-            ann_index, info = ann.make_index(kind, corpus, eval_cfg, k, directory=index_dir,
-                                             extra=index_extra)
-            ann_ids = ann_index.search(queries, k, exclude)[1]
-            row = add(system, kind, ann_ids, **{"ann_recall@10": ann_recall(ann_ids, ranked[
-                f"{system} [exact]"])})
-            row["map@100_gap"] = exact["map@100"] - row["map@100"]
-            row["index_seconds"] = info["build_seconds"]
-            row["index_built"] = info["built"]
-            logging.info("%s %s: %s, ready in %.2fs, %.1f MB on disk", kind, system,
-                         info["settings"], info["build_seconds"], info["bytes_on_disk"] / 2**20)
+        if eval_cfg.index != "exact" and system in ann_systems:
+            _approximate(add, system, corpus, queries, (exact, scored[system][0]), eval_cfg,
+                         k, exclude, index_dir, index_extra)
     lexical = eval_cfg.get("hybrid", "")
     for name in dict.fromkeys(list(baselines) + ([lexical] if lexical else [])):
         scores, ids = baselines_lib.rank_texts(name, task.corpus, task.queries, k, exclude)
@@ -148,20 +139,43 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
         if name in baselines:
             add(name, "exact", ids)
     if lexical:  # each tower's exact ranking fused with the lexical one
-        ids, scores = scored[lexical]
-        select_by = eval_cfg.get("select_by", "") or "map@100"
         for system in towers if hybrid_systems is None else hybrid_systems:
-            add(f"{system}+{lexical}", "exact",
-                hybrid.fuse_rrf([scored[system][0], ids], k, eval_cfg.hybrid_rrf_k))
-            if hybrid_weights is None:
-                weight, _ = hybrid.choose_weight(scored[system], (ids, scores), task.relevant,
-                                                 k, select_by)
-            else:
-                weight = hybrid_weights.get(system, eval_cfg.hybrid_weight)
-            add(f"{system}+{lexical}_interp", "exact",
-                hybrid.fuse_scores(scored[system], (ids, scores), weight, k),
-                hybrid_weight=weight)
+            _hybrid(add, system, lexical, scored, task.relevant, eval_cfg, k, hybrid_weights)
     return rows, ranked
+
+
+def _approximate(add, system: str, corpus: np.ndarray, queries: np.ndarray,
+                 exact: tuple[dict, np.ndarray], eval_cfg, k: int, exclude: np.ndarray,
+                 index_dir: str | None, index_extra: str) -> None:
+    """`system`'s row searched with eval.index ("scann" or "hnsw") beside its exact one:
+    the overlap of their top 10, the MAP@100 it loses, and the index's time to be ready."""
+    kind = eval_cfg.index
+    ann_index, info = ann.make_index(kind, corpus, eval_cfg, k, directory=index_dir,
+                                     extra=index_extra)
+    ann_ids = ann_index.search(queries, k, exclude)[1]
+    exact_row, exact_ids = exact
+    row = add(system, kind, ann_ids, **{"ann_recall@10": ann_recall(ann_ids, exact_ids)})
+    row["map@100_gap"] = exact_row["map@100"] - row["map@100"]
+    row["index_seconds"] = info["build_seconds"]
+    row["index_built"] = info["built"]
+    logging.info("%s %s: %s, ready in %.2fs, %.1f MB on disk", kind, system,
+                 info["settings"], info["build_seconds"], info["bytes_on_disk"] / 2**20)
+
+
+def _hybrid(add, system: str, lexical: str, scored: dict, relevant, eval_cfg, k: int,
+            weights: dict[str, float] | None) -> None:
+    """`system`'s exact ranking fused with `lexical`'s: by reciprocal rank fusion, and by
+    score interpolation at weights[system] (None: the weight best here)."""
+    ids, scores = scored[lexical]
+    add(f"{system}+{lexical}", "exact",
+        hybrid.fuse_rrf([scored[system][0], ids], k, eval_cfg.hybrid_rrf_k))
+    if weights is None:
+        weight, _ = hybrid.choose_weight(scored[system], (ids, scores), relevant, k,
+                                         eval_cfg.get("select_by", "") or "map@100")
+    else:
+        weight = weights.get(system, eval_cfg.hybrid_weight)
+    add(f"{system}+{lexical}_interp", "exact",
+        hybrid.fuse_scores(scored[system], (ids, scores), weight, k), hybrid_weight=weight)
 
 
 def typo_sweep(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]],

@@ -1,13 +1,16 @@
-"""Training and evaluation of a dual encoder, in named sections.
+"""Training and evaluation of a dual encoder, in named stages.
 
-`train_and_evaluate(config, workdir)` runs: workdir → mesh → input → model and
-optimizer → sharded state → update step → checkpoint/resume → evaluators (built from
-the config, `evaluators.py`) → loop (logging, val evaluations, preemption) → final
-evaluation. Everything it writes goes under `workdir`.
+`train_and_evaluate(config, workdir)` runs: workdir and mesh → `_prepare_input` (tables,
+vocabularies, the pretrained start) → `_build` (model, optimizer, sharded state, update
+step: a `Run`) → `_training_data` → `_restore` (the latest checkpoint) → evaluators
+(built from the config, `evaluators.py`; `selection.py`: eval.select_by and early
+stopping) → `_train_loop` (train rows, val evaluations, checkpoints, preemption) →
+`_final_evaluation`. Everything it writes goes under `workdir`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import os
@@ -28,6 +31,7 @@ from dualjax import evaluators as evaluators_lib
 from dualjax import workdir as workdir_lib
 from dualjax import tasks as tasks_lib
 from dualjax.metrics_log import MetricsLog
+from dualjax.selection import Selection
 from dualjax.workdir import Preempted, Signals  # noqa: F401 (train.Preempted)
 from dualjax import models, specs
 from dualjax.tokenizers import Tokenizer
@@ -223,39 +227,117 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         return _train_and_evaluate(config, workdir, mesh, hooks, signals, log)
 
 
+@dataclasses.dataclass
+class Run:
+    """What the stages of one run share. `_build` makes it; `state` and `last_saved` move
+    as it trains."""
+    config: ml_collections.ConfigDict
+    workdir: str
+    mesh: jax.sharding.Mesh
+    log: MetricsLog
+    signals: Signals
+    tasks: list[tasks_lib.Task]
+    splits: dict[str, tuple[str, ...]]       # each task's evaluation splits
+    inputs: features.Inputs
+    origin: pretrained.Pretrained | None     # model.pretrained's start
+    init_state: Callable[[int], State]
+    state_sharding: Any
+    train_step: Callable[[State, dict], tuple[State, dict]]
+    encoders: tuple[Callable, Callable]      # (params, inputs) -> unit vectors, per side
+    state: State
+    data_iters: list = dataclasses.field(default_factory=list)  # one per task
+    ckpt: checkpoints.Checkpointer | None = None
+    last_saved: int | None = None
+
+    @property
+    def system(self) -> str:
+        """The trained model's rows: "dual_encoder" or "pses"."""
+        return self.config.model.name
+
+    def first_params(self) -> dict:
+        """The towers the run starts from (init_from's, model.pretrained's or random)."""
+        init = jax.jit(self.init_state, static_argnums=0)(self.config.seed)["params"]
+        return warm_start.start_params(self.config, self.origin, init,
+                                       sharding.replicated(self.mesh))
+
+    def towers_of(self, systems: dict[str, Any]) -> evaluators_lib.Systems:
+        """name -> params  to  name -> (encode_queries, encode_documents) with those params."""
+        return {name: tuple(functools.partial(f, p) for f in self.encoders)
+                for name, p in systems.items()}
+
+    def save(self, step: int) -> None:
+        """A checkpoint of the state and the iterators' positions (one task: its own, as
+        single-task checkpoints hold)."""
+        positions = [it.get_state() for it in self.data_iters]
+        self.ckpt.save(step, self.state, positions[0] if len(self.tasks) == 1 else
+                       {t.name: p for t, p in zip(self.tasks, positions)})
+        self.last_saved = step
+
+
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                         hooks: Sequence[Hook], signals: Signals,
                         log: MetricsLog) -> dict[str, dict]:
     tasks = tasks_lib.make_tasks(config, workdir)
+    run = _build(config, workdir, mesh, log, signals, tasks,
+                 *workdir_lib.main_first(functools.partial(_prepare_input, config, workdir,
+                                                           tasks)))
+    if config.num_train_steps:
+        run.data_iters = _training_data(run)
+    _restore(run)
+    selection = Selection(config, workdir, run.system)
+    start = int(run.state["step"])
+    finished = start == config.num_train_steps or selection.stopped_early(start)
+    if workdir_lib.agree(finished and not config.eval.rerun):
+        done = finished_results(log, tasks, run.splits, start)
+        if workdir_lib.agree(done is not None):
+            print(f"{workdir} finished at step {start}; its results are in metrics.jsonl and "
+                  "report.md. To evaluate it again: --config.eval.rerun=True")
+            return done
+    # Evaluators (evaluators.py): each task's retrieval evaluation, then the typo sweep.
+    # They get encode functions; what their val rows decide (eval.select_by) is decided here.
+    evaluators = evaluators_lib.from_config(config, tasks, run.splits, run.inputs, mesh,
+                                            workdir, log, main=workdir_lib.is_main())
+    selection.choose(evaluators)
+    if workdir_lib.agree(
+            selection.active and start and start < config.num_train_steps
+            and config.eval_every_steps and start % config.eval_every_steps == 0
+            and not any(r["step"] == start and r["split"] == "val" for r in log.read())):
+        _validate(run, evaluators, selection, start)  # killed during the evaluation at its
+        # checkpoint: it decides what's best
+    _train_loop(run, evaluators, selection, hooks)
+    return _final_evaluation(run, evaluators, selection)
 
-    # Input: the datasets' tables and one vocabulary over all tasks. With num_train_steps
-    # = 0 (evaluation only) no training pairs are needed and the vocabularies come from
-    # the test splits. Process 0 prepares and writes them; the other processes of a
-    # multi-host run then read them.
-    def prepare() -> tuple[dict[str, tuple[str, ...]], features.Inputs,
-                           pretrained.Pretrained | None]:
-        splits = {t.name: t.splits() for t in tasks}
-        for t in tasks:
-            for split in splits[t.name]:
-                t.eval_task(split)
-        if config.init_from:  # pre-trained elsewhere: its vocabularies (below, its towers)
-            warm_start.copy_vocabularies(config.init_from, workdir, config.model)
-        start = warm_start.resolve_start(config, workdir)  # model.pretrained's, recorded
-        if config.num_train_steps:
-            return splits, load_inputs(
-                config, workdir,
-                lambda: itertools.chain.from_iterable(t.train_texts() for t in tasks),
-                lambda: itertools.chain.from_iterable(t.train_fields() for t in tasks),
-                start), start
-        tests = [t.eval_task(splits[t.name][-1]) for t in tasks]
-        return splits, load_inputs(config, workdir,
-                                   lambda: [x for e in tests for x in e.corpus + e.queries],
-                                   lambda: [f for e in tests for f in eval_fields(e)],
-                                   start), start
 
-    splits, inputs, origin = workdir_lib.main_first(prepare)
+def _prepare_input(config: ml_collections.ConfigDict, workdir: str,
+                   tasks: Sequence[tasks_lib.Task]
+                   ) -> tuple[dict[str, tuple[str, ...]], features.Inputs,
+                              pretrained.Pretrained | None]:
+    """The datasets' tables and one vocabulary over all tasks: (splits, inputs, start).
+    With num_train_steps = 0 (evaluation only) no training pairs are needed and the
+    vocabularies come from the test splits. Process 0 runs it (`main_first`); the other
+    processes of a multi-host run then read what it wrote."""
+    splits = {t.name: t.splits() for t in tasks}
+    for t in tasks:
+        for split in splits[t.name]:
+            t.eval_task(split)
+    if config.init_from:  # pre-trained elsewhere: its vocabularies (later, its towers)
+        warm_start.copy_vocabularies(config.init_from, workdir, config.model)
+    start = warm_start.resolve_start(config, workdir)  # model.pretrained's, recorded
+    if config.num_train_steps:
+        return splits, load_inputs(
+            config, workdir,
+            lambda: itertools.chain.from_iterable(t.train_texts() for t in tasks),
+            lambda: itertools.chain.from_iterable(t.train_fields() for t in tasks),
+            start), start
+    tests = [t.eval_task(splits[t.name][-1]) for t in tasks]
+    return splits, load_inputs(config, workdir,
+                               lambda: [x for e in tests for x in e.corpus + e.queries],
+                               lambda: [f for e in tests for f in eval_fields(e)],
+                               start), start
 
-    # Model, optimizer and the sharded state.
+
+def _build(config, workdir, mesh, log, signals, tasks, splits, inputs, origin) -> Run:
+    """The model, the optimizer, the sharded state at its initialisation and the step."""
     model = models.make_model(specs.model_spec(config.model), inputs.query.tokenizer.vocab_size,
                               inputs.feature_sizes(), num_tasks=len(tasks),
                               bert=origin.bert if origin else None)
@@ -263,212 +345,201 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
     tx, schedule = make_optimizer(config.optimizer, config.num_train_steps)
     tx = objectives.restrict(tx, objective)  # params the objective keeps fixed get no update
     init_state = make_init_state(objective, tx, config.loss.log_q_buckets)
-    replicated = sharding.replicated(mesh)
     state_sharding = sharding.state_shardings(
         jax.eval_shape(init_state, config.seed), mesh, config.mesh.param_sharding,
         models.logical_axes(model, config_lib.max_lens(config.model)))
     state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(config.seed)
     train_step = make_train_step(objective, tx, schedule, state_sharding,
-                                 sharding.batch_sharding(mesh), replicated, config.loss.log_q_alpha,
+                                 sharding.batch_sharding(mesh), sharding.replicated(mesh),
+                                 config.loss.log_q_alpha,
                                  config.optimizer.get("table_updates", "dense"))
-    encoders = make_encoders(model)
+    return Run(config, workdir, mesh, log, signals, list(tasks), splits, inputs, origin,
+               init_state, state_sharding, train_step, make_encoders(model), state)
 
-    def first_params() -> dict:
-        """The towers the run starts from (init_from's, model.pretrained's or random)."""
-        return warm_start.start_params(
-            config, origin, jax.jit(init_state, static_argnums=0)(config.seed)["params"],
-            replicated)
 
-    # Input: each task's training batches (data.tasks "pseudo": labelled by the start first).
-    data_iters = []  # one iterator of this process's share of the batches per task
-    if config.num_train_steps:
-        for t in tasks:
-            if t.needs_pseudo_labels:
-                t.pseudo_pairs = pseudo_labels(config, t, workdir, inputs, mesh, encoders,
-                                               first_params)
-        data_iters = [t.train_iterator(inputs, config.global_batch_size, config.seed + i,
-                                       config.loss.num_mixed_negatives)
-                      for i, t in enumerate(tasks)]
-        for t in tasks:
-            logging.info("%s%s; global batch %d over %d devices",
-                         f"Task {t.name} (weight {t.weight}): " if t.name else "",
-                         t.describe_training(config.global_batch_size),
-                         config.global_batch_size, mesh.devices.size)
+def _training_data(run: Run) -> list:
+    """Each task's iterator of this process's share of the training batches (data.tasks
+    "pseudo": its pairs labelled by the start first)."""
+    config = run.config
+    for t in run.tasks:
+        if t.needs_pseudo_labels:
+            t.pseudo_pairs = pseudo_labels(config, t, run.workdir, run.inputs, run.mesh,
+                                           run.encoders, run.first_params)
+    iters = [t.train_iterator(run.inputs, config.global_batch_size, config.seed + i,
+                              config.loss.num_mixed_negatives)
+             for i, t in enumerate(run.tasks)]
+    for t in run.tasks:
+        logging.info("%s%s; global batch %d over %d devices",
+                     f"Task {t.name} (weight {t.weight}): " if t.name else "",
+                     t.describe_training(config.global_batch_size),
+                     config.global_batch_size, run.mesh.devices.size)
+    return iters
 
-    def data_state() -> dict:
-        """The iterators' positions (one task: its own, as single-task checkpoints hold)."""
-        states = [it.get_state() for it in data_iters]
-        return states[0] if len(tasks) == 1 else {t.name: s for t, s in zip(tasks, states)}
 
-    # Checkpoints: resume from the latest one if there is one.
-    ckpt = checkpoints.Checkpointer(workdir, config.keep_checkpoints)
-    last_saved = ckpt.latest_step()
-    if last_saved is not None:
-        state, saved_data = ckpt.restore(last_saved, checkpoints.abstract_like(state))
-        for t, it in zip(tasks, data_iters):
-            it.set_state(saved_data if len(tasks) == 1 else saved_data[t.name])
-        logging.info("Resumed from %s at step %d", os.path.join(workdir, "checkpoints"), last_saved)
-    else:  # init_from's towers, model.pretrained's weights, or the initialisation as is
-        state["params"] = warm_start.start_params(config, origin, state["params"],
-                                                  state_sharding["params"])
-    log.truncate_after(last_saved or 0)  # rows of steps this run will do (again)
-    log.start_events((last_saved or 0) + 1, config.to_json_best_effort(indent=2))
-    start = int(state["step"])
-    if last_saved is not None:
-        signals.stage = f"before training; the checkpoint of step {last_saved} is kept"
-    best = checkpoints.BestParams(workdir, config.eval.select_by) if config.eval.select_by else None
-    patience = config.eval.early_stopping * config.eval_every_steps
+def _restore(run: Run) -> None:
+    """The latest checkpoint's state and iterator positions, if there is one; else the
+    start's towers (init_from's, model.pretrained's, or the initialisation as is)."""
+    run.ckpt = checkpoints.Checkpointer(run.workdir, run.config.keep_checkpoints)
+    last = run.last_saved = run.ckpt.latest_step()
+    if last is not None:
+        run.state, saved_data = run.ckpt.restore(last, checkpoints.abstract_like(run.state))
+        for t, it in zip(run.tasks, run.data_iters):
+            it.set_state(saved_data if len(run.tasks) == 1 else saved_data[t.name])
+        logging.info("Resumed from %s at step %d", os.path.join(run.workdir, "checkpoints"),
+                     last)
+        run.signals.stage = f"before training; the checkpoint of step {last} is kept"
+    else:
+        run.state["params"] = warm_start.start_params(run.config, run.origin,
+                                                      run.state["params"],
+                                                      run.state_sharding["params"])
+    run.log.truncate_after(last or 0)  # rows of steps this run will do (again)
+    run.log.start_events((last or 0) + 1, run.config.to_json_best_effort(indent=2))
 
-    def stopped_early(step: int) -> bool:
-        """eval.early_stopping: the best val step is that many evaluations behind."""
-        return bool(patience and best and best.step is not None and
-                    step < config.num_train_steps and step - best.step >= patience)
 
-    finished = start == config.num_train_steps or stopped_early(start)
-    if workdir_lib.agree(finished and not config.eval.rerun):
-        done = finished_results(log, tasks, splits, start)
-        if workdir_lib.agree(done is not None):
-            print(f"{workdir} finished at step {start}; its results are in metrics.jsonl and "
-                  "report.md. To evaluate it again: --config.eval.rerun=True")
-            return done
+def _validate(run: Run, evaluators, selection: Selection, step: int) -> None:
+    """Every task's val split, on the trained towers (the typo sweep waits for the end)."""
+    for ev in evaluators:
+        rows = ev.run(run.towers_of({run.system: run.state["params"]}), step).get("val")
+        if selection.best and ev is selection.evaluator:
+            selection.offer(rows, step, run.state["params"])
 
-    # Evaluators (evaluators.py): each task's retrieval evaluation, then the typo sweep.
-    # They get encode functions; what their val rows decide (eval.select_by) is decided here.
-    evaluators = evaluators_lib.from_config(config, tasks, splits, inputs, mesh, workdir, log,
-                                            main=workdir_lib.is_main())  # 0 writes the files
-    system = config.model.name  # the trained model's rows: "dual_encoder" or "pses"
 
-    def towers_of(systems: dict[str, Any]) -> evaluators_lib.Systems:
-        """name -> params  to  name -> (encode_queries, encode_documents) with those params."""
-        return {name: tuple(functools.partial(f, p) for f in encoders)
-                for name, p in systems.items()}
+def _cadence(config, step: int, patience: int) -> tuple[bool, bool, bool]:
+    """(is_eval, is_ckpt, is_log) of `step`: a val evaluation (never at the last step),
+    a checkpoint (the last step, every checkpoint_every_steps, and an evaluation that may
+    end training) and a train row (also every log_every_steps)."""
+    is_last = step == config.num_train_steps
+    is_eval = bool(config.eval_every_steps and step % config.eval_every_steps == 0
+                   and not is_last)
+    is_ckpt = bool(is_last or (config.checkpoint_every_steps
+                               and step % config.checkpoint_every_steps == 0)
+                   or (patience and is_eval))
+    return is_eval, is_ckpt, is_ckpt or step % max(config.log_every_steps, 1) == 0
 
-    # eval.select_by: the params of the best validation step so far (first task with val).
-    selecting = next((e for e in evaluators if "val" in e.splits), None)
-    if best and selecting is None:
-        logging.warning("eval.select_by=%s: no task has a val split; the last step is used",
-                        config.eval.select_by)
 
-    def offer(rows: list[dict], step: int) -> None:
-        """The selecting task's val rows of `step` to eval.select_by."""
-        value = next(r[config.eval.select_by] for r in rows
-                     if r["system"] == system and r["index"] == "exact")
-        if best.offer(step, value, state["params"]):
-            logging.info("eval.select_by: step %d is the best so far (val %s %.4f)", step,
-                         config.eval.select_by, value)
-
-    def save(step: int) -> None:
-        nonlocal last_saved
-        ckpt.save(step, state, data_state())
-        last_saved = step
-
-    def validate(step: int) -> None:
-        """Every task's val split, on the trained towers (the typo sweep waits for the end)."""
-        for ev in evaluators:
-            rows = ev.run(towers_of({system: state["params"]}), step).get("val")
-            if best and ev is selecting:
-                offer(rows, step)
-
-    if workdir_lib.agree(
-            best and selecting and start and start < config.num_train_steps
-            and config.eval_every_steps and start % config.eval_every_steps == 0
-            and not any(r["step"] == start and r["split"] == "val" for r in log.read())):
-        validate(start)  # killed during the evaluation at its checkpoint: it decides what's best
-
-    # Loop.
-    weights = [t.weight for t in tasks]
+def _train_loop(run: Run, evaluators, selection: Selection, hooks: Sequence[Hook]) -> None:
+    """Steps from the state's to num_train_steps (or early stopping): train rows, val
+    evaluations, checkpoints; a signal saves at the end of its step and raises Preempted."""
+    config, signals = run.config, run.signals
+    start = int(run.state["step"])
+    weights = [t.weight for t in run.tasks]
     trim = (jax.process_count() == 1 and config.model.name == "dual_encoder"
             and not objectives.is_mlm(config))
-    pending: list[tuple[int, dict]] = []
-    since = (start, time.perf_counter())  # throughput: steps and time since the last train row
-    bar = tqdm(total=config.num_train_steps, initial=start, desc="train", unit="step",
-               disable=None, dynamic_ncols=True)
+    rows = _TrainRows(run, start)
+    last = config.num_train_steps if not selection.stopped_early(start) else start
     signals.deferring = True  # a signal now saves at the end of the step
     try:
-        for step in range(start + 1, config.num_train_steps + 1 if not stopped_early(start) else 0):
+        for step in range(start + 1, last + 1):
             t = tasks_lib.task_at_step(step, weights, config.seed)
-            local = next(data_iters[t])
+            local = next(run.data_iters[t])
             local["task"] = np.full(len(local["q_ids"]), t, np.int32)
             if trim:  # each process's share must keep one shape: one process only
                 local = features.trim_padding(local)
-            state, step_metrics = train_step(state, sharding.put_global_batch(local, mesh))
-            pending.append((step, step_metrics))
+            run.state, step_metrics = run.train_step(
+                run.state, sharding.put_global_batch(local, run.mesh))
+            rows.add(step, step_metrics)
             for hook in hooks:
                 hook(step, step_metrics)
-            bar.update(1)
-            is_last = step == config.num_train_steps
-            is_eval = config.eval_every_steps and step % config.eval_every_steps == 0 and not is_last
-            cadence = (is_last or (config.checkpoint_every_steps and
-                                   step % config.checkpoint_every_steps == 0)
-                       or (patience and is_eval))  # an evaluation that may end training
-            is_log = cadence or step % max(config.log_every_steps, 1) == 0
+            is_eval, is_ckpt, is_log = _cadence(config, step, selection.patience)
             stop = signals.received
             if jax.process_count() > 1:  # all processes stop at one step, agreed as they log
                 stop = ((stop or "a signal to another process")
                         if is_log and workdir_lib.any_process(bool(stop)) else None)
-            is_ckpt = cadence or bool(stop)
-            if is_ckpt or is_log:
-                pending = jax.device_get(pending)
-                check_finite(pending, last_saved)
-                step_, values = pending[-1]
-                now = time.perf_counter()  # includes compilation in the first interval
-                values["pairs_per_second"] = ((step_ - since[0]) * config.global_batch_size
-                                              / max(now - since[1], 1e-9))
-                since = (step_, now)
-                log.write(step_, "train", values, **tasks[t].fields())
-                bar.set_postfix(loss=f"{values['loss']:.4f}")
-                if bar.disable:  # not a terminal (CI, nohup, a pipe): progress as lines
-                    logging.info("step %d/%d: loss %.4f, %.0f pairs/s", step_,
-                                 config.num_train_steps, values["loss"],
-                                 values["pairs_per_second"])
-                pending = []
-            if is_ckpt:
-                save(step)
+            if is_log or is_ckpt or stop:
+                rows.write(t)
+            if is_ckpt or stop:
+                run.save(step)
             if stop:
                 raise Preempted(f"{stop}: saved a checkpoint at step {step} in "
-                                f"{workdir}; run the same command again to resume")
-            if is_eval:
-                signals.deferring = False  # evaluation stops at once: nothing to lose
-                signals.stage = (f"during the evaluation at step {step}; the checkpoint of "
-                                 f"step {last_saved} is kept" if last_saved is not None else
-                                 f"during the evaluation at step {step}; nothing was saved")
-                validate(step)
-                since = (step, time.perf_counter())  # evaluation time is not training time
-                signals.deferring = True
-                if stopped_early(step):  # saved above: a rerun finds it finished
-                    logging.info("eval.early_stopping: val %s has not improved on step %d for %d "
-                                 "evaluations; training stops at step %d", config.eval.select_by,
-                                 best.step, config.eval.early_stopping, step)
-                    break
+                                f"{run.workdir}; run the same command again to resume")
+            if is_eval and _evaluate_during_training(run, evaluators, selection, rows, step):
+                break
     finally:  # also on errors: the saves already started finish before we leave
         signals.deferring = False
-        bar.close()
-        ckpt.close()
+        rows.close()
+        run.ckpt.close()
 
-    # Final evaluation: every evaluator on the trained towers, their initialisation
-    # (eval.untrained) and the baselines. The selecting task's val split comes first: when
-    # eval.select_by's best val step is not the last, it joins the systems from there on.
-    step = int(state["step"])  # num_train_steps, or where early stopping ended training
-    signals.stage = (f"during the final evaluation; training is finished and saved at step "
-                     f"{step}, and running again evaluates it")
-    systems = {system: state["params"]}
+
+def _evaluate_during_training(run: Run, evaluators, selection: Selection, rows, step: int
+                              ) -> bool:
+    """The val evaluation of `step`; whether early stopping ends training there."""
+    signals = run.signals
+    signals.deferring = False  # evaluation stops at once: nothing to lose
+    signals.stage = (f"during the evaluation at step {step}; the checkpoint of step "
+                     f"{run.last_saved} is kept" if run.last_saved is not None else
+                     f"during the evaluation at step {step}; nothing was saved")
+    _validate(run, evaluators, selection, step)
+    rows.since = (step, time.perf_counter())  # evaluation time is not training time
+    signals.deferring = True
+    if not selection.stopped_early(step):
+        return False
+    logging.info("eval.early_stopping: val %s has not improved on step %d for %d "
+                 "evaluations; training stops at step %d", selection.metric,
+                 selection.best.step, run.config.eval.early_stopping, step)
+    return True  # saved: a rerun finds it finished
+
+
+class _TrainRows:
+    """The steps' metrics, kept on the device until a train row is written (checked
+    finite, with the throughput since the last row), and the progress bar."""
+
+    def __init__(self, run: Run, start: int):
+        self.run, self.pending = run, []
+        self.since = (start, time.perf_counter())  # steps and time since the last row
+        self.bar = tqdm(total=run.config.num_train_steps, initial=start, desc="train",
+                        unit="step", disable=None, dynamic_ncols=True)
+
+    def add(self, step: int, metrics: dict) -> None:
+        self.pending.append((step, metrics))
+        self.bar.update(1)
+
+    def write(self, task: int) -> None:
+        config = self.run.config
+        pending, self.pending = jax.device_get(self.pending), []
+        check_finite(pending, self.run.last_saved)
+        step, values = pending[-1]
+        now = time.perf_counter()  # includes compilation in the first interval
+        values["pairs_per_second"] = ((step - self.since[0]) * config.global_batch_size
+                                      / max(now - self.since[1], 1e-9))
+        self.since = (step, now)
+        self.run.log.write(step, "train", values, **self.run.tasks[task].fields())
+        self.bar.set_postfix(loss=f"{values['loss']:.4f}")
+        if self.bar.disable:  # not a terminal (CI, nohup, a pipe): progress as lines
+            logging.info("step %d/%d: loss %.4f, %.0f pairs/s", step, config.num_train_steps,
+                         values["loss"], values["pairs_per_second"])
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _final_evaluation(run: Run, evaluators, selection: Selection) -> dict[str, dict]:
+    """Every evaluator on the trained towers, their start (eval.untrained) and the
+    baselines. The selecting task's val split comes first: when eval.select_by's best val
+    step is not the last, it joins the systems from there on."""
+    config, system = run.config, run.system
+    step = int(run.state["step"])  # num_train_steps, or where early stopping ended training
+    run.signals.stage = (f"during the final evaluation; training is finished and saved at "
+                         f"step {step}, and running again evaluates it")
+    systems = {system: run.state["params"]}
     if config.eval.untrained:  # "start": init_from's or model.pretrained's towers as is
-        systems["start" if config.init_from or origin else "untrained"] = first_params()
+        systems["start" if config.init_from or run.origin else "untrained"] = run.first_params()
     row_fields: dict[str, dict] = {}  # {"<system>_best": {"selected_step": its step}}
     out = {}
     for ev in evaluators:
         if not isinstance(ev, evaluators_lib.Retrieval):  # the typo sweep: not returned
-            ev.run(towers_of(systems), step, final=True)
+            ev.run(run.towers_of(systems), step, final=True)
             continue
         results = {}
-        if ev is selecting:
-            results = ev.run(towers_of(systems), step, final=True, splits=("val",))
-            if best:
-                offer(results["val"], step)
-                if best.step is not None and best.step != step:
-                    systems[f"{system}_best"] = jax.device_put(best.params(), replicated)
-                    row_fields = {f"{system}_best": {"selected_step": best.step}}
-        results.update(ev.run(towers_of(systems), step, final=True, row_fields=row_fields,
+        if ev is selection.evaluator:
+            results = ev.run(run.towers_of(systems), step, final=True, splits=("val",))
+            if selection.best:
+                selection.offer(results["val"], step, run.state["params"])
+                best = selection.best.step
+                if best is not None and best != step:
+                    systems[f"{system}_best"] = jax.device_put(selection.best.params(),
+                                                               sharding.replicated(run.mesh))
+                    row_fields = {f"{system}_best": {"selected_step": best}}
+        results.update(ev.run(run.towers_of(systems), step, final=True, row_fields=row_fields,
                               splits=[s for s in ev.splits if s not in results]))
         out.update(labelled(ev.task, results[ev.splits[-1]]))
     return out

@@ -180,6 +180,27 @@ def _read_qrels(path: str, query_ids: set[str], corpus_ids: set[str],
     return qrels
 
 
+def _qrels_files(folder: str) -> tuple[str, list[str]]:
+    """(the qrels folder, its .tsv names); DataError without a folder or test qrels."""
+    if not os.path.isdir(folder):
+        raise DataError(f"{folder}: no such folder (expected a BEIR dataset)")
+    qrels_dir = os.path.join(folder, "qrels")
+    names = sorted(os.listdir(qrels_dir)) if os.path.isdir(qrels_dir) else []
+    names = [n for n in names if n.endswith(".tsv")]
+    if not names:
+        raise DataError(f"{qrels_dir}: no qrels/*.tsv files")
+    if "test.tsv" not in names:
+        raise DataError(f"{os.path.join(qrels_dir, 'test.tsv')}: no such file "
+                        "(a BEIR dataset needs test qrels)")
+    if "dev.tsv" not in names:
+        logging.warning("%s: no dev.tsv, so no validation split: nothing is evaluated during "
+                        "training, only the test split at the end", qrels_dir)
+    ignored = [n for n in names if n not in SPLITS]
+    if ignored:
+        logging.info("%s: ignoring qrels files %s", qrels_dir, ", ".join(ignored))
+    return qrels_dir, names
+
+
 def load_beir(settings: dict) -> RawData:
     """Training pairs and "val"/"test" retrieval tasks from a BEIR folder.
 
@@ -207,23 +228,7 @@ def load_beir(settings: dict) -> RawData:
     folder = os.path.expanduser(settings["path"])
     skip = bool(settings.get("skip_bad_lines", False))
     ignore_identical = bool(settings.get("ignore_identical_ids", True))
-    if not os.path.isdir(folder):
-        raise DataError(f"{folder}: no such folder (expected a BEIR dataset)")
-    qrels_dir = os.path.join(folder, "qrels")
-    names = sorted(os.listdir(qrels_dir)) if os.path.isdir(qrels_dir) else []
-    names = [n for n in names if n.endswith(".tsv")]
-    if not names:
-        raise DataError(f"{qrels_dir}: no qrels/*.tsv files")
-    if "test.tsv" not in names:
-        raise DataError(f"{os.path.join(qrels_dir, 'test.tsv')}: no such file "
-                        "(a BEIR dataset needs test qrels)")
-    if "dev.tsv" not in names:
-        logging.warning("%s: no dev.tsv, so no validation split: nothing is evaluated during "
-                        "training, only the test split at the end", qrels_dir)
-    ignored = [n for n in names if n not in SPLITS]
-    if ignored:
-        logging.info("%s: ignoring qrels files %s", qrels_dir, ", ".join(ignored))
-
+    qrels_dir, names = _qrels_files(folder)
     corpus_ids, docs = _read_jsonl(os.path.join(folder, "corpus.jsonl"), ("title",), skip)
     query_ids, queries = _read_jsonl(os.path.join(folder, "queries.jsonl"), (), skip)
     corpus = [document_text(d["title"], d["text"]) for d in docs]

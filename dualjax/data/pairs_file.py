@@ -107,6 +107,24 @@ def read_pairs(
     return [(r.query, r.document) for r in read_pair_records(path, skip_bad_lines)]
 
 
+def _parse_line(raw: bytes, lineno: int, parse) -> PairRecord:
+    """One line's record; ValueError saying what is wrong with it."""
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    try:
+        line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"invalid UTF-8 (byte {raw[e.start:e.start + 1]!r} at column "
+                         f"{e.start + 1})") from None
+    if not line.strip():
+        raise ValueError("empty line")
+    record = parse(line)
+    for side, value in (("query", record.query), ("document", record.document)):
+        if not text_lib.normalize(value):
+            raise ValueError(f"{side} is empty after normalisation: {value!r}")
+    return record
+
+
 def read_pair_records(
         path: str | os.PathLike, skip_bad_lines: bool = False
 ) -> list[PairRecord]:
@@ -148,22 +166,8 @@ def read_pair_records(
     pairs: list[PairRecord] = []
     bad: list[tuple[int, str]] = []  # (line number, reason)
     for lineno, raw in enumerate(raw_lines, start=1):
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
         try:
-            try:
-                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(
-                        f"invalid UTF-8 (byte {raw[e.start:e.start + 1]!r} at column "
-                        f"{e.start + 1})") from None
-            if not line.strip():
-                raise ValueError("empty line")
-            record = parse(line)
-            for side, value in (("query", record.query), ("document", record.document)):
-                if not text_lib.normalize(value):
-                    raise ValueError(
-                            f"{side} is empty after normalisation: {value!r}")
+            record = _parse_line(raw, lineno, parse)
         except ValueError as e:
             if not skip_bad_lines:
                 raise DataError(f"{path}:{lineno}: {e}") from None

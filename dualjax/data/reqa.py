@@ -145,6 +145,32 @@ def _task(candidates, pool: list[int], queries) -> RetrievalTask:
         query_corpus_index=np.full(len(queries), -1, dtype=np.int64))
 
 
+def _split(settings: dict, path: str, num_articles: int, num_questions: int
+           ) -> tuple[list[str], np.ndarray, dict[str, int], str]:
+    """(split names, the split of each article or question, the count of each, "articles"
+    or "questions"); DataError for fractions that leave a split empty."""
+    val = float(settings["val_fraction"])
+    if settings["split_by"] == "question":
+        train = float(settings["train_fraction"])
+        fractions = {"train": train, "val": val, "test": max(1.0 - train - val, 0.0)}
+        units, unit = num_questions, "questions"
+    else:
+        test = float(settings["test_fraction"])
+        fractions = {"train": 1.0 - val - test, "val": val, "test": test}
+        units, unit = num_articles, "articles"
+    try:
+        split_of = clusters.split_clusters(units, fractions, int(settings["seed"]))
+    except ValueError as e:
+        raise DataError(f"{path}: bad train/val/test fractions: {e}") from None
+    names = list(fractions)
+    counts = {n: int((split_of == i).sum()) for i, n in enumerate(names)}
+    for name in names:
+        if (fractions[name] > 0 or name == "test") and not counts[name]:
+            raise DataError(f"{path}: {units} {unit} leave split {name!r} empty "
+                            f"({counts}); adjust the data fractions")
+    return names, split_of, counts, unit
+
+
 def load_reqa_squad(settings: dict) -> RawData:
     """ReQA training pairs and "val"/"test" tasks from a SQuAD v1.1 file.
 
@@ -173,26 +199,9 @@ def load_reqa_squad(settings: dict) -> RawData:
                         f"{', '.join(CANDIDATES)}")
     num_articles, candidates, questions = read_squad(
         path, context=bool(settings["context"]), paragraphs=settings["unit"] == "paragraph")
-    val = float(settings["val_fraction"])
     if settings["split_by"] == "question":  # every candidate in every split
-        train = float(settings["train_fraction"])
-        fractions = {"train": train, "val": val, "test": max(1.0 - train - val, 0.0)}
-        units, settings = len(questions), {**settings, "candidates": "all"}
-    else:
-        test = float(settings["test_fraction"])
-        fractions = {"train": 1.0 - val - test, "val": val, "test": test}
-        units = num_articles
-    try:
-        split_of = clusters.split_clusters(units, fractions, int(settings["seed"]))
-    except ValueError as e:
-        raise DataError(f"{path}: bad train/val/test fractions: {e}") from None
-    names = list(fractions)
-    counts = {n: int((split_of == i).sum()) for i, n in enumerate(names)}
-    unit = "questions" if settings["split_by"] == "question" else "articles"
-    for name in names:
-        if (fractions[name] > 0 or name == "test") and not counts[name]:
-            raise DataError(f"{path}: {units} {unit} leave split {name!r} empty "
-                            f"({counts}); adjust the data fractions")
+        settings = {**settings, "candidates": "all"}
+    names, split_of, counts, unit = _split(settings, path, num_articles, len(questions))
     if settings["split_by"] == "question":
         split_q = [names[i] for i in split_of]
     else:
