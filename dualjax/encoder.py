@@ -8,10 +8,11 @@
 A bundle holds the tokenizer (vocab.json), the categorical field vocabularies
 (features.json, when the model reads fields), the model's parameters (params.msgpack, no
 optimizer state), and each side's encoder as a serialised `jax.export` function
-(query.jax_export, document.jax_export): (params, ids [b, max_len], mask[, cats]) -> unit
-vectors [b, dim], with the pooling and the normalisation inside the graph and the batch
-size b symbolic. Loading it needs jax, numpy and flax's msgpack, not the model's code or
-config, and never the training workdir.
+(query.jax_export, document.jax_export): (params, ids [b, l], mask[, cats]) -> unit
+vectors [b, dim], with the pooling and the normalisation inside the graph, the batch size
+b and the length l <= max_len symbolic (a bundle of an older dualjax: l = max_len).
+Loading it needs jax, numpy and flax's msgpack, not the model's code or config, and
+never the training workdir.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ def _readable(path: str, read, data):
 class Encoder:
     """Encodes texts into the model's unit vectors, query side or document side."""
 
+    min_bucket = features.MIN_BUCKET  # the shortest length a batch is cut to
+
     def __init__(self, directory: str):
         self.directory = directory
         path = os.path.join(directory, "encoder.json")
@@ -130,16 +133,25 @@ class Encoder:
         return self._encode("document", texts, fields, batch_size)
 
     def _encode(self, side: str, texts: Sequence[str], fields, batch_size: int) -> np.ndarray:
+        """Batches longest text first (by characters, as sentence-transformers does), each
+        cut to the length bucket of its longest text when the bundle's length is symbolic
+        (padding never changes a vector); full batches, so each bucket compiles once."""
         if isinstance(texts, (str, bytes)):
             method = {"query": "encode_queries", "document": "encode_documents"}[side]
             raise TypeError(f"{method} takes a sequence of texts, not one string: pass [text]")
-        texts, out = list(texts), []
-        for start in range(0, len(texts), batch_size):  # full batches: one compilation
-            chunk = texts[start:start + batch_size]
-            pad = batch_size - len(chunk) if len(texts) > batch_size else 0
-            chunk_fields = None if fields is None else list(fields[start:start + batch_size])
-            x = self.sides[side].encode(chunk + [""] * pad,
-                                        None if chunk_fields is None else chunk_fields + [None] * pad)
+        texts = list(texts)
+        out = np.zeros((len(texts), self.dim), np.float32)
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        s = self.sides[side]
+        for start in range(0, len(texts), batch_size):
+            rows = order[start:start + batch_size]
+            pad = batch_size - len(rows) if len(texts) > batch_size else 0
+            chunk_fields = None if fields is None else [fields[i] for i in rows] + [None] * pad
+            x = s.encode([texts[i] for i in rows] + [""] * pad, chunk_fields)
+            if self.meta.get("length") == "symbolic":
+                length = features.length_bucket(int(x["mask"].sum(1).max()), s.max_len,
+                                                self.min_bucket, half_steps=True)
+                x["ids"], x["mask"] = x["ids"][:, :length], x["mask"][:, :length]
             args = [x["ids"], x["mask"]] + ([x["cats"]] if "cats" in x else [])
-            out.append(np.asarray(self._fns[side](self.params, *args))[:len(chunk)])
-        return np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
+            out[rows] = np.asarray(self._fns[side](self.params, *args))[:len(rows)]
+        return out

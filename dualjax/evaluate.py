@@ -51,7 +51,7 @@ def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], side: Side, batch_si
         chunk = [texts[i] for i in rows] + [""] * pad
         chunk_fields = None if fields is None else [fields[i] for i in rows] + [None] * pad
         x = side.encode(chunk, chunk_fields)
-        length = length_bucket(int(x["mask"].sum(1).max()), side.max_len)
+        length = length_bucket(int(x["mask"].sum(1).max()), side.max_len, half_steps=True)
         x = {k: (v[:, :length] if k in ("ids", "mask") else v)[me * share:(me + 1) * share]
              for k, v in x.items()}
         vectors = encode_fn(sharding.put_global_batch(x, mesh))

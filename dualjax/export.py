@@ -45,12 +45,11 @@ def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "t
     check_output(out, "encoder.json", "bundle", inputs=[workdir], overwrite=overwrite)
     trained = trained_lib.load_trained(workdir)
     params = jax.device_get(trained.params)
-    batch = jax.export.symbolic_shape("b")[0]
     tmp = f"{out.rstrip(os.sep)}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        _write_bundle(tmp, workdir, trained, params, batch, platforms)
+        _write_bundle(tmp, workdir, trained, params, platforms)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -58,7 +57,7 @@ def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "t
     return Encoder.load(out)
 
 
-def _write_bundle(tmp: str, workdir: str, trained, params, batch, platforms) -> None:
+def _write_bundle(tmp: str, workdir: str, trained, params, platforms) -> None:
     model, inputs = trained.model, trained.inputs
     dims = {}
     for side, method in zip(SIDES, ("encode_queries", "encode_documents")):
@@ -67,9 +66,12 @@ def _write_bundle(tmp: str, workdir: str, trained, params, batch, platforms) -> 
         def encode(params, ids, mask, cats=None, method=method):
             return model.apply({"params": params}, ids, mask, cats, method=method)
 
+        # Batch size and length symbolic: a batch of short texts runs at its own length.
+        batch, length = jax.export.symbolic_shape(
+            "b, l", constraints=(f"l <= {s.max_len}", "l >= 1"))
         args = [jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params),
-                jax.ShapeDtypeStruct((batch, s.max_len), jnp.int32),
-                jax.ShapeDtypeStruct((batch, s.max_len), jnp.bool_)]
+                jax.ShapeDtypeStruct((batch, length), jnp.int32),
+                jax.ShapeDtypeStruct((batch, length), jnp.bool_)]
         if s.features:
             args.append(jax.ShapeDtypeStruct((batch, len(s.features.fields)), jnp.int32))
         exported = jax.export.export(jax.jit(encode), platforms=tuple(platforms))(*args)
@@ -87,6 +89,7 @@ def _write_bundle(tmp: str, workdir: str, trained, params, batch, platforms) -> 
             "step": trained.step,
             "workdir": os.path.abspath(workdir), "dim": dims["query"],
             "max_len": {side: getattr(inputs, side).max_len for side in SIDES},
+            "length": "symbolic",  # texts are encoded at their batch's length bucket
             "platforms": list(platforms), "jax": jax.__version__}
     atomic_write(os.path.join(tmp, "encoder.json"), json.dumps(meta, indent=1) + "\n")
 

@@ -222,11 +222,16 @@ TRAIN_MIN_BUCKET = 128
 TEXT_PREFIXES = ("q", "d", "m", "n")  # a batch's texts: queries, documents, mixed, hard negatives
 
 
-def length_bucket(longest: int, max_len: int, min_bucket: int = MIN_BUCKET) -> int:
+def length_bucket(longest: int, max_len: int, min_bucket: int = MIN_BUCKET,
+                  half_steps: bool = False) -> int:
     """The padded length of a batch whose longest text has `longest` tokens: the next
-    power of two from `min_bucket` on, at most max_len (a few shapes, one compile each)."""
+    power of two from `min_bucket` on, at most max_len (a few shapes, one compile each).
+    half_steps: also 1.5 times each (32, 48, 64, 96, 128, 192, ...): a few more shapes,
+    and on NPL's documents at batch 32 a fifth less work than powers of two alone."""
     bucket = min_bucket
     while bucket < longest:
+        if half_steps and bucket % 2 == 0 and bucket * 3 // 2 >= longest:
+            return min(bucket * 3 // 2, max_len)
         bucket *= 2
     return min(bucket, max_len)
 

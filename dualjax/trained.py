@@ -11,7 +11,9 @@ from typing import Any, NamedTuple
 import jax
 import ml_collections
 
-from dualjax import checkpoints, features, models, pretrained, sharding, specs, train
+from dualjax import (checkpoints, config_lib, features, models, pretrained, sharding, specs,
+                     train, warm_start)
+from dualjax.models import dual_encoder
 from dualjax import tasks as tasks_lib
 
 
@@ -26,9 +28,9 @@ class Trained(NamedTuple):
 
 
 def load_trained(workdir: str, config: ml_collections.ConfigDict | None = None) -> Trained:
-    """The latest checkpoint's params of `workdir`, replicated over all devices, with the
-    config (WORKDIR/config.json unless given), the saved tokenizer and categorical field
-    vocabularies."""
+    """The latest checkpoint's params of `workdir` (an evaluation-only run of a start: the
+    start's, step 0), replicated over all devices, with the config (WORKDIR/config.json
+    unless given), the saved tokenizer and categorical field vocabularies."""
     if config is None:
         with open(os.path.join(workdir, "config.json")) as f:
             config = ml_collections.ConfigDict(json.load(f))
@@ -44,6 +46,24 @@ def load_trained(workdir: str, config: ml_collections.ConfigDict | None = None) 
                               inputs.query.tokenizer.vocab_size, inputs.feature_sizes(),
                               num_tasks=len(tasks_lib.task_configs(config)),
                               bert=start.bert if start else None)
-    step, params = checkpoints.latest_params(workdir)  # the params alone, as numpy arrays
+    try:
+        step, params = checkpoints.latest_params(workdir)  # the params alone, as numpy arrays
+    except FileNotFoundError:
+        if config.num_train_steps or not (start or config.init_from):
+            raise
+        step, params = 0, start_params(config, model, start)
     params = jax.device_put(params, sharding.replicated(sharding.make_mesh()))
     return Trained(config, inputs, model, params, step)
+
+
+def start_params(config: ml_collections.ConfigDict, model, start) -> dict:
+    """An evaluation-only run's towers (num_train_steps=0, no checkpoint): its start as
+    the run evaluated it (model.pretrained's or init_from's, over the initialisation of
+    config.seed), so that the start itself can be exported and served."""
+    if config.model.name != "dual_encoder":
+        raise FileNotFoundError(f"config.model.name={config.model.name!r}: an evaluation-only "
+                                "run of it has no checkpoint to read")
+    init = dual_encoder.init_params(model, jax.random.PRNGKey(config.seed),
+                                    max(config_lib.max_lens(config.model)))
+    return jax.device_get(warm_start.start_params(config, start, init,
+                                                  sharding.replicated(sharding.make_mesh())))

@@ -278,15 +278,12 @@ def test_pseudo_pairs_are_the_hybrids_first_other_document():
     assert all(docs.index(d) != queries.index(q) for q, d in lexical.items())
 
 
-def test_adapting_with_pseudo_labels_on_a_beir_folder(tmp_path, monkeypatch):
-    """data.name=pretrain on a BEIR folder with qrels: the start labels one sentence of
-    each document (kept in pseudo_pairs.jsonl and reused on resume), trains on them and
-    is evaluated on the folder's queries, beside the start as is."""
-    from dualjax import train, weak_labels
-    ref = reference("tiny_bert")
+def beir_folder(tmp_path) -> tuple[pathlib.Path, list[str]]:
+    """The tiny BERT fixture's texts as a BEIR folder (each text's first 6 words its
+    query), and the texts."""
     folder = tmp_path / "beir"
     (folder / "qrels").mkdir(parents=True)
-    texts = [str(t) for t in ref["texts"]]
+    texts = [str(t) for t in reference("tiny_bert")["texts"]]
     (folder / "corpus.jsonl").write_text("".join(
         json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n" for i, t in enumerate(texts)))
     (folder / "queries.jsonl").write_text("".join(
@@ -294,6 +291,33 @@ def test_adapting_with_pseudo_labels_on_a_beir_folder(tmp_path, monkeypatch):
         for i, t in enumerate(texts)))
     (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
         f"q{i}\td{i}\t1\n" for i in range(len(texts))))
+    return folder, texts
+
+
+def test_an_evaluation_only_run_of_a_start_exports_the_start(tmp_path):
+    """num_train_steps=0 with model.pretrained leaves no checkpoint; its bundle is the
+    start as the run evaluated it: the pretrained folder's own vectors."""
+    from dualjax import checkpoints, export, train
+    folder, texts = beir_folder(tmp_path)
+    cfg = model_config(TINY, max_len=48)
+    cfg.data.update(name="beir", path=str(folder), ignore_identical_ids=False)
+    cfg.num_train_steps = 0
+    cfg.eval.update(index="exact", baselines="")
+    train.train_and_evaluate(cfg, str(tmp_path / "run"))
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        checkpoints.latest_params(str(tmp_path / "run"))
+    encoder = export.export(str(tmp_path / "run"), str(tmp_path / "bundle"), platforms=("cpu",))
+    assert encoder.meta["step"] == 0
+    _, want = start_encoder(cfg)
+    np.testing.assert_allclose(encoder.encode_documents(texts), want(texts), atol=1e-5)
+
+
+def test_adapting_with_pseudo_labels_on_a_beir_folder(tmp_path, monkeypatch):
+    """data.name=pretrain on a BEIR folder with qrels: the start labels one sentence of
+    each document (kept in pseudo_pairs.jsonl and reused on resume), trains on them and
+    is evaluated on the folder's queries, beside the start as is."""
+    from dualjax import train, weak_labels
+    folder, texts = beir_folder(tmp_path)
     cfg = model_config(TINY, max_len=48)
     cfg.data.update(name="pretrain", path=str(folder), tasks="pseudo",
                     ignore_identical_ids=False)

@@ -339,3 +339,21 @@ def test_bundle_and_index_metadata_errors_name_the_file(workdir, bundle, tmp_pat
     with pytest.raises(ValueError, match="--platforms: bogus"):
         export.export(str(workdir), str(tmp_path / "e"), platforms=("cpu", "bogus"))
     assert not any(".tmp" in p for p in os.listdir(tmp_path))
+
+
+def test_a_bundle_encodes_each_batch_at_its_own_length(bundle):
+    """The exported functions take any length up to max_len: batches of short texts run
+    cut to their length bucket (longest texts first), with the vectors of full length."""
+    import dualjax
+    encoder = dualjax.Encoder.load(bundle)
+    assert encoder.meta["length"] == "symbolic"
+    texts = ["how do i fix my bike", "rice", "what is the best way to learn to cook rice at home",
+             "car", "how can i learn python quickly and well", "swim"]
+    max_len = encoder.meta["max_len"]["document"]
+    full = encoder.encode_documents(texts, batch_size=2)  # every bucket is max_len
+    encoder.min_bucket = 2
+    seen, fn = [], encoder._fns["document"]
+    encoder._fns["document"] = lambda p, ids, mask: seen.append(ids.shape) or fn(p, ids, mask)
+    np.testing.assert_allclose(encoder.encode_documents(texts, batch_size=2), full, atol=1e-6)
+    lengths = [shape[1] for shape in seen]  # longest texts first: 2, 4, 6, 8, 12, 16, ...
+    assert lengths == sorted(lengths, reverse=True) and lengths[-1] == 2 < max_len, seen
