@@ -18,15 +18,18 @@ two can be compared.
     python scripts/bench_train.py --vs-torch      # dualjax vs PyTorch, alternating
 
 `--vs-torch` (needs `pip install -e .[bench]`, which pins torch) times, instead of the
-device-count table, dualjax's step and a PyTorch step written as a user would write it, on
-the same work and one CPU device (torch with `--torch-threads` threads), alternating
-dualjax and PyTorch subprocesses `--rounds` times per workload, and prints the medians of
-each and the ratio. The workloads (`--workloads`, see COMPARE_WORKLOADS): "A" two separate
-bow_mlp towers (each its own vocab x dim table) at `--batch` x `--seq-len`; "B-2x128" and
-"B-4x256" two separate Transformer towers (pre-LN, GELU MLP of 4x width, 4 heads, [CLS]
-pooling) at `--transformer-batch` x `--seq-len`. Both sides: in-batch softmax over
-alpha * cos + beta (alpha, beta learned, 10 and 0 at init), plain Adam (dense gradients)
-at a constant learning rate of 3e-3.
+device-count table, dualjax's step and PyTorch steps of the same work on one CPU device
+(torch with `--torch-threads` threads), every side a subprocess in turn, `--rounds` times
+per workload, and prints the medians and the ratios. The workloads (`--workloads`, see
+COMPARE_WORKLOADS): "A" two separate bow_mlp towers (each its own vocab x dim table) at
+`--batch` x `--seq-len`, run by dualjax with dense Adam and with table_updates=lazy, and
+by PyTorch three ways (TORCH_FORMS: nn.Embedding + Adam as a user first writes it,
+EmbeddingBag + fused Adam, EmbeddingBag(sparse) + SparseAdam: its fast paths); "B-2x128"
+and "B-4x256" two separate Transformer towers (pre-LN, GELU MLP of 4x width, 4 heads,
+[CLS] pooling) at `--transformer-batch` x `--seq-len`. Every side: in-batch softmax over
+alpha * cos + beta (alpha, beta learned, 10 and 0 at init), Adam at a constant learning
+rate of 3e-3. Ratios compare like with like: dense Adam with the faster dense PyTorch
+form, the lazy update with SparseAdam.
 """
 from __future__ import annotations
 
@@ -221,13 +224,24 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
             **summarize(times, args.batch)}
 
 
-def torch_dual_encoder(workload: str, vocab: int, dim: int):
+# --vs-torch, workload A: PyTorch written three ways (the last two are its fast paths).
+TORCH_FORMS = {
+    "embedding": "nn.Embedding + masked mean, torch.optim.Adam (defaults)",
+    "bag": "nn.EmbeddingBag(mode='mean'), Adam(fused=True): dense Adam at its fastest",
+    "bag_sparse": "nn.EmbeddingBag(mode='mean', sparse=True), SparseAdam for the tables, "
+                  "Adam(fused=True) for the rest: lazy Adam, as table_updates=lazy",
+}
+
+
+def torch_dual_encoder(workload: str, vocab: int, dim: int, form: str = "embedding"):
     """The PyTorch model of `--vs-torch` workload `workload`, written as a user would: two
     towers (each its own nn.Embedding), F.normalize, and a learned alpha, beta; calling it
     on a batch gives the in-batch softmax loss (F.cross_entropy over alpha * q @ d.T + beta).
 
     "A": nn.Embedding -> masked mean -> Linear -> tanh -> Linear -> tanh, as dualjax's
-    BowMlpTower. "B-*": token + learned position (512 rows) embeddings, a learned [CLS]
+    BowMlpTower; with form "bag" / "bag_sparse" the table and the mean are one
+    nn.EmbeddingBag(mode="mean") over the real tokens (flat ids and offsets; sparse
+    gradients for "bag_sparse"). "B-*": token + learned position (512 rows) embeddings, a learned [CLS]
     vector prepended, nn.TransformerEncoder (pre-LN, GELU MLP of 4x width, no dropout,
     padding keys masked) with a final LayerNorm, Linear on the [CLS] state, as dualjax's
     TransformerTower.
@@ -239,13 +253,18 @@ def torch_dual_encoder(workload: str, vocab: int, dim: int):
     class BowMlp(nn.Module):
         def __init__(self):
             super().__init__()
-            self.embed = nn.Embedding(vocab, dim)
+            self.embed = (nn.Embedding(vocab, dim) if form == "embedding" else
+                          nn.EmbeddingBag(vocab, dim, mode="mean",
+                                          sparse=form == "bag_sparse"))
             self.hidden = nn.Linear(dim, dim)
             self.output = nn.Linear(dim, dim)
 
-        def forward(self, ids, mask):
-            m = mask.unsqueeze(-1).to(torch.float32)
-            x = (self.embed(ids) * m).sum(1) / m.sum(1).clamp(min=1.0)
+        def forward(self, ids, mask):  # bag forms: (flat ids of real tokens, offsets)
+            if form == "embedding":
+                m = mask.unsqueeze(-1).to(torch.float32)
+                x = (self.embed(ids) * m).sum(1) / m.sum(1).clamp(min=1.0)
+            else:
+                x = self.embed(ids, mask)
             return torch.tanh(self.output(torch.tanh(self.hidden(x))))
 
     class Transformer(nn.Module):
@@ -300,23 +319,40 @@ def bench_torch_step(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.torch_threads)
     torch.manual_seed(0)
-    model = torch_dual_encoder(args.workload, args.vocab, args.dim)
+    form = args.torch_form
+    model = torch_dual_encoder(args.workload, args.vocab, args.dim, form)
     model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=COMPARE_LR)
+    if form == "embedding":
+        opts = [torch.optim.Adam(model.parameters(), lr=COMPARE_LR)]
+    elif form == "bag":
+        opts = [torch.optim.Adam(model.parameters(), lr=COMPARE_LR, fused=True)]
+    else:
+        tables = [p for n, p in model.named_parameters() if n.endswith("embed.weight")]
+        rest = [p for n, p in model.named_parameters() if not n.endswith("embed.weight")]
+        opts = [torch.optim.SparseAdam(tables, lr=COMPARE_LR),
+                torch.optim.Adam(rest, lr=COMPARE_LR, fused=True)]
     num_params = sum(p.numel() for p in model.parameters())
+
+    def side(ids, mask):  # the bag forms read the real tokens, flat, and their offsets
+        if form == "embedding":
+            return torch.from_numpy(ids).long(), torch.from_numpy(mask)
+        lengths = mask.sum(1)
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        return torch.from_numpy(ids[mask]).long(), torch.from_numpy(offsets).long()
 
     rng = np.random.default_rng(0)  # the same batches as the dualjax worker
     batches = []
     for _ in range(4):
         b = random_batch(rng, args.batch, args.seq_len, args.vocab)
-        batches.append((torch.from_numpy(b["q_ids"]).long(), torch.from_numpy(b["q_mask"]),
-                        torch.from_numpy(b["d_ids"]).long(), torch.from_numpy(b["d_mask"])))
+        batches.append((*side(b["q_ids"], b["q_mask"]), *side(b["d_ids"], b["d_mask"])))
 
     def step(batch):
-        opt.zero_grad(set_to_none=True)
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
         loss = model(*batch)
         loss.backward()
-        opt.step()
+        for opt in opts:
+            opt.step()
         return loss
 
     t0 = time.perf_counter()
@@ -333,7 +369,8 @@ def bench_torch_step(args: argparse.Namespace) -> dict[str, Any]:
     loss = float(loss.detach())
     if not np.isfinite(loss):
         raise SystemExit(f"non-finite torch loss {loss}")
-    return {"kind": "train", "framework": "pytorch", "workload": args.workload, "devices": 1,
+    return {"kind": "train", "framework": "pytorch", "torch_form": form,
+            "workload": args.workload, "devices": 1,
             "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
             "num_params": int(num_params), "first_step_s": first_step_s, "last_loss": loss,
             "step_times_s": times, **summarize(times, args.batch)}
@@ -394,7 +431,9 @@ def bench_input(args: argparse.Namespace) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- parent
 def run_worker(args: argparse.Namespace, worker: str, devices: int,
                param_sharding: str = "replicated", workload: str = "",
-               batch: int | None = None, steps: int | None = None) -> dict[str, Any]:
+               batch: int | None = None, steps: int | None = None,
+               table_updates: str | None = None, torch_form: str = "embedding"
+               ) -> dict[str, Any]:
     """Re-invokes this script as `--worker WORKER --devices N` and returns its result
     (`workload`, `batch`, `steps`: a `--vs-torch` measurement)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
@@ -407,8 +446,8 @@ def run_worker(args: argparse.Namespace, worker: str, devices: int,
            "--warmup", str(args.warmup), "--input-batches", str(args.input_batches),
            "--prefetch-batches", str(args.prefetch_batches), "--param-sharding",
            param_sharding, "--workload", workload, "--torch-threads", str(args.torch_threads),
-           "--table-updates", args.table_updates,
-           "--out", out]
+           "--table-updates", table_updates or args.table_updates,
+           "--torch-form", torch_form, "--out", out]
     what = f"workload {workload}, batch {batch}" if workload else f"{param_sharding} state"
     print(f"# running {worker} on {devices} device(s), {what} ...", file=sys.stderr, flush=True)
     try:
@@ -468,22 +507,34 @@ def print_report(args: argparse.Namespace, train_results: list[dict], input_resu
                   f"{side} is the bottleneck (input/compute = {r['per_s'] / t['per_s']:.2f})")
 
 
+# --vs-torch sides: (name, worker, run_worker options). The bag-of-words workload also
+# runs dualjax's lazy update and PyTorch's two fast paths; the Transformers one each.
+BOW_SIDES = (("dualjax", "train", {"table_updates": "dense"}),
+             ("dualjax_lazy", "train", {"table_updates": "lazy"}),
+             ("pytorch", "torch", {"torch_form": "embedding"}),
+             ("pytorch_bag", "torch", {"torch_form": "bag"}),
+             ("pytorch_sparse", "torch", {"torch_form": "bag_sparse"}))
+TRANSFORMER_SIDES = (("dualjax", "train", {}), ("pytorch", "torch", {}))
+
+
 def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
-    """`--vs-torch`: per workload, `--rounds` rounds of (dualjax, PyTorch) subprocesses
-    alternating; the step times of each side's rounds pooled."""
+    """`--vs-torch`: per workload, `--rounds` rounds of every side's subprocess in turn;
+    each side's step times pooled over its rounds. Ratios (pairs/s) against PyTorch at its
+    best with the same semantics: dense Adam against the faster of nn.Embedding + Adam and
+    EmbeddingBag + fused Adam; dualjax's lazy update against EmbeddingBag + SparseAdam."""
     load_before = os.getloadavg()
     t_start = time.perf_counter()
-    workloads = {}
+    workloads, versions = {}, {}
     for name in args.workloads:
         transformer = COMPARE_WORKLOADS[name]["tower"] == "transformer"
         batch = args.transformer_batch if transformer else args.batch
         steps = args.transformer_steps if transformer else args.steps
-        runs: dict[str, list[dict]] = {"dualjax": [], "pytorch": []}
+        sides_spec = TRANSFORMER_SIDES if transformer else BOW_SIDES
+        runs: dict[str, list[dict]] = {side: [] for side, _, _ in sides_spec}
         for _ in range(args.rounds):
-            runs["dualjax"].append(run_worker(args, "train", 1, workload=name, batch=batch,
-                                              steps=steps))
-            runs["pytorch"].append(run_worker(args, "torch", 1, workload=name, batch=batch,
-                                              steps=steps))
+            for side, worker, options in sides_spec:
+                runs[side].append(run_worker(args, worker, 1, workload=name, batch=batch,
+                                             steps=steps, **options))
         sides = {}
         for side, rs in runs.items():
             times = [t for r in rs for t in r["step_times_s"]]
@@ -492,17 +543,25 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
                            "num_params": rs[0]["num_params"],
                            "first_step_s": [r["first_step_s"] for r in rs],
                            "last_loss": [r["last_loss"] for r in rs]}
+            versions.update({k: rs[0][k] for k in ("jax_version", "torch_version",
+                                                   "torch_threads") if k in rs[0]})
+        rate = lambda side: sides[side]["per_s"]
+        ratios = {"dense": rate("dualjax") / max(rate(s) for s in sides if s in
+                                                  ("pytorch", "pytorch_bag"))}
+        if not transformer:
+            ratios["lazy"] = rate("dualjax_lazy") / rate("pytorch_sparse")
+            ratios["lazy_vs_dense"] = rate("dualjax_lazy") / rate("dualjax")
         workloads[name] = {"batch": batch, "steps": steps, "runs": runs, **sides,
-                           "ratio": sides["dualjax"]["per_s"] / sides["pytorch"]["per_s"]}
+                           "sides": list(runs), "ratios": ratios}
     return {"load_before": load_before, "load_after": os.getloadavg(),
             "wall_s": time.perf_counter() - t_start, "workloads": workloads,
-            "versions": {"jax": runs["dualjax"][0]["jax_version"],
-                         "torch": runs["pytorch"][0]["torch_version"],
-                         "torch_threads": runs["pytorch"][0]["torch_threads"]}}
+            "versions": {"jax": versions.get("jax_version"),
+                         "torch": versions.get("torch_version"),
+                         "torch_threads": versions.get("torch_threads")}}
 
 
 def print_comparison(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    """The machine, the load, and one table row per workload and side, with the ratio."""
+    """The machine, the load, and one table row per workload and side, with the ratios."""
     v = result["versions"]
     print(f"\nMachine: {cpu_model()}; os.cpu_count()={os.cpu_count()}; "
           f"python {platform.python_version()}; jax {v['jax']} (CPU backend, 1 device); "
@@ -510,30 +569,32 @@ def print_comparison(args: argparse.Namespace, result: dict[str, Any]) -> None:
     fmt = lambda la: ", ".join(f"{x:.2f}" for x in la)
     print(f"Load average (1, 5, 15 min): before {fmt(result['load_before'])}; after "
           f"{fmt(result['load_after'])}; comparison took {result['wall_s'] / 60:.1f} min")
-    print(f"Both sides: two separate towers, in-batch softmax over alpha*cos+beta (learned), "
-          f"Adam lr {COMPARE_LR} (constant, dense gradients); {args.seq_len} tokens per text, "
-          f"random lengths; vocab {args.vocab} rows per tower; {args.rounds} rounds alternating "
-          f"dualjax, pytorch; each run {args.warmup} warm-up + the timed steps; medians over "
-          "every timed step of the rounds.\n")
-    header = (f"{'workload':>8} | {'side':>7} | {'batch':>5} | {'params':>10} | "
+    print(f"Every side: two separate towers, in-batch softmax over alpha*cos+beta (learned), "
+          f"Adam lr {COMPARE_LR} (constant); {args.seq_len} tokens per text, random lengths; "
+          f"vocab {args.vocab} rows per tower; {args.rounds} rounds, the sides in turn; each "
+          f"run {args.warmup} warm-up + the timed steps; medians over every timed step.")
+    print("dualjax_lazy: optimizer.table_updates=lazy. PyTorch forms: "
+          + "; ".join(f"{k}: {v}" for k, v in TORCH_FORMS.items()) + "\n")
+    header = (f"{'workload':>8} | {'side':>14} | {'batch':>5} | {'params':>10} | "
               f"{'median ms':>9} | {'p10 ms':>8} | {'p90 ms':>8} | {'pairs/s':>8} | "
-              f"{'round medians ms':>22} | {'dualjax/pytorch':>15}")
+              f"{'round medians ms':>22}")
     print(header)
     print("-" * len(header))
     for name, w in result["workloads"].items():
-        for side in ("dualjax", "pytorch"):
+        for side in w["sides"]:
             r = w[side]
             rounds = ", ".join(f"{x:.0f}" for x in r["round_median_ms"])
-            ratio = f"x{w['ratio']:.2f}" if side == "dualjax" else ""
-            print(f"{name:>8} | {side:>7} | {w['batch']:>5} | {r['num_params']:>10,} | "
+            print(f"{name:>8} | {side:>14} | {w['batch']:>5} | {r['num_params']:>10,} | "
                   f"{r['median_ms']:>9.1f} | {r['p10_ms']:>8.1f} | {r['p90_ms']:>8.1f} | "
-                  f"{r['per_s']:>8.0f} | {rounds:>22} | {ratio:>15}")
+                  f"{r['per_s']:>8.0f} | {rounds:>22}")
     for name, w in result["workloads"].items():
-        losses = {side: ", ".join(f"{x:.3f}" for x in w[side]["last_loss"])
-                  for side in ("dualjax", "pytorch")}
-        print(f"{name}: {w['steps']} timed steps per run; last loss per round: dualjax "
-              f"{losses['dualjax']}; pytorch {losses['pytorch']}")
-    print("dualjax/pytorch = dualjax pairs/s / PyTorch pairs/s at the pooled median step time.")
+        ratios = ", ".join(f"{k} x{x:.2f}" for k, x in w["ratios"].items())
+        losses = "; ".join(f"{side} " + ", ".join(f"{x:.3f}" for x in w[side]["last_loss"])
+                           for side in w["sides"])
+        print(f"{name}: {ratios}. {w['steps']} timed steps per run; last loss per round: "
+              f"{losses}")
+    print("dense: dualjax / the faster PyTorch dense-Adam form; lazy: dualjax_lazy / "
+          "pytorch_sparse; lazy_vs_dense: dualjax_lazy / dualjax (pairs/s at the median).")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -578,6 +639,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="--vs-torch: timed steps per run of the Transformer workloads")
     p.add_argument("--worker", choices=("train", "input", "torch"), help=argparse.SUPPRESS)
     p.add_argument("--workload", default="", help=argparse.SUPPRESS)
+    p.add_argument("--torch-form", default="embedding", choices=tuple(TORCH_FORMS),
+                   help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.devices = [int(d) for d in args.devices.split(",") if d.strip()]
