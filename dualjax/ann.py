@@ -459,10 +459,9 @@ class HnswIndex:
         return _pad(scores, ids.astype(np.int32), k)
 
     def _scan(self, queries: np.ndarray, want: int) -> tuple[np.ndarray, np.ndarray]:
-        """Exact (scores, ids) [nq, want] over the vectors the graph stores."""
-        scores = queries @ self.index.reconstruct_n(0, self.n).T
-        ids = np.argsort(-scores, axis=1, kind="stable")[:, :want]
-        return np.take_along_axis(scores, ids, 1), ids
+        """Exact (scores, ids) [nq, want] over the vectors the graph stores (chunked, as
+        `exact_search` goes: never the whole queries x corpus matrix)."""
+        return exact_search(queries, self.index.reconstruct_n(0, self.n), want)
 
     def save(self, directory: str, fingerprint: str) -> None:
         """Writes the index (faiss.write_index) and meta.json (last, so a partial save never

@@ -38,7 +38,7 @@ def _eval_config() -> dict:
 
 
 def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: str = "scann",
-          k: int = 100, batch_size: int = 1024, inputs: tuple[str, ...] = (),
+          k: int = 100, batch_size: int = 256, inputs: tuple[str, ...] = (),
           overwrite: bool = False) -> "CorpusIndex":
     """Encodes `texts` with the encoder's document side (a progress bar over batches),
     builds a `kind` index ("scann", "hnsw" or "exact") for `k` results and writes it all
@@ -50,12 +50,7 @@ def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: st
                  overwrite=overwrite)
     ids, texts = without_empty(ids, texts)
     start = time.perf_counter()
-    parts = []
-    with tqdm(total=len(texts), desc="encode corpus", unit="text", disable=None) as bar:
-        for at in range(0, len(texts), batch_size):
-            parts.append(encoder.encode_documents(texts[at:at + batch_size], batch_size=batch_size))
-            bar.update(len(parts[-1]))
-    embeddings = np.concatenate(parts).astype(np.float32)
+    embeddings = _encode(encoder, texts, batch_size)
     encoded = time.perf_counter() - start
     tmp = f"{out.rstrip(os.sep)}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -67,6 +62,20 @@ def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: st
         raise
     replace_folder(tmp, out)
     return CorpusIndex(out, encoder.id)
+
+
+def _encode(encoder: Encoder, texts: list[str], batch_size: int) -> np.ndarray:
+    """The documents' vectors, in corpus order, encoded longest first (so that each batch
+    runs at the length bucket of texts of about its own length), with a progress bar."""
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    out = np.zeros((len(texts), encoder.dim), np.float32)
+    step = 16 * batch_size  # texts per progress update
+    with tqdm(total=len(texts), desc="encode corpus", unit="text", disable=None) as bar:
+        for at in range(0, len(texts), step):
+            rows = order[at:at + step]
+            out[rows] = encoder.encode_documents([texts[i] for i in rows], batch_size=batch_size)
+            bar.update(len(rows))
+    return out
 
 
 def check_build(kind: str, batch_size: int) -> None:
@@ -129,11 +138,15 @@ class CorpusIndex:
                 raise ValueError(f"format {self.meta.get('format')}, this dualjax reads "
                                  f"{FORMAT}; build it again")
             n, dim, recorded = self.meta["n"], self.meta["dim"], self.meta["files"]
-            built_with = self.meta["encoder_id"]
+            built_with, kind, k = self.meta["encoder_id"], self.meta["kind"], self.meta["k"]
         except KeyError as e:
             raise ValueError(f"{path}: no {e.args[0]!r}; build the index again") from None
         except (OSError, ValueError, TypeError, AttributeError) as e:
             raise ValueError(f"{path}: not a readable index.json ({e})") from None
+        for key, ok in (("files", isinstance(recorded, dict)), ("kind", kind in ann.INDEXES),
+                        *((key, isinstance(self.meta[key], int)) for key in ("n", "dim", "k"))):
+            if not ok:
+                raise ValueError(f"{path}: its {key!r} is not valid; build the index again")
         if encoder_id is not None and built_with != encoder_id:
             raise ValueError(f"{directory} was built with encoder {built_with}, "
                              f"not {encoder_id}: build it again with this encoder")
@@ -148,9 +161,9 @@ class CorpusIndex:
         if len(rows) != n or embeddings.shape != (n, dim):
             raise ValueError(f"{directory}: {len(rows)} documents and embeddings of shape "
                              f"{embeddings.shape}, but {META} records {n} x {dim}")
-        self.searcher, _ = ann.make_index(
-            self.meta["kind"], embeddings, _eval_config(), self.meta["k"],
-            directory=_searcher_dir(directory, self.meta["kind"]), extra=self.meta["encoder_id"])
+        self.searcher, _ = ann.make_index(kind, embeddings, _eval_config(), k,
+                                          directory=_searcher_dir(directory, kind),
+                                          extra=built_with)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores [nq, k], ids [nq, k]) of queries [nq, dim], best first, -1 padding."""
@@ -187,7 +200,7 @@ def run() -> None:
     flags.DEFINE_bool("overwrite", False, "Replace the index already at --out.")
     flags.DEFINE_enum("kind", "scann", list(ann.INDEXES), "The searcher to build "
                       "(hnsw needs faiss-cpu).")
-    flags.DEFINE_integer("batch_size", 1024, "Texts per encoding batch.")
+    flags.DEFINE_integer("batch_size", 256, "Texts per encoding batch.")
     flags.mark_flags_as_required(["encoder", "corpus", "out"])
     cli.run(main, __name__)
 

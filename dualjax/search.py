@@ -159,9 +159,10 @@ def read_queries(given: Sequence[str], path: str | None) -> list[str]:
             raise ValueError(f"--queries_file={path}: {e.strerror}") from None
         for lineno, line in enumerate(lines, 1):
             try:
-                queries += [line.decode("utf-8").strip()] if line.strip() else []
+                text = line.decode("utf-8-sig" if lineno == 1 else "utf-8").strip()
             except UnicodeDecodeError:
                 raise ValueError(f"{path}:{lineno}: not UTF-8 text") from None
+            queries += [text] if text else []  # blank lines (any Unicode space) skipped
         if len(queries) == len(given):
             raise ValueError(f"--queries_file={path} holds no query (one per line; blank "
                              "lines are skipped)")

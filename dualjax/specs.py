@@ -46,7 +46,9 @@ def model_spec(model: ml_collections.ConfigDict) -> ModelSpec:
         embed_dim=model.embed_dim, hidden_dim=model.hidden_dim, output_dim=model.output_dim,
         embed_init_std=model.embed_init_std,
         cnn_windows=towers.parse_windows(model.cnn_windows) if "cnn" in used else (),
-        cnn_filters=model.cnn_filters, dtype=model.get("dtype", "float32"),
+        # (read only for a cnn: a workdir saved before the cnn tower has no such key)
+        cnn_filters=model.cnn_filters if "cnn" in used else ModelSpec.cnn_filters,
+        dtype=model.get("dtype", "float32"),
         transformer=transformer, similarity=model.similarity, temperature=model.temperature,
         init_scale=model.init_scale, init_bias=model.init_bias,
         pses=PsesSpec() if p is None else PsesSpec(**{

@@ -280,7 +280,7 @@ def test_the_serving_drill_refuses_in_one_line_or_answers_correctly(workdir, bun
 def test_search_flags_and_output_by_hand(tmp_path):
     from dualjax import search
     f = tmp_path / "q.txt"
-    f.write_bytes(b"fix my bike\n\n  \ncook rice\n")
+    f.write_bytes("\ufefffix my bike\n\n  \n\u00a0\u3000\ncook rice\n".encode())
     assert search.read_queries(["a car"], str(f)) == ["a car", "fix my bike", "cook rice"]
     for given, content, message in (([" "], None, "--query #1 is empty"),
                                     ([], b"\n\n", "holds no query"),
@@ -335,12 +335,17 @@ def test_bundle_and_index_metadata_errors_name_the_file(workdir, bundle, tmp_pat
     (tmp_path / "idx" / "index.json").write_text(json.dumps(idx_meta))
     with pytest.raises(ValueError, match=r"idx/index.json: no 'encoder_id'"):
         corpus_index.CorpusIndex(str(tmp_path / "idx"), encoder.id)
+    for key, value in (("kind", None), ("files", ["corpus.jsonl"]), ("k", "10")):
+        broken = {**idx_meta, "encoder_id": encoder.id, key: value}
+        (tmp_path / "idx" / "index.json").write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match=f"idx/index.json: its '{key}' is not valid"):
+            corpus_index.CorpusIndex(str(tmp_path / "idx"), encoder.id)
     with pytest.raises(ValueError, match="--platforms: bogus"):
         export.export(str(workdir), str(tmp_path / "e"), platforms=("cpu", "bogus"))
     assert not any(".tmp" in p for p in os.listdir(tmp_path))
 
 
-def test_a_bundle_encodes_each_batch_at_its_own_length(bundle):
+def test_a_bundle_encodes_each_batch_at_its_own_length(bundle, tmp_path):
     """The exported functions take any length up to max_len: batches of short texts run
     cut to their length bucket (longest texts first), with the vectors of full length."""
     import dualjax
@@ -356,3 +361,12 @@ def test_a_bundle_encodes_each_batch_at_its_own_length(bundle):
     np.testing.assert_allclose(encoder.encode_documents(texts, batch_size=2), full, atol=1e-6)
     lengths = [shape[1] for shape in seen]  # longest texts first: 2, 4, 6, 8, 12, 16, ...
     assert lengths == sorted(lengths, reverse=True) and lengths[-1] == 2 < max_len, seen
+    # dualjax.index encodes the whole corpus longest first, not chunk by chunk in file order.
+    from dualjax import index as corpus_index
+    seen.clear()
+    built = corpus_index.build(encoder, [str(i) for i in range(len(texts))], texts,
+                               str(tmp_path / "idx"), kind="exact", batch_size=2)
+    lengths = [shape[1] for shape in seen]
+    assert lengths == sorted(lengths, reverse=True) and lengths[-1] == 2, seen
+    np.testing.assert_allclose(np.load(tmp_path / "idx" / "embeddings.npy"), full, atol=1e-6)
+    assert built.texts == texts
