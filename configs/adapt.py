@@ -20,9 +20,9 @@ _DEFAULT = runpy.run_path(str(pathlib.Path(__file__).with_name("default.py")))
 
 def get_config() -> ml_collections.ConfigDict:
     c = _DEFAULT["get_config"]()
-    c.num_train_steps = 300         # adaptation steps: about 2 passes over the documents
-                                    # (2 x documents / global_batch_size) at most; more spoils
-                                    # a strong start on a small collection
+    c.num_train_steps = 300         # adaptation steps, at most (NPL: 2 passes)
+    c.max_epochs = 2.0              # and at most 2 passes over the documents: more spoils a
+                                    # strong start on a small collection (ADI: 3 steps)
     c.global_batch_size = 64        # pairs per step
     c.checkpoint_every_steps = 100
     c.eval_every_steps = 0          # no val split: the final evaluation only

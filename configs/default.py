@@ -16,6 +16,9 @@ def get_config() -> ml_collections.ConfigDict:
                                     # towers and its vocabulary (fresh optimizer, step, data);
                                     # the towers must match (pre-train, then fine-tune)
     c.num_train_steps = 1200        # optimizer steps (0: evaluate the initialisation only)
+    c.max_epochs = 0.0              # fewer steps when the data is small: at most this many
+                                    # passes over the training pairs (a pre-training
+                                    # collection: its passages), rounded up (0: off)
     c.global_batch_size = 256       # pairs per step over all devices; each query sees all
                                     # other documents of the global batch as negatives
     c.train = ml_collections.ConfigDict()

@@ -354,6 +354,7 @@ def _check_numbers(config: ml_collections.ConfigDict) -> None:
               "model.embed_dim", "model.hidden_dim", "model.output_dim", "model.temperature",
               "optimizer.learning_rate", "eval.top_k", "eval.batch_size", "eval.query_chunk",
               "eval.corpus_chunk", "data.prefetch_batches")
+    _positive(config, "max_epochs", allow_zero=True)
     _positive(config, "num_train_steps", "checkpoint_every_steps", "eval_every_steps", "log_every_steps",
               "keep_checkpoints", "model.num_oov_buckets", "optimizer.warmup_steps",
               "optimizer.grad_clip_norm", "optimizer.weight_decay", "data.worker_count",

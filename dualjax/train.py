@@ -10,9 +10,11 @@ stopping) → `_train_loop` (train rows, val evaluations, checkpoints, preemptio
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import itertools
+import math
 import os
 import time
 from typing import Any, Callable, Iterable, Sequence
@@ -278,9 +280,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                         hooks: Sequence[Hook], signals: Signals,
                         log: MetricsLog) -> dict[str, dict]:
     tasks = tasks_lib.make_tasks(config, workdir)
-    run = _build(config, workdir, mesh, log, signals, tasks,
-                 *workdir_lib.main_first(functools.partial(_prepare_input, config, workdir,
-                                                           tasks)))
+    prepared = workdir_lib.main_first(functools.partial(_prepare_input, config, workdir, tasks))
+    config = capped_steps(config, tasks)
+    run = _build(config, workdir, mesh, log, signals, tasks, *prepared)
     if config.num_train_steps:
         run.data_iters = _training_data(run)
     _restore(run)
@@ -306,6 +308,26 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         # checkpoint: it decides what's best
     _train_loop(run, evaluators, selection, hooks)
     return _final_evaluation(run, evaluators, selection)
+
+
+def capped_steps(config: ml_collections.ConfigDict, tasks: Sequence[tasks_lib.Task]
+                 ) -> ml_collections.ConfigDict:
+    """`config` with num_train_steps cut to `max_epochs` passes over the training items
+    (every task's pairs; a pre-training collection's passages), rounded up; as it is
+    without max_epochs or when the cap is higher. Resuming computes the same cap."""
+    epochs = config.get("max_epochs", 0.0)
+    if not epochs or not config.num_train_steps:
+        return config
+    items = sum(len(t.collection.passages) if t.pretraining else len(t.train_source)
+                for t in tasks)
+    steps = max(1, math.ceil(epochs * items / config.global_batch_size))
+    if steps >= config.num_train_steps:
+        return config
+    logging.info("max_epochs=%g: %d training items at %d a step: %d steps, not %d", epochs,
+                 items, config.global_batch_size, steps, config.num_train_steps)
+    config = copy.deepcopy(config)
+    config.num_train_steps = steps
+    return config
 
 
 def _prepare_input(config: ml_collections.ConfigDict, workdir: str,

@@ -152,10 +152,13 @@ def has_state(workdir: str) -> bool:
 
 
 def config_changes(saved: dict, config: dict) -> tuple[list[str], list[str]]:
-    """(refused, allowed): "key: old -> new" for each key that differs."""
+    """(refused, allowed): "key: old -> new" for each key that differs (a key the saved
+    config lacks counts as unchanged at an off value: 0, "" or False)."""
     old, new = flatten(saved), flatten(config)
     refused, allowed = [], []
     for key in sorted(set(old) | set(new)):
+        if key not in old and new[key] in (0, "", None):  # a key added since, left off
+            continue
         if old.get(key, "(absent)") != new.get(key, "(absent)"):
             change = f"{key}: {old.get(key, '(absent)')!r} -> {new.get(key, '(absent)')!r}"
             (allowed if _resumable(key) else refused).append(change)

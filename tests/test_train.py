@@ -560,3 +560,26 @@ def test_early_stopping_ends_training_once_val_stops_improving(tmp_path, capsys)
     assert {k: r["map@100"] for k, r in resumed.items()} == {k: r["map@100"] for k, r in results.items()}
     with pytest.raises(config_lib.ConfigError, match="eval.early_stopping"):
         config_lib.validate(tiny(**{"eval.early_stopping": 2}), 8)
+
+
+def test_max_epochs_caps_the_steps_by_the_training_items():
+    """max_epochs passes over every task's pairs (a pre-training collection: its
+    passages), rounded up, when that is fewer than num_train_steps; resuming computes the
+    same. A workdir saved before the key existed resumes (absent = off)."""
+    import types
+    from dualjax import workdir as workdir_lib
+    cfg = tiny(**{"num_train_steps": 300, "global_batch_size": 64, "max_epochs": 2.0})
+    pairs = types.SimpleNamespace(pretraining=False, train_source=[None] * 100)
+    docs = types.SimpleNamespace(pretraining=True,
+                                 collection=types.SimpleNamespace(passages=[""] * 82))
+    assert train.capped_steps(cfg, [docs]).num_train_steps == 3  # ceil(2 * 82 / 64)
+    assert train.capped_steps(cfg, [pairs, docs]).num_train_steps == 6  # ceil(2 * 182 / 64)
+    assert cfg.num_train_steps == 300  # the caller's config is left as it was
+    big = types.SimpleNamespace(pretraining=False, train_source=[None] * 100_000)
+    assert train.capped_steps(cfg, [big]) is cfg
+    cfg.max_epochs = 0.0
+    assert train.capped_steps(cfg, [docs]) is cfg
+    saved = {k: v for k, v in cfg.to_dict().items() if k != "max_epochs"}
+    assert workdir_lib.config_changes(saved, cfg.to_dict()) == ([], [])
+    cfg.max_epochs = 2.0
+    assert workdir_lib.config_changes(saved, cfg.to_dict())[0] == ["max_epochs: '(absent)' -> 2.0"]
