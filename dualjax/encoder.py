@@ -141,17 +141,15 @@ class Encoder:
             raise TypeError(f"{method} takes a sequence of texts, not one string: pass [text]")
         texts = list(texts)
         out = np.zeros((len(texts), self.dim), np.float32)
-        order = np.argsort([-len(t) for t in texts], kind="stable")
+        order = features.longest_first(texts)
         s = self.sides[side]
+        # an older bundle's functions take max_len alone
+        min_bucket = self.min_bucket if self.meta.get("length") == "symbolic" else s.max_len
         for start in range(0, len(texts), batch_size):
             rows = order[start:start + batch_size]
-            pad = batch_size - len(rows) if len(texts) > batch_size else 0
-            chunk_fields = None if fields is None else [fields[i] for i in rows] + [None] * pad
-            x = s.encode([texts[i] for i in rows] + [""] * pad, chunk_fields)
-            if self.meta.get("length") == "symbolic":
-                length = features.length_bucket(int(x["mask"].sum(1).max()), s.max_len,
-                                                self.min_bucket, half_steps=True)
-                x["ids"], x["mask"] = x["ids"][:, :length], x["mask"][:, :length]
+            x = s.encode_batch([texts[i] for i in rows],
+                               None if fields is None else [fields[i] for i in rows],
+                               batch_size if len(texts) > batch_size else 0, min_bucket)
             args = [x["ids"], x["mask"]] + ([x["cats"]] if "cats" in x else [])
             out[rows] = np.asarray(self._fns[side](self.params, *args))[:len(rows)]
         return out

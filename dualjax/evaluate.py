@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from dualjax import baselines as baselines_lib
 from dualjax import ann, hybrid, metrics, sharding, typos
 from dualjax.data.clusters import RetrievalTask
-from dualjax.features import Fields, Inputs, Side, length_bucket
+from dualjax.features import Fields, Inputs, Side, longest_first
 
 # {"ids", "mask" [b, len], "cats" [b, fields] (a side with categorical fields)} -> [b, dim]
 EncodeFn = Callable[[dict[str, jax.Array]], jax.Array]
@@ -42,18 +42,14 @@ def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], side: Side, batch_si
     n_dev, n_proc, me = mesh.devices.size, jax.process_count(), jax.process_index()
     batch_size = -(-batch_size // n_dev) * n_dev
     share = batch_size // n_proc  # this process's rows of each batch
-    order = np.argsort([-len(t) for t in texts], kind="stable")
+    order = longest_first(texts)
     out = np.zeros((len(texts), 0), np.float32)
     for start in tqdm(range(0, len(texts), batch_size), desc=desc, leave=False,
                       unit="batch", disable=None):
         rows = order[start:start + batch_size]
-        pad = batch_size - len(rows)
-        chunk = [texts[i] for i in rows] + [""] * pad
-        chunk_fields = None if fields is None else [fields[i] for i in rows] + [None] * pad
-        x = side.encode(chunk, chunk_fields)
-        length = length_bucket(int(x["mask"].sum(1).max()), side.max_len, half_steps=True)
-        x = {k: (v[:, :length] if k in ("ids", "mask") else v)[me * share:(me + 1) * share]
-             for k, v in x.items()}
+        x = side.encode_batch([texts[i] for i in rows],
+                              None if fields is None else [fields[i] for i in rows], batch_size)
+        x = {k: v[me * share:(me + 1) * share] for k, v in x.items()}
         vectors = encode_fn(sharding.put_global_batch(x, mesh))
         if n_proc > 1:  # the other processes' rows too
             from jax.experimental import multihost_utils

@@ -193,6 +193,25 @@ class Side:
             out["cats"] = self.features.encode(fields if fields is not None else [None] * len(texts))
         return out
 
+    def encode_batch(self, texts: Sequence[str], fields: Sequence[Fields] | None = None,
+                     rows: int = 0, min_bucket: int | None = None) -> dict[str, np.ndarray]:
+        """`encode` of a batch padded with empty texts to `rows` (one shape per length,
+        so each compiles once), ids and mask cut to the `length_bucket` (half steps) of
+        its longest text: padding never changes a vector."""
+        pad = max(rows - len(texts), 0)
+        x = self.encode(list(texts) + [""] * pad,
+                        None if fields is None else list(fields) + [None] * pad)
+        length = length_bucket(int(x["mask"].sum(1).max()), self.max_len,
+                               min_bucket or MIN_BUCKET, half_steps=True)
+        x["ids"], x["mask"] = x["ids"][:, :length], x["mask"][:, :length]
+        return x
+
+
+def longest_first(texts: Sequence[str]) -> np.ndarray:
+    """The texts' indices, longest (in characters) first, as sentence-transformers batches
+    them: the texts of a batch are of about one length, cut to one bucket."""
+    return np.argsort([-len(t) for t in texts], kind="stable")
+
 
 @dataclasses.dataclass(frozen=True)
 class Inputs:

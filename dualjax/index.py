@@ -22,7 +22,7 @@ import numpy as np
 from absl import flags, logging
 from tqdm.auto import tqdm
 
-from dualjax import ann, cli
+from dualjax import ann, cli, features
 from dualjax.data.corpus_file import read_corpus
 from dualjax.encoder import Encoder
 from dualjax.workdir import (atomic_write, check_output, file_digests, replace_folder,
@@ -67,7 +67,7 @@ def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: st
 def _encode(encoder: Encoder, texts: list[str], batch_size: int) -> np.ndarray:
     """The documents' vectors, in corpus order, encoded longest first (so that each batch
     runs at the length bucket of texts of about its own length), with a progress bar."""
-    order = np.argsort([-len(t) for t in texts], kind="stable")
+    order = features.longest_first(texts)
     out = np.zeros((len(texts), encoder.dim), np.float32)
     step = 16 * batch_size  # texts per progress update
     with tqdm(total=len(texts), desc="encode corpus", unit="text", disable=None) as bar:
