@@ -32,7 +32,7 @@ if __name__ == "__main__":  # before the slow imports below
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from dualjax import cli, config_lib, train  # noqa: E402
+from dualjax import cli, config_keys, train  # noqa: E402
 from dualjax.metrics_log import setup_logging  # noqa: E402
 from dualjax.config_lib import ConfigError  # noqa: E402
 from dualjax.data.pairs_file import DataError  # noqa: E402
@@ -86,7 +86,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
     if _KEYS.value:  # the meanings are the comments of configs/default.py and ann.py
-        print(config_lib.describe_keys(_CONFIG.value, *config_lib.key_sources()))
+        print(config_keys.describe_keys(_CONFIG.value, *config_keys.key_sources()))
         return
     if not _WORKDIR.value:
         raise app.UsageError("--workdir is required (a directory for checkpoints, metrics "

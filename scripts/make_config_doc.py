@@ -4,7 +4,7 @@
     .venv/bin/python scripts/make_config_doc.py --check   # exit 1 if it is stale
 
 Every key of configs/default.py, its default and its meaning come from
-`config_lib.describe_keys` (what `python -m dualjax.main --config=configs/default.py
+`config_keys.describe_keys` (what `python -m dualjax.main --config=configs/default.py
 --keys` prints): the comments of configs/default.py, and of dualjax/ann.py for
 eval.scann.*. Change a comment there, then run this; tests/test_docs.py fails while the
 committed page differs from what this writes.
@@ -21,7 +21,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without an install, too
 
-from dualjax import config_lib  # noqa: E402
+from dualjax import config_keys  # noqa: E402
 
 OUT = ROOT / "docs" / "config.md"
 DEFAULTS = ROOT / "configs" / "default.py"
@@ -69,7 +69,7 @@ _LINE = re.compile(r"^(\S+) = (.*?)(?:  # (.*))?$")
 
 
 def parse(described: str) -> list[tuple[str, str, str]]:
-    """(key, value repr, comment) for each line of `config_lib.describe_keys`."""
+    """(key, value repr, comment) for each line of `config_keys.describe_keys`."""
     rows = []
     for line in described.splitlines():
         m = _LINE.match(line.rstrip())
@@ -100,7 +100,7 @@ def _code(value: str) -> str:
 def render() -> str:
     """docs/config.md's text."""
     config = runpy.run_path(str(DEFAULTS))["get_config"]()
-    rows = parse(config_lib.describe_keys(config, *config_lib.key_sources()))
+    rows = parse(config_keys.describe_keys(config, *config_keys.key_sources()))
     groups: dict[str, list[tuple[str, str, str]]] = {}
     for key, value, comment in rows:
         groups.setdefault(key.split(".")[0] if "." in key else "", []).append(

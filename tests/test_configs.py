@@ -2,7 +2,7 @@
 import pytest
 
 from conftest import CONFIGS, load_config
-from dualjax import config_lib, tasks
+from dualjax import config_keys, config_lib, tasks
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in CONFIGS.glob("*.py")))
@@ -16,7 +16,7 @@ def test_every_config_key_says_what_it_means():
     """`--keys` lists every key with a meaning: each key of configs/default.py has a
     comment there (or, for eval.scann, in index.py)."""
     cfg = load_config("default")
-    text = config_lib.describe_keys(cfg, *config_lib.key_sources())
+    text = config_keys.describe_keys(cfg, *config_keys.key_sources())
     lines = text.splitlines()
     assert len(lines) > 100
     bare = [line.split(" = ")[0] for line in lines if "  # " not in line]
