@@ -3,9 +3,13 @@
 A dense step differentiates and updates every row of every token table, whatever the
 batch read. With lazy updates a step instead:
 
-1. finds, per token table, the distinct ids its batch reads (`touched`: the fields the
-   objective names for that table, pads included), as a sorted list padded to a static
-   length with an id past the table's end;
+1. finds, per token table, the distinct ids its batch reads (the fields the objective
+   names for that table, pads included), as a sorted list padded to a static length
+   with an id past the table's end. On one process the host lists them as it hands the
+   batch over (`BatchRows`: the batch's field `rows_field(table)`), padded to the next of
+   a few sizes, so the step works on about as many rows as the batch reads (a new size
+   compiles the step once more); else the step finds them itself (`touched`), padded to
+   the most a batch could read;
 2. gathers those rows, and runs the loss with every read of the table
    (`towers.TokenTable.source`) answered from them (`reading`), so the table's gradient
    is [rows, dim], one row per distinct id;
@@ -29,6 +33,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Mapping
 
+import numpy as np
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -40,15 +46,61 @@ CHUNK = 1024  # rows per gather / scatter
 Path = tuple[str, ...]  # a TokenTable's module path in the params tree
 
 
+def rows_field(path: Path) -> str:
+    """The batch field in which `BatchRows` lists the distinct ids of table `path`."""
+    return "rows:" + "/".join(path)
+
+
+def row_count(n: int, rows: int) -> int:
+    """The static length of a list of n distinct ids of a `rows`-row table: the least of
+    CHUNK x (1, 2, 3, 4, 6, 8, 12, ...) that holds n, at most `rows` rounded up to CHUNK."""
+    cap, k = -(-rows // CHUNK) * CHUNK, 1
+    while CHUNK * k < min(n, cap):
+        k = 2 if k == 1 else k * 3 // 2 if k & (k - 1) == 0 else k * 4 // 3
+    return min(CHUNK * k, cap)
+
+
+class BatchRows:
+    """The host's part of a lazy step on one process: adds to a batch (numpy, as the
+    input pipeline hands it over), per token table, the sorted distinct ids its fields
+    read, padded with the table's row count to `row_count`. A table's length never
+    shrinks during a run, so the step compiles once per size the batches reach."""
+
+    def __init__(self, tables: Mapping[Path, tuple[str, ...]], params: dict):
+        self.tables = dict(tables)
+        self.sizes = {path: _get(params, path)["embedding"].shape[0] for path in tables}
+        self.lengths = {path: 0 for path in self.tables}
+
+    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = dict(batch)
+        for path, prefixes in self.tables.items():
+            rows = self.sizes[path]
+            present = np.zeros(rows, bool)
+            for p in prefixes:
+                if f"{p}_ids" in batch:
+                    present[batch[f"{p}_ids"]] = True
+            ids = np.flatnonzero(present).astype(np.int32)
+            n = self.lengths[path] = max(self.lengths[path], row_count(len(ids), rows))
+            out[rows_field(path)] = np.concatenate([ids, np.full(n - len(ids), rows, np.int32)])
+        return out
+
+
 def touched(params: dict, batch: Mapping[str, jax.Array], tables: Mapping[Path, tuple[str, ...]]
             ) -> dict[Path, tuple[jax.Array, jax.Array]]:
     """{table path: (ids [U] int32, position [rows] int32)}: the distinct ids the batch
     reads from each table (`tables`: path -> prefixes of the batch's "<prefix>_ids" fields
-    that index it), ascending, then `rows` (past the end) up to U, a multiple of CHUNK
-    at least min(ids read, rows); position[i]: where id i is in that list."""
+    that index it), ascending, then `rows` (past the end) up to U; position[i]: where id i
+    is in that list. The batch's `rows_field` where it has one (`BatchRows`); else found
+    here, with U a multiple of CHUNK at least min(ids read, rows)."""
     out = {}
     for path, prefixes in tables.items():
         rows = _get(params, path)["embedding"].shape[0]
+        if rows_field(path) in batch:
+            unique = batch[rows_field(path)]
+            position = jnp.zeros((rows,), jnp.int32).at[unique].set(
+                jnp.arange(unique.shape[0], dtype=jnp.int32), mode="drop", unique_indices=True)
+            out[path] = (unique, position)
+            continue
         ids = jnp.concatenate([batch[f"{p}_ids"].reshape(-1) for p in prefixes
                                if f"{p}_ids" in batch])
         present = jnp.zeros((rows,), bool).at[ids].set(True)

@@ -151,7 +151,7 @@ def towers_child(batch: int, chunks: int, layers: int, width: int, max_len: int,
     data = sharding.put_global_batch(data, mesh)
     step = train.make_train_step(objective, tx, lambda s: 1e-3, replicated, batch_sharding,
                                  replicated)
-    timed = time_compiled(step, (state, data), steps, carry=True)
+    timed = time_compiled(step.jitted, (state, data, np.bool_(False)), steps, carry=True)
     return {"batch": batch, "chunks": chunks, "block": block,
             "loss": float(timed.pop("out")[1]["loss"]), **timed}
 

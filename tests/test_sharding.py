@@ -85,11 +85,11 @@ def step_states(monkeypatch) -> list[list[tuple[str, tuple, jax.sharding.Shardin
     def recording(*args, **kwargs):
         step = make(*args, **kwargs)
 
-        def recorded(state, batch):
+        def recorded(state, batch, norms=True):
             leaves = lambda s: [(jax.tree_util.keystr(p), x.shape, x.sharding)
                                 for p, x in jax.tree_util.tree_leaves_with_path(s)]
             before = leaves(state)  # read before the call: the step donates its input
-            new_state, metrics = step(state, batch)
+            new_state, metrics = step(state, batch, norms)
             seen.extend([before, leaves(new_state)])
             return new_state, metrics
         return recorded

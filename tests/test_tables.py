@@ -18,17 +18,17 @@ from dualjax.specs import model_spec
 VOCAB, B, L = 4096, 16, 6
 
 
-def batch(seed):
+def batch(seed, place=True):
     rng = np.random.default_rng(seed)
     out = {}
     for side in ("q", "d"):
         out[f"{side}_ids"] = rng.integers(1, VOCAB, (B, L)).astype(np.int32)
         out[f"{side}_mask"] = np.arange(L) < rng.integers(1, L + 1, (B, 1))
-    return sharding.put_global_batch(out, sharding.make_mesh())
+    return sharding.put_global_batch(out, sharding.make_mesh()) if place else out
 
 
 def run(table_updates, batches, shared_towers=False, shared_embedding=False, chunks=0,
-        param_sharding="replicated"):
+        param_sharding="replicated", norms=True):
     """The train states after each batch, from the same init (bow_mlp towers, two unless
     `shared_towers`, Adam with global-norm clipping that binds), on every device of the
     mesh."""
@@ -50,11 +50,14 @@ def run(table_updates, batches, shared_towers=False, shared_embedding=False, chu
                                  sharding.replicated(mesh), table_updates=table_updates)
     states = []
     for b in batches:
-        state, metrics = step(state, b)
+        state, metrics = step(state, b, norms=norms)
         if param_sharding == "fsdp":
             assert_tables_sharded(state, mesh.devices.size, 1 if shared_towers else 2)
         states.append(jax.tree.map(np.asarray, state))
-        assert np.isfinite(float(metrics["grad_norm"]))
+        if norms:
+            assert np.isfinite(float(metrics["grad_norm"])) and float(metrics["param_norm"]) > 0
+        else:
+            assert float(metrics["grad_norm"]) == float(metrics["param_norm"]) == train.NOT_MEASURED
     return objective, states
 
 
@@ -129,3 +132,44 @@ def test_table_updates_key_is_checked():
     cfg.model.name = "pses"
     with pytest.raises(config_lib.ConfigError, match="table_updates='lazy'"):
         config_lib.validate(cfg, 1)
+
+
+def test_row_count_ladder():
+    sizes = [tables.row_count(n, 50_000) // tables.CHUNK
+             for n in (0, 1024, 1025, 2049, 3073, 4097, 6145, 14_600, 40_000, 50_000)]
+    assert sizes == [1, 1, 2, 3, 4, 6, 8, 16, 48, 49]  # 49 x 1,024: the table, rounded up
+    assert tables.row_count(5000, 4096) == 4096
+
+
+def test_rows_listed_by_the_host_give_the_same_steps():
+    """The training loop's lazy step on one process: the host lists each table's distinct
+    ids (`BatchRows`) and the step reads them instead of finding them. Two steps, one
+    tower per side, equal to the step that finds them itself; the lists are sorted,
+    padded past the table's end, and as long as the longest so far."""
+    host = [batch(1, place=False), batch(2, place=False)]
+    objective, found = run("lazy", [batch(1), batch(2)])
+    state_params = found[0]["params"]
+    rows = tables.BatchRows(objective.tables(state_params), state_params)
+    listed = [rows(b) for b in host]
+    mesh = sharding.make_mesh()
+    _, given = run("lazy", [sharding.put_global_batch(b, mesh) for b in listed])
+    for x, y in zip(jax.tree.leaves(given), jax.tree.leaves(found), strict=True):
+        np.testing.assert_array_equal(x, y)
+    field = tables.rows_field(("query_tower", "bow", "embed"))
+    ids = listed[0][field]
+    read = np.unique(host[0]["q_ids"])
+    assert ids.shape == (tables.CHUNK,)
+    np.testing.assert_array_equal(ids[:len(read)], read)
+    assert (ids[len(read):] == VOCAB).all()
+    assert listed[1][field].shape == ids.shape
+
+
+@pytest.mark.parametrize("table_updates", ["dense", "lazy"])
+def test_steps_without_norms_update_the_same(table_updates):
+    """The training loop asks for grad_norm and param_norm only on the steps that write a
+    train row; a step without them makes the same update."""
+    b = [batch(1), batch(2)]
+    _, with_norms = run(table_updates, b)
+    _, without = run(table_updates, b, norms=False)
+    for x, y in zip(jax.tree.leaves(without), jax.tree.leaves(with_norms), strict=True):
+        np.testing.assert_array_equal(x, y)
