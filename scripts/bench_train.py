@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import re
+import resource
 import runpy
 import statistics
 import subprocess
@@ -213,13 +214,14 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
         state, metrics = step_fn(state, place(batches[i % len(batches)]), norms=False)
         jax.block_until_ready((state, metrics))
 
-    times = []
+    times, faults = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for i in range(args.steps):
         batch = batches[i % len(batches)]
         t0 = time.perf_counter()
         state, metrics = step_fn(state, place(batch), norms=False)
         jax.block_until_ready((state, metrics))
         times.append(time.perf_counter() - t0)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / args.steps
     loss = float(metrics["loss"])
     if not np.isfinite(loss):
         raise SystemExit(f"non-finite loss {loss} on {devices} devices")
@@ -231,6 +233,7 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
             "jax_version": jax.__version__, "backend": jax.default_backend(),
             "num_params": int(num_params), "state_mb": state_bytes / 2**20,
             "first_step_s": first_step_s, "last_loss": loss, "step_times_s": times,
+            "page_faults_per_step": faults,
             **summarize(times, args.batch)}
 
 
@@ -323,7 +326,10 @@ def torch_dual_encoder(workload: str, vocab: int, dim: int, form: str = "embeddi
 
 def bench_torch_step(args: argparse.Namespace) -> dict[str, Any]:
     """Times the PyTorch step of `--vs-torch` workload `args.workload` (run in a
-    subprocess): zero_grad, forward, backward, Adam step, on `--torch-threads` threads."""
+    subprocess): zero_grad, forward, backward, Adam step, on `--torch-threads` threads.
+    PyTorch's CPU tensors come from the same malloc, set as dualjax sets it on import
+    (docs/training.md, "Memory on Linux"): its steps are spared the page faults too."""
+    import dualjax  # noqa: F401 (before torch allocates: malloc keeps freed buffers)
     import numpy as np
     import torch
 
@@ -370,12 +376,13 @@ def bench_torch_step(args: argparse.Namespace) -> dict[str, Any]:
     first_step_s = time.perf_counter() - t0
     for i in range(1, args.warmup):
         loss = step(batches[i % len(batches)])
-    times = []
+    times, faults = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for i in range(args.steps):
         batch = batches[i % len(batches)]
         t0 = time.perf_counter()
         loss = step(batch)
         times.append(time.perf_counter() - t0)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / args.steps
     loss = float(loss.detach())
     if not np.isfinite(loss):
         raise SystemExit(f"non-finite torch loss {loss}")
@@ -383,7 +390,8 @@ def bench_torch_step(args: argparse.Namespace) -> dict[str, Any]:
             "workload": args.workload, "devices": 1,
             "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
             "num_params": int(num_params), "first_step_s": first_step_s, "last_loss": loss,
-            "step_times_s": times, **summarize(times, args.batch)}
+            "step_times_s": times, "page_faults_per_step": faults,
+            **summarize(times, args.batch)}
 
 
 def bench_input(args: argparse.Namespace) -> dict[str, Any]:
@@ -442,8 +450,8 @@ def bench_input(args: argparse.Namespace) -> dict[str, Any]:
 def run_worker(args: argparse.Namespace, worker: str, devices: int,
                param_sharding: str = "replicated", workload: str = "",
                batch: int | None = None, steps: int | None = None,
-               table_updates: str | None = None, torch_form: str = "embedding"
-               ) -> dict[str, Any]:
+               table_updates: str | None = None, torch_form: str = "embedding",
+               env: dict[str, str] | None = None) -> dict[str, Any]:
     """Re-invokes this script as `--worker WORKER --devices N` and returns its result
     (`workload`, `batch`, `steps`: a `--vs-torch` measurement)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
@@ -461,7 +469,7 @@ def run_worker(args: argparse.Namespace, worker: str, devices: int,
     what = f"workload {workload}, batch {batch}" if workload else f"{param_sharding} state"
     print(f"# running {worker} on {devices} device(s), {what} ...", file=sys.stderr, flush=True)
     try:
-        subprocess.run(cmd, env=child_env(devices), check=True)
+        subprocess.run(cmd, env={**child_env(devices), **(env or {})}, check=True)
         with open(out, encoding="utf-8") as f:
             return json.load(f)
     finally:
@@ -525,6 +533,8 @@ BOW_SIDES = (("dualjax", "train", {"table_updates": "dense"}),
              ("pytorch_bag", "torch", {"torch_form": "bag"}),
              ("pytorch_sparse", "torch", {"torch_form": "bag_sparse"}))
 TRANSFORMER_SIDES = (("dualjax", "train", {}), ("pytorch", "torch", {}))
+# --malloc-ablation: dualjax's dense side again with glibc's malloc left as it is.
+MALLOC_SIDE = ("dualjax_malloc_default", "train", {"env": {"DUALJAX_MALLOC": "default"}})
 
 
 def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
@@ -539,7 +549,8 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
         transformer = COMPARE_WORKLOADS[name]["tower"] == "transformer"
         batch = args.transformer_batch if transformer else args.batch
         steps = args.transformer_steps if transformer else args.steps
-        sides_spec = TRANSFORMER_SIDES if transformer else BOW_SIDES
+        sides_spec = (TRANSFORMER_SIDES if transformer else BOW_SIDES) + (
+            (MALLOC_SIDE,) if args.malloc_ablation else ())
         runs: dict[str, list[dict]] = {side: [] for side, _, _ in sides_spec}
         for _ in range(args.rounds):
             for side, worker, options in sides_spec:
@@ -552,7 +563,9 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
                            "round_median_ms": [r["median_ms"] for r in rs],
                            "num_params": rs[0]["num_params"],
                            "first_step_s": [r["first_step_s"] for r in rs],
-                           "last_loss": [r["last_loss"] for r in rs]}
+                           "last_loss": [r["last_loss"] for r in rs],
+                           "page_faults_per_step": [r.get("page_faults_per_step")
+                                                    for r in rs]}
             versions.update({k: rs[0][k] for k in ("jax_version", "torch_version",
                                                    "torch_threads") if k in rs[0]})
         rate = lambda side: sides[side]["per_s"]
@@ -561,6 +574,8 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
         if not transformer:
             ratios["lazy"] = rate("dualjax_lazy") / rate("pytorch_sparse")
             ratios["lazy_vs_dense"] = rate("dualjax_lazy") / rate("dualjax")
+        if args.malloc_ablation:
+            ratios["malloc"] = rate("dualjax") / rate(MALLOC_SIDE[0])
         workloads[name] = {"batch": batch, "steps": steps, "runs": runs, **sides,
                            "sides": list(runs), "ratios": ratios}
     return {"load_before": load_before, "load_after": os.getloadavg(),
@@ -585,18 +600,20 @@ def print_comparison(args: argparse.Namespace, result: dict[str, Any]) -> None:
           f"run {args.warmup} warm-up + the timed steps; medians over every timed step.")
     print("dualjax_lazy: optimizer.table_updates=lazy. PyTorch forms: "
           + "; ".join(f"{k}: {v}" for k, v in TORCH_FORMS.items()) + "\n")
-    header = (f"{'workload':>8} | {'side':>14} | {'batch':>5} | {'params':>10} | "
+    header = (f"{'workload':>8} | {'side':>22} | {'batch':>5} | {'params':>10} | "
               f"{'median ms':>9} | {'p10 ms':>8} | {'p90 ms':>8} | {'pairs/s':>8} | "
-              f"{'round medians ms':>22}")
+              f"{'round medians ms':>22} | {'faults/step':>11}")
     print(header)
     print("-" * len(header))
     for name, w in result["workloads"].items():
         for side in w["sides"]:
             r = w[side]
             rounds = ", ".join(f"{x:.0f}" for x in r["round_median_ms"])
-            print(f"{name:>8} | {side:>14} | {w['batch']:>5} | {r['num_params']:>10,} | "
+            faults = [x for x in r.get("page_faults_per_step", []) if x is not None]
+            faults = f"{statistics.median(faults):,.0f}" if faults else "-"
+            print(f"{name:>8} | {side:>22} | {w['batch']:>5} | {r['num_params']:>10,} | "
                   f"{r['median_ms']:>9.1f} | {r['p10_ms']:>8.1f} | {r['p90_ms']:>8.1f} | "
-                  f"{r['per_s']:>8.0f} | {rounds:>22}")
+                  f"{r['per_s']:>8.0f} | {rounds:>22} | {faults:>11}")
     for name, w in result["workloads"].items():
         ratios = ", ".join(f"{k} x{x:.2f}" for k, x in w["ratios"].items())
         losses = "; ".join(f"{side} " + ", ".join(f"{x:.3f}" for x in w[side]["last_loss"])
@@ -604,7 +621,9 @@ def print_comparison(args: argparse.Namespace, result: dict[str, Any]) -> None:
         print(f"{name}: {ratios}. {w['steps']} timed steps per run; last loss per round: "
               f"{losses}")
     print("dense: dualjax / the faster PyTorch dense-Adam form; lazy: dualjax_lazy / "
-          "pytorch_sparse; lazy_vs_dense: dualjax_lazy / dualjax (pairs/s at the median).")
+          "pytorch_sparse; lazy_vs_dense: dualjax_lazy / dualjax; malloc: dualjax / "
+          "dualjax_malloc_default (pairs/s at the median). faults/step: minor page faults "
+          "per timed step, median over the rounds.")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -647,6 +666,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="--vs-torch: global batch of the Transformer workloads")
     p.add_argument("--transformer-steps", type=int, default=6,
                    help="--vs-torch: timed steps per run of the Transformer workloads")
+    p.add_argument("--malloc-ablation", action="store_true",
+                   help="--vs-torch: also run dualjax's dense side with DUALJAX_MALLOC=default "
+                        "(glibc's malloc as it is; docs/training.md)")
     p.add_argument("--worker", choices=("train", "input", "torch"), help=argparse.SUPPRESS)
     p.add_argument("--workload", default="", help=argparse.SUPPRESS)
     p.add_argument("--torch-form", default="embedding", choices=tuple(TORCH_FORMS),
