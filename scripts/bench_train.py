@@ -26,10 +26,15 @@ COMPARE_WORKLOADS): "A" two separate bow_mlp towers (each its own vocab x dim ta
 by PyTorch three ways (TORCH_FORMS: nn.Embedding + Adam as a user first writes it,
 EmbeddingBag + fused Adam, EmbeddingBag(sparse) + SparseAdam: its fast paths); "B-2x128"
 and "B-4x256" two separate Transformer towers (pre-LN, GELU MLP of 4x width, 4 heads,
-[CLS] pooling) at `--transformer-batch` x `--seq-len`. Every side: in-batch softmax over
-alpha * cos + beta (alpha, beta learned, 10 and 0 at init), Adam at a constant learning
-rate of 3e-3. Ratios compare like with like: dense Adam with the faster dense PyTorch
-form, the lazy update with SparseAdam.
+[CLS] pooling) at `--transformer-batch` x `--seq-len`; "MiniLM" one BERT tower at
+all-MiniLM-L6-v2's sizes for queries and documents (dualjax's `bert` tower against
+`transformers`' BertModel, mean pooling, no dropout, random weights) at batch 64 x
+`--seq-len`. PyTorch's Transformer sides use Adam(fused=True). Every side: in-batch
+softmax over alpha * cos + beta (alpha, beta learned, 10 and 0 at init), Adam at a
+constant learning rate of 3e-3. Ratios compare like with like: dense Adam with the faster
+dense PyTorch form, the lazy update with SparseAdam. Both sides' workers run with the
+malloc setting dualjax makes on import (docs/training.md); `--malloc-ablation` adds
+dualjax's dense side without it.
 """
 from __future__ import annotations
 
@@ -103,7 +108,12 @@ COMPARE_WORKLOADS: dict[str, dict[str, Any]] = {
         "A": {"tower": "bow_mlp"},
         "B-2x128": {"tower": "transformer", "num_layers": 2, "width": 128},
         "B-4x256": {"tower": "transformer", "num_layers": 4, "width": 256},
+        "MiniLM": {"tower": "bert", "batch": 64},
 }
+# all-MiniLM-L6-v2's sizes (its config.json): the "MiniLM" workload, one tower for queries
+# and documents on both sides (as sentence-transformers trains it), random weights.
+MINILM = {"vocab_size": 30522, "hidden_size": 384, "num_layers": 6, "num_heads": 12,
+          "intermediate_size": 1536, "max_positions": 512}
 COMPARE_HEADS = 4  # attention heads of the Transformer workloads (dualjax's default)
 COMPARE_LR = 3e-3  # constant Adam learning rate on both sides (configs/default.py's peak)
 
@@ -120,6 +130,8 @@ def comparison_config(config, args: argparse.Namespace) -> None:
     m.similarity = "cosine_affine"
     if w["tower"] == "bow_mlp":
         m.embed_dim = m.hidden_dim = m.output_dim = args.dim
+    elif w["tower"] == "bert":
+        m.shared_towers = True
     else:
         t = m.transformer
         t.preset, t.num_layers, t.width = "", w["num_layers"], w["width"]
@@ -171,7 +183,11 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"expected {devices} CPU devices, jax sees {jax.device_count()} "
                          f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})")
     mesh = sharding.make_mesh(devices)
-    model = dual_encoder.make_model(specs.model_spec(config.model), args.vocab)
+    bert = None
+    if args.workload and COMPARE_WORKLOADS[args.workload]["tower"] == "bert":
+        from dualjax.models.bert import BertConfig
+        bert = BertConfig(**MINILM)
+    model = dual_encoder.make_model(specs.model_spec(config.model), args.vocab, bert=bert)
     # Schedule long enough that warmup/decay never reach zero during the benchmark.
     tx, schedule = train.make_optimizer(config.optimizer, 100 * (args.steps + args.warmup))
 
@@ -305,13 +321,34 @@ def torch_dual_encoder(workload: str, vocab: int, dim: int, form: str = "embeddi
 
     w = COMPARE_WORKLOADS[workload]
 
+    class MiniLM(nn.Module):  # transformers' BertModel at MINILM's sizes, mean-pooled
+        def __init__(self):
+            super().__init__()
+            from transformers import BertConfig, BertModel
+            c = MINILM
+            self.bert = BertModel(BertConfig(
+                vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
+                num_hidden_layers=c["num_layers"], num_attention_heads=c["num_heads"],
+                intermediate_size=c["intermediate_size"],
+                max_position_embeddings=c["max_positions"], hidden_act="gelu",
+                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+                add_pooling_layer=False)
+
+        def forward(self, ids, mask):
+            x = self.bert(input_ids=ids, attention_mask=mask.long()).last_hidden_state
+            m = mask.unsqueeze(-1).to(x.dtype)
+            return (x * m).sum(1) / m.sum(1).clamp(min=1.0)
+
     def tower():
+        if w["tower"] == "bert":
+            return MiniLM()
         return BowMlp() if w["tower"] == "bow_mlp" else Transformer(w["num_layers"], w["width"])
 
     class DualEncoder(nn.Module):
         def __init__(self):
             super().__init__()
-            self.query_tower, self.doc_tower = tower(), tower()
+            self.query_tower = tower()
+            self.doc_tower = self.query_tower if w["tower"] == "bert" else tower()
             self.alpha = nn.Parameter(torch.tensor(10.0))
             self.beta = nn.Parameter(torch.tensor(0.0))
 
@@ -338,7 +375,9 @@ def bench_torch_step(args: argparse.Namespace) -> dict[str, Any]:
     form = args.torch_form
     model = torch_dual_encoder(args.workload, args.vocab, args.dim, form)
     model.train()
-    if form == "embedding":
+    if COMPARE_WORKLOADS[args.workload]["tower"] != "bow_mlp":  # its fastest Adam
+        opts = [torch.optim.Adam(model.parameters(), lr=COMPARE_LR, fused=True)]
+    elif form == "embedding":
         opts = [torch.optim.Adam(model.parameters(), lr=COMPARE_LR)]
     elif form == "bag":
         opts = [torch.optim.Adam(model.parameters(), lr=COMPARE_LR, fused=True)]
@@ -458,9 +497,11 @@ def run_worker(args: argparse.Namespace, worker: str, devices: int,
         out = f.name
     batch = args.batch if batch is None else batch
     steps = args.steps if steps is None else steps
+    vocab = (MINILM["vocab_size"] if workload and COMPARE_WORKLOADS[workload]["tower"] == "bert"
+             else args.vocab)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", worker,
            "--devices", str(devices), "--batch", str(batch), "--seq-len", str(args.seq_len),
-           "--vocab", str(args.vocab), "--dim", str(args.dim), "--steps", str(steps),
+           "--vocab", str(vocab), "--dim", str(args.dim), "--steps", str(steps),
            "--warmup", str(args.warmup), "--input-batches", str(args.input_batches),
            "--prefetch-batches", str(args.prefetch_batches), "--param-sharding",
            param_sharding, "--workload", workload, "--torch-threads", str(args.torch_threads),
@@ -546,8 +587,9 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
     t_start = time.perf_counter()
     workloads, versions = {}, {}
     for name in args.workloads:
-        transformer = COMPARE_WORKLOADS[name]["tower"] == "transformer"
-        batch = args.transformer_batch if transformer else args.batch
+        transformer = COMPARE_WORKLOADS[name]["tower"] != "bow_mlp"
+        batch = COMPARE_WORKLOADS[name].get(
+            "batch", args.transformer_batch if transformer else args.batch)
         steps = args.transformer_steps if transformer else args.steps
         sides_spec = (TRANSFORMER_SIDES if transformer else BOW_SIDES) + (
             (MALLOC_SIDE,) if args.malloc_ablation else ())
