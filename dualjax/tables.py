@@ -33,11 +33,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Mapping
 
-import numpy as np
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from dualjax.models.towers import TokenTable

@@ -28,15 +28,15 @@ from absl import logging
 from tqdm.auto import tqdm
 
 from dualjax import (checkpoints, config_lib, evaluate, features, frequency, objectives,
-                     pretrained, sharding, tables, tokenizers, warm_start, weak_labels)
+                     pretrained, sharding, tables, warm_start, weak_labels)
 from dualjax import evaluators as evaluators_lib
+from dualjax import inputs as inputs_lib
 from dualjax import workdir as workdir_lib
 from dualjax import tasks as tasks_lib
 from dualjax.metrics_log import MetricsLog
 from dualjax.selection import Selection
 from dualjax.workdir import Preempted, Signals  # noqa: F401 (train.Preempted)
 from dualjax import models, specs
-from dualjax.tokenizers import Tokenizer
 
 State = dict[str, Any]  # {"params", "opt_state", "step", "rng"[, "critic", "frequency"]}
 Hook = Callable[[int, dict], None]  # called after every step with (step, device metrics)
@@ -86,62 +86,6 @@ def make_init_state(objective: objectives.Objective, tx: optax.GradientTransform
         return state
 
     return init_state
-
-
-# ----------------------------------------------------------------------------- input
-def load_tokenizer(config, workdir: str, texts: Callable[[], Iterable[str]],
-                   start: pretrained.Pretrained | None = None) -> Tokenizer:
-    """WORKDIR/vocab.json if it exists (a resumed or evaluated run), else built from
-    `texts()` (the training pairs) as `model.tokenizer` says, or read ("hf": the
-    pretrained start's, or model.tokenizer_path), and saved there."""
-    path = os.path.join(workdir, "vocab.json")
-    if os.path.exists(path):
-        return tokenizers.load_tokenizer(path)
-    m = config.model
-    if m.tokenizer == "hf":
-        tok = start.tokenizer() if start else pretrained.read_tokenizer(m.tokenizer_path)
-    else:
-        tok = tokenizers.build_tokenizer(m.tokenizer, texts(), vocab_size=m.vocab_size,
-                                         num_oov_buckets=m.num_oov_buckets,
-                                         trigram_vocab_size=m.trigram_vocab_size)
-    tok.save(path)
-    logging.info("Tokenizer %s: %d embedding rows, saved to %s", m.tokenizer, tok.vocab_size, path)
-    return tok
-
-
-def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
-                fields: Callable[[], Iterable[tuple[features.Fields, features.Fields]]],
-                start: pretrained.Pretrained | None = None) -> features.Inputs:
-    """What each side reads: the tokenizer (`load_tokenizer`), the side's max length
-    (`config_lib.max_lens`) and its categorical fields, whose vocabularies are
-    WORKDIR/features.json if it exists, else built from `fields()` ((query fields,
-    document fields) per training pair) and saved there."""
-    tokenizer = load_tokenizer(config, workdir, texts, start)
-    specs = config_lib.feature_specs(config.model)
-    sides = (features.SideFeatures(), features.SideFeatures())
-    if any(specs):
-        path = os.path.join(workdir, "features.json")
-        if os.path.exists(path):
-            sides = features.load(path)
-        else:
-            records = list(fields())
-            m = config.model
-            built = []
-            for i, (name, spec) in enumerate(zip(("query", "document"), specs)):
-                values = [r[i] for r in records]  # this side's fields of every pair
-                side = features.build_side(spec, values, m.feature_vocab_size, m.feature_buckets)
-                if side:
-                    missing = side.missing_counts(side.encode(values))
-                    logging.info("Categorical %s fields %s: vocabularies of %s values; missing "
-                                 "(id %d) in %s of %d training pairs", name,
-                                 [f.name for f in side.fields], [len(f.vocab) for f in side.fields],
-                                 features.MISSING_ID, list(missing.values()), len(records))
-                built.append(side)
-            sides = tuple(built)
-            features.save(path, *sides)
-    q_len, d_len = config_lib.max_lens(config.model)
-    return features.Inputs(features.Side(tokenizer, q_len, sides[0]),
-                           features.Side(tokenizer, d_len, sides[1]))
 
 
 # ----------------------------------------------------------------------------- step
@@ -368,15 +312,15 @@ def _prepare_input(config: ml_collections.ConfigDict, workdir: str,
         warm_start.copy_vocabularies(config.init_from, workdir, config.model)
     start = warm_start.resolve_start(config, workdir)  # model.pretrained's, recorded
     if config.num_train_steps:
-        return splits, load_inputs(
+        return splits, inputs_lib.load_inputs(
             config, workdir,
             lambda: itertools.chain.from_iterable(t.train_texts() for t in tasks),
             lambda: itertools.chain.from_iterable(t.train_fields() for t in tasks),
             start), start
     tests = [t.eval_task(splits[t.name][-1]) for t in tasks]
-    return splits, load_inputs(config, workdir,
+    return splits, inputs_lib.load_inputs(config, workdir,
                                lambda: [x for e in tests for x in e.corpus + e.queries],
-                               lambda: [f for e in tests for f in eval_fields(e)],
+                               lambda: [f for e in tests for f in inputs_lib.eval_fields(e)],
                                start), start
 
 
@@ -643,10 +587,3 @@ def make_encoders(model) -> tuple[Callable, Callable]:
     q = jax.jit(lambda p, x: model.apply({"params": p}, **x, method="encode_queries"))
     d = jax.jit(lambda p, x: model.apply({"params": p}, **x, method="encode_documents"))
     return q, d
-
-
-def eval_fields(task) -> list[tuple[features.Fields, features.Fields]]:
-    """(query fields, document fields) pairs of an evaluation task's records, to build
-    field vocabularies from when there is no training data."""
-    queries, corpus = task.query_fields or [], task.corpus_fields or []
-    return [(f, None) for f in queries] + [(None, f) for f in corpus]

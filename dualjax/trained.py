@@ -12,7 +12,8 @@ import jax
 import ml_collections
 
 from dualjax import (checkpoints, config_lib, features, models, pretrained, sharding, specs,
-                     train, warm_start)
+                     warm_start)
+from dualjax import inputs as inputs_lib
 from dualjax.models import dual_encoder
 from dualjax import tasks as tasks_lib
 
@@ -40,7 +41,7 @@ def load_trained(workdir: str, config: ml_collections.ConfigDict | None = None) 
 
     # The saved vocabularies: nothing is built here (the texts and fields are not read).
     start = pretrained.load(workdir)  # the bert tower's sizes, if it has one
-    inputs = train.load_inputs(config, workdir, lambda: not_saved("vocab.json"),
+    inputs = inputs_lib.load_inputs(config, workdir, lambda: not_saved("vocab.json"),
                                lambda: not_saved("features.json"))
     model = models.make_model(specs.model_spec(config.model),
                               inputs.query.tokenizer.vocab_size, inputs.feature_sizes(),
