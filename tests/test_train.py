@@ -145,6 +145,10 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
         train.train_and_evaluate(tiny(), split, hooks=[preempt_at(7)])
     assert sorted(os.listdir(os.path.join(split, "checkpoints"))) == ["7"]
     assert not any(r["step"] > 7 for r in train_rows(split))
+    # Step 7 writes no train row of its own (log_every_steps 5), so it ran without the
+    # norms; the signal's save measures the param norm first (checked finite).
+    (row7,) = [r for r in train_rows(split) if r["step"] == 7]
+    assert row7["param_norm"] > 0 and "grad_norm" not in row7
     train.train_and_evaluate(tiny(), split)  # the same command again resumes at step 7
 
     a, b = final_params(whole, 20), final_params(split, 20)
