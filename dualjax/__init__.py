@@ -11,9 +11,10 @@ def _keep_freed_memory() -> None:
     Adam's new moments) and frees the old ones. glibc serves blocks that large with mmap
     and returns them with munmap, so each step faults every page of them in again and the
     kernel zeroes it: 38,000 page faults a step for two 50,000 x 256 tables, a quarter of
-    the step (BENCHMARKS.md, "Training throughput"). Served from one heap that is never
-    trimmed, they are reused instead; the process keeps its peak memory until it exits. `DUALJAX_MALLOC=default` leaves malloc as it is.
-    Runs on import, before jax allocates; a no-op where libc is not glibc.
+    the step (BENCHMARKS.md, "dualjax vs PyTorch"). Served from one heap that is never
+    trimmed, they are reused instead; the process keeps its peak memory until it exits
+    (docs/training.md, "Memory on Linux"). `DUALJAX_MALLOC=default` leaves malloc as it
+    is. Runs on import, before jax allocates; a no-op where libc is not glibc.
     """
     if os.environ.get("DUALJAX_MALLOC", "") == "default":
         return

@@ -318,10 +318,9 @@ def _prepare_input(config: ml_collections.ConfigDict, workdir: str,
             lambda: itertools.chain.from_iterable(t.train_fields() for t in tasks),
             start), start
     tests = [t.eval_task(splits[t.name][-1]) for t in tasks]
-    return splits, inputs_lib.load_inputs(config, workdir,
-                               lambda: [x for e in tests for x in e.corpus + e.queries],
-                               lambda: [f for e in tests for f in inputs_lib.eval_fields(e)],
-                               start), start
+    return splits, inputs_lib.load_inputs(
+        config, workdir, lambda: [x for e in tests for x in e.corpus + e.queries],
+        lambda: [f for e in tests for f in inputs_lib.eval_fields(e)], start), start
 
 
 def _build(config, workdir, mesh, log, signals, tasks, splits, inputs, origin) -> Run:
