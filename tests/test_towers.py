@@ -120,6 +120,35 @@ def test_bag_sum_and_its_table_gradient_equal_the_sum_of_gathered_token_vectors(
     assert (np.asarray(grad(bag))[untouched] == 0).all()
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_attention_equals_jax_dot_product_attention_with_its_mask(dtype):
+    """towers.attention (keys-major logits, padded keys as a bias) against
+    jax.nn.dot_product_attention(mask=) it replaces: the same values and gradients w.r.t.
+    q, k and v, in float32 and bfloat16 inputs; a text whose keys are all padded averages
+    its values as there (its gradient, which no tower reads, is left out)."""
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=(4, 9, 3, 8)), dtype) for _ in range(3))
+    mask = jnp.asarray(rng.random((4, 9)) < 0.6).at[:, 0].set(True).at[2].set(False)
+    weights = jnp.asarray(rng.normal(size=(4, 9, 3, 8)), jnp.float32)
+
+    def reference(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None, None, :])
+
+    ours = lambda q, k, v: towers.attention(q, k, v, mask)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == jnp.float32 else dict(rtol=0, atol=2e-2)
+    got, want = jax.jit(ours)(q, k, v), jax.jit(reference)(q, k, v)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), **tol)
+    np.testing.assert_allclose(np.asarray(got[2], np.float32),
+                               np.broadcast_to(np.asarray(v[2], np.float32).mean(0), (9, 3, 8)),
+                               **tol)
+    grad = lambda f: jax.jit(jax.grad(
+        lambda *a: (f(*a).astype(jnp.float32) * weights).sum(), argnums=(0, 1, 2)))(q, k, v)
+    for a, b in zip(grad(ours), grad(reference)):
+        np.testing.assert_allclose(np.delete(np.asarray(a, np.float32), 2, 0),
+                                   np.delete(np.asarray(b, np.float32), 2, 0), **tol)
+
+
 def test_masked_max_ignores_pads_even_over_negative_values():
     x = -jnp.arange(1.0, 13.0).reshape(2, 3, 2)  # every value negative
     mask = jnp.array([[True, True, False], [False, False, False]])
