@@ -283,25 +283,49 @@ class SelfAttention(nn.Module):
         return jnp.einsum("bqhd,hde->bqe", y, w.astype(self.dtype)) + b.astype(self.dtype)
 
 
+@jax.custom_vjp
 def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray
               ) -> jnp.ndarray:
     """softmax(q k / sqrt(d)) v over the keys where mask [b, n] is True: q, k, v [b, n,
     heads, d] -> [b, n, heads, d], the logits and the softmax in float32 whatever the
-    inputs' dtype (as jax.nn.dot_product_attention, whose values these are, within 1e-6).
+    inputs' dtype: jax.nn.dot_product_attention(mask=)'s values, within 1e-6.
 
-    Written out rather than jax.nn.dot_product_attention(mask=) for XLA on CPU: with the
-    logits keys-major ([b, heads, keys, queries]) XLA folds the softmax's exp into the
-    second matmul's pass instead of writing the probabilities out in a pass of their
-    own, and padded keys as an additive bias cost nothing where `mask=` is a select
-    pass over the logits. At MiniLM's 32 x 256 tokens: 60 against 93 ms a layer, the
-    gradient 210 against 249 ms (BENCHMARKS.md, "Encoding a corpus"). A padded key's
-    logit plus the bias rounds to the bias, `mask=`'s own value for it, so a text whose
-    keys are all padded averages its values as there."""
+    Two formulations, for XLA on CPU, where each is the faster one. Padded keys are an
+    additive bias in both (`mask=` is a select pass of its own over the [b, heads, n, n]
+    logits; a logit plus the bias rounds to the bias, `mask=`'s own value for it, so a
+    text whose keys are all padded averages its values as there).
+    - Encoding (no gradient): the logits keys-major, [b, heads, keys, queries], with
+      which XLA folds the softmax's exp into the second matmul's pass instead of writing
+      the probabilities out: at MiniLM's 32 x 256 tokens 60 ms a layer, against 78 with
+      jax.nn.dot_product_attention(bias=) and 93 with its mask= (BENCHMARKS.md, "Encoding
+      a corpus").
+    - Under a gradient: jax.nn.dot_product_attention(bias=), whose backward pass is the
+      faster one at training lengths (16 against 19 ms at 256 x 33 tokens, 4 heads; 8 vs
+      9 at 64 x 32, 12 heads; even at 256 tokens)."""
     scale = np.float32(1 / np.sqrt(q.shape[-1]))
     logits = jnp.einsum("bsnh,btnh->bnst", k, q, preferred_element_type=jnp.float32) * scale
-    logits = logits + jnp.where(mask, 0.0, _MASKED_LOGIT).astype(jnp.float32)[:, None, :, None]
+    logits = logits + _key_bias(mask)[:, None, :, None]
     probs = jax.nn.softmax(logits, axis=2).astype(v.dtype)
     return jnp.einsum("bnst,bsnh->btnh", probs, v)
+
+
+def _key_bias(mask: jnp.ndarray) -> jnp.ndarray:
+    """[b, n] float32: 0 where mask is True, else dot_product_attention's masked logit."""
+    return jnp.where(mask, 0.0, _MASKED_LOGIT).astype(jnp.float32)
+
+
+def _attention_fwd(q, k, v, mask):
+    bias = _key_bias(mask)[:, None, None, :]
+    out, backward = jax.vjp(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, bias=bias),
+                            q, k, v)
+    return out, backward
+
+
+def _attention_bwd(backward, g):
+    return (*backward(g), None)  # no cotangent for the mask
+
+
+attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 def _layer_norm(dtype: Any, name: str, epsilon: float = 1e-6) -> nn.LayerNorm:
