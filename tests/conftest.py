@@ -28,10 +28,14 @@ def load_config(name: str) -> ml_collections.ConfigDict:
     return runpy.run_path(str(CONFIGS / f"{name}.py"))["get_config"]()
 
 
-# The longest tests (30 s and more on 2 cores), started first: pytest-xdist hands tests
+# The longest tests (15 s and more on 2 cores), started first: pytest-xdist hands tests
 # out in collection order, and one of these started last leaves the other worker idle.
-SLOW_FIRST = ("test_multiprocess.py", "test_mlm.py::test_mlm_pretraining_then_fine_tuning",
-              "test_grad_cache.py::test_cached_loss_and_every_gradient_equal_uncached")
+SLOW_FIRST = ("test_multiprocess.py",
+              "test_pretrained.py::test_a_run_from_the_tiny_bert_trains_exports_and_warm_starts",
+              "test_mlm.py::test_mlm_pretraining_then_fine_tuning",
+              "test_grad_cache.py::test_cached_loss_and_every_gradient_equal_uncached",
+              "test_grad_cache.py::test_one_chunk_of_mlp_activations_per_device",
+              "test_sharding.py::test_fsdp_trains_as_replicated_and_resumes_on_fewer_devices")
 
 
 def pytest_collection_modifyitems(config, items):
