@@ -4,6 +4,7 @@ threads, the same texts (title + text of a BEIR corpus), max length and batch si
 
     python scripts/bench_encode.py --corpus=../shared/data/npl [--model=all-MiniLM-L6-v2]
         [--batch_size=32] [--max_len=256] [--limit=0] [--repeats=1] [--json=FILE]
+    python scripts/bench_encode.py --matmuls   # the matmul rates alone, XLA vs PyTorch
 
 Both sides sort the texts by length (sentence-transformers by characters, longest first;
 dualjax too) and cut each batch's padding (dualjax to a power-of-two length bucket). The
@@ -11,6 +12,9 @@ bundle is made once under --work (a workdir evaluated on a small slice with
 num_train_steps=0, then `dualjax.export`) and reused. Prints documents/s of each, their
 ratio and the largest difference between the two sides' vectors; --json writes
 {"dualjax_docs_per_s", "st_docs_per_s", "ratio", "max_abs_diff", ...}.
+--matmuls: GFLOP/s of one float32 matmul at MiniLM's shapes (tokens x 384 x 384 / 1,152
+/ 1,536 and tokens x 1,536 x 384), jitted `x @ w` against `torch.nn.functional.linear`
+on the same threads, medians of 30 calls: the rate both encoders' dense layers are bound by.
 Needs torch and sentence-transformers (`pip install sentence-transformers`).
 """
 from __future__ import annotations
@@ -65,6 +69,39 @@ def make_bundle(args) -> str:
     return bundle
 
 
+MATMUL_SHAPES = ((4096, 384, 384), (4096, 384, 1152), (4096, 384, 1536), (4096, 1536, 384),
+                 (8192, 384, 1536))
+
+
+def matmul_rates() -> None:
+    """Prints GFLOP/s of [m, k] x [k, n] in XLA (jitted) and PyTorch (F.linear), per shape."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    def median_s(fn, calls: int = 30) -> float:
+        fn(), fn()
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return float(np.median(times))
+
+    rng = np.random.default_rng(0)
+    matmul = jax.jit(lambda x, w: x @ w)
+    print(f"torch threads {torch.get_num_threads()}, jax devices {jax.devices()}")
+    for m, k, n in MATMUL_SHAPES:
+        x, w = (rng.standard_normal(s, dtype=np.float32) for s in ((m, k), (k, n)))
+        xj, wj = jnp.asarray(x), jnp.asarray(w)
+        xt, wt = torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(w.T))
+        flop = 2 * m * k * n / 1e9
+        with torch.inference_mode():
+            rates = (flop / median_s(lambda: matmul(xj, wj).block_until_ready()),
+                     flop / median_s(lambda: torch.nn.functional.linear(xt, wt)))
+        print(f"[{m}, {k}] x [{k}, {n}]: XLA {rates[0]:6.1f} GFLOP/s, PyTorch {rates[1]:6.1f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--corpus", default=os.path.join(REPO, "..", "shared", "data", "npl"))
@@ -75,9 +112,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1, help="timed passes of each (median)")
     p.add_argument("--work", default=os.path.join(REPO, "runs", "bench_encode"))
     p.add_argument("--json", default="")
+    p.add_argument("--matmuls", action="store_true", help="the matmul rates alone")
     args = p.parse_args()
-
-    import dualjax
+    import dualjax  # first: its malloc setting holds for both sides
+    if args.matmuls:
+        return matmul_rates()
     import torch
     from sentence_transformers import SentenceTransformer
     from dualjax import pretrained
