@@ -12,7 +12,7 @@ import time
 import jax
 import numpy as np
 
-from conftest import load_config
+from conftest import COMPILE_FLAGS, load_config
 from dualjax import checkpoints, train
 
 OVERRIDES = {
@@ -30,7 +30,7 @@ def launch(workdir: str) -> list[subprocess.Popen]:
     with socket.socket() as s:  # a free port for the coordinator
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+    env = {**os.environ, "XLA_FLAGS": f"{COMPILE_FLAGS} --xla_force_host_platform_device_count=4",
            "JAX_PLATFORMS": "cpu"}
     args = [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
     return [subprocess.Popen(

@@ -7,6 +7,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from conftest import COMPILE_FLAGS
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -14,7 +16,7 @@ def test_colab_notebook_runs_on_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("DUALJAX_NOTEBOOK_CONFIG", "tiny")
     monkeypatch.setenv("DUALJAX_NOTEBOOK_STEPS", "5")
     monkeypatch.setenv("DUALJAX_NOTEBOOK_WORKDIR", str(tmp_path / "run"))
-    monkeypatch.setenv("XLA_FLAGS", "")  # one CPU device, as a CPU runtime has
+    monkeypatch.setenv("XLA_FLAGS", COMPILE_FLAGS)  # one CPU device, as a CPU runtime has
     nb = nbformat.read(ROOT / "notebooks" / "colab_tpu.ipynb", as_version=4)
     # From another working directory, as after a runtime restart (Colab's is /content).
     NotebookClient(nb, timeout=600, kernel_name="python3",
