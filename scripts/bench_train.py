@@ -85,6 +85,11 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def minor_faults() -> int:
+    """This process's minor page faults so far (a step's, as a difference)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def summarize(times_s: list[float], items_per_step: int) -> dict[str, float]:
     """Median and p10/p90 step time in ms, and items/s at the median step time."""
     median = statistics.median(times_s)
@@ -230,14 +235,14 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
         state, metrics = step_fn(state, place(batches[i % len(batches)]), norms=False)
         jax.block_until_ready((state, metrics))
 
-    times, faults = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    times, faults = [], minor_faults()
     for i in range(args.steps):
         batch = batches[i % len(batches)]
         t0 = time.perf_counter()
         state, metrics = step_fn(state, place(batch), norms=False)
         jax.block_until_ready((state, metrics))
         times.append(time.perf_counter() - t0)
-    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / args.steps
+    faults = (minor_faults() - faults) / args.steps
     loss = float(metrics["loss"])
     if not np.isfinite(loss):
         raise SystemExit(f"non-finite loss {loss} on {devices} devices")
@@ -415,13 +420,13 @@ def bench_torch_step(args: argparse.Namespace) -> dict[str, Any]:
     first_step_s = time.perf_counter() - t0
     for i in range(1, args.warmup):
         loss = step(batches[i % len(batches)])
-    times, faults = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    times, faults = [], minor_faults()
     for i in range(args.steps):
         batch = batches[i % len(batches)]
         t0 = time.perf_counter()
         loss = step(batch)
         times.append(time.perf_counter() - t0)
-    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / args.steps
+    faults = (minor_faults() - faults) / args.steps
     loss = float(loss.detach())
     if not np.isfinite(loss):
         raise SystemExit(f"non-finite torch loss {loss}")

@@ -23,7 +23,6 @@ import pathlib
 import runpy
 
 import ml_collections
-import pytest
 
 CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 

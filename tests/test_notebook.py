@@ -1,10 +1,8 @@
 """notebooks/colab_tpu.ipynb runs top to bottom on CPU (the tiny config, a few steps), so
 it cannot rot. It starts in another working directory than the checkout's."""
-import os
 import pathlib
 
 import nbformat
-import pytest
 from nbclient import NotebookClient
 
 from conftest import COMPILE_FLAGS

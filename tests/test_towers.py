@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 from conftest import load_config
 from dualjax import config_lib, train
-from dualjax.models import dual_encoder, pses, towers
+from dualjax.models import dual_encoder, layers, pses, towers
 from dualjax.specs import model_spec
 
 VOCAB = 50
@@ -122,7 +122,7 @@ def test_bag_sum_and_its_table_gradient_equal_the_sum_of_gathered_token_vectors(
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_attention_equals_jax_dot_product_attention_with_its_mask(dtype):
-    """towers.attention (keys-major logits, padded keys as a bias) against
+    """layers.attention (keys-major logits, padded keys as a bias) against
     jax.nn.dot_product_attention(mask=) it replaces: the same values and gradients w.r.t.
     q, k and v, in float32 and bfloat16 inputs; a text whose keys are all padded averages
     its values as there (its gradient, which no tower reads, is left out)."""
@@ -134,7 +134,7 @@ def test_attention_equals_jax_dot_product_attention_with_its_mask(dtype):
     def reference(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None, None, :])
 
-    ours = lambda q, k, v: towers.attention(q, k, v, mask)
+    ours = lambda q, k, v: layers.attention(q, k, v, mask)
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == jnp.float32 else dict(rtol=0, atol=2e-2)
     got, want = jax.jit(ours)(q, k, v), jax.jit(reference)(q, k, v)
     assert got.dtype == dtype

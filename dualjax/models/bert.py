@@ -23,8 +23,8 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from dualjax.models.towers import (SelfAttention, _axes, _layer_norm, _own_or_shared,
-                                   feed_forward, masked_mean)
+from dualjax.models.layers import SelfAttention, _axes, _layer_norm, feed_forward
+from dualjax.models.towers import _own_or_shared, masked_mean
 
 POOLINGS = ("mean", "cls")
 

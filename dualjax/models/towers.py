@@ -34,19 +34,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dualjax.models.layers import SelfAttention, _axes, _layer_norm, _zeros, feed_forward
 from dualjax.models.spec import ModelSpec
 
 DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-_zeros = nn.initializers.zeros_init()
-_ones = nn.initializers.ones_init()
-# the logit of a padded key: jax.nn.dot_product_attention's own for `mask=` (float32 logits)
-_MASKED_LOGIT = -0.7 * float(np.finfo(np.float32).max)
-
-
-def _axes(init: Callable, *names: str | None) -> Callable:
-    return nn.with_logical_partitioning(init, names)
-
 
 def masked_mean(x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
     """Mean of x [batch, len, dim] over the positions where mask [batch, len] is True, as
@@ -256,101 +247,6 @@ class CnnTower(nn.Module):
                   for w in self.windows]  # each [b, filters]
         return nn.Dense(self.output_dim, dtype=self.dtype, name="output")(
             _concat(jnp.concatenate(pooled, axis=-1), extra)).astype(jnp.float32)
-
-
-class SelfAttention(nn.Module):
-    """Multi-head self-attention over x [b, n, width]; keys where mask [b, n] is False are
-    ignored. Softmax in float32 whatever the activation dtype."""
-    num_heads: int
-    init_std: float
-    dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
-        width = x.shape[-1]
-        h, d = self.num_heads, width // self.num_heads
-        init = nn.initializers.normal(stddev=self.init_std)
-
-        def project(name: str) -> jnp.ndarray:  # [b, n, heads, kv]
-            w = self.param(f"{name}_kernel", _axes(init, "embed", "heads", "kv"), (width, h, d))
-            b = self.param(f"{name}_bias", _axes(_zeros, "heads", "kv"), (h, d))
-            return jnp.einsum("bne,ehd->bnhd", x, w.astype(self.dtype)) + b.astype(self.dtype)
-
-        q, k, v = project("query"), project("key"), project("value")
-        y = attention(q, k, v, mask)
-        w = self.param("out_kernel", _axes(init, "heads", "kv", "embed"), (h, d, width))
-        b = self.param("out_bias", _axes(_zeros, "embed"), (width,))
-        return jnp.einsum("bqhd,hde->bqe", y, w.astype(self.dtype)) + b.astype(self.dtype)
-
-
-@jax.custom_vjp
-def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray
-              ) -> jnp.ndarray:
-    """softmax(q k / sqrt(d)) v over the keys where mask [b, n] is True: q, k, v [b, n,
-    heads, d] -> [b, n, heads, d], the logits and the softmax in float32 whatever the
-    inputs' dtype: jax.nn.dot_product_attention(mask=)'s values, within 1e-6.
-
-    Two formulations, for XLA on CPU, where each is the faster one. Padded keys are an
-    additive bias in both (`mask=` is a select pass of its own over the [b, heads, n, n]
-    logits; a logit plus the bias rounds to the bias, `mask=`'s own value for it, so a
-    text whose keys are all padded averages its values as there).
-    - Encoding (no gradient): the logits keys-major, [b, heads, keys, queries], with
-      which XLA folds the softmax's exp into the second matmul's pass instead of writing
-      the probabilities out: at MiniLM's 32 x 256 tokens 60 ms a layer, against 78 with
-      jax.nn.dot_product_attention(bias=) and 93 with its mask= (BENCHMARKS.md, "Encoding
-      a corpus").
-    - Under a gradient: jax.nn.dot_product_attention(bias=), whose backward pass is the
-      faster one at training lengths (16 against 19 ms at 256 x 33 tokens, 4 heads; 8 vs
-      9 at 64 x 32, 12 heads; even at 256 tokens)."""
-    scale = np.float32(1 / np.sqrt(q.shape[-1]))
-    logits = jnp.einsum("bsnh,btnh->bnst", k, q, preferred_element_type=jnp.float32) * scale
-    logits = logits + _key_bias(mask)[:, None, :, None]
-    probs = jax.nn.softmax(logits, axis=2).astype(v.dtype)
-    return jnp.einsum("bnst,bsnh->btnh", probs, v)
-
-
-def _key_bias(mask: jnp.ndarray) -> jnp.ndarray:
-    """[b, n] float32: 0 where mask is True, else dot_product_attention's masked logit."""
-    return jnp.where(mask, 0.0, _MASKED_LOGIT).astype(jnp.float32)
-
-
-def _attention_fwd(q, k, v, mask):
-    bias = _key_bias(mask)[:, None, None, :]
-    out, backward = jax.vjp(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, bias=bias),
-                            q, k, v)
-    return out, backward
-
-
-def _attention_bwd(backward, g):
-    return (*backward(g), None)  # no cotangent for the mask
-
-
-attention.defvjp(_attention_fwd, _attention_bwd)
-
-
-def _layer_norm(dtype: Any, name: str, epsilon: float = 1e-6) -> nn.LayerNorm:
-    return nn.LayerNorm(epsilon=epsilon, dtype=dtype, name=name,
-                        scale_init=_axes(_ones, "embed"), bias_init=_axes(_zeros, "embed"))
-
-
-def feed_forward(x: jnp.ndarray, hidden: int, init_std: float, dtype: Any,
-                 approximate: bool = True) -> jnp.ndarray:
-    """A Transformer layer's MLP, x [.., width] -> mlp_out(gelu(mlp_in(x))) [.., width]
-    (call inside nn.compact: the Dense layers are the caller's "mlp_in", "mlp_out")."""
-    init = nn.initializers.normal(stddev=init_std)
-    y = nn.Dense(hidden, dtype=dtype, name="mlp_in", kernel_init=_axes(init, "embed", "mlp"),
-                 bias_init=_axes(_zeros, "mlp"))(x)
-    return nn.Dense(x.shape[-1], dtype=dtype, name="mlp_out",
-                    kernel_init=_axes(init, "mlp", "embed"),
-                    bias_init=_axes(_zeros, "embed"))(gelu(y) if not approximate
-                                                      else nn.gelu(y, approximate=True))
-
-
-def gelu(x: jnp.ndarray) -> jnp.ndarray:
-    """The exact GELU, x (1 + erf(x / sqrt 2)) / 2, as PyTorch and BERT write it: on CPU
-    XLA vectorises erf, where jax.nn.gelu's erfc form is a select pass of its own (78 vs 84
-    ms for a MiniLM MLP at 8,192 tokens; within 8e-6 of it)."""
-    return 0.5 * x * (1 + jax.lax.erf(x * np.float32(1 / np.sqrt(2))).astype(x.dtype))
 
 
 class EncoderLayer(nn.Module):

@@ -90,7 +90,7 @@ def reconstruction(c: Codes) -> jnp.ndarray:
 
 def is_projection_weight(name: str) -> bool:
     """Whether a param named `name` is a layer's projection weight: "kernel" (nn.Dense,
-    nn.Conv) or "<what>_kernel" (the Transformer's attention, towers.SelfAttention:
+    nn.Conv) or "<what>_kernel" (the Transformer's attention, layers.SelfAttention:
     query_/key_/value_kernel [width, heads, kv] and out_kernel [heads, kv, width], each a
     [width, width] matrix with its output or input split by head)."""
     return name == "kernel" or name.endswith("_kernel")
