@@ -33,6 +33,7 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from dualjax import cli, config_keys, train  # noqa: E402
+from dualjax import step as step_lib  # noqa: E402
 from dualjax.metrics_log import setup_logging  # noqa: E402
 from dualjax.config_lib import ConfigError  # noqa: E402
 from dualjax.data.pairs_file import DataError  # noqa: E402
@@ -103,7 +104,7 @@ def main(argv: list[str]) -> None:
         print("dualjax: stopped at once by a second signal; the checkpoints saved before "
               "are kept", file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_CODE)
-    except (ConfigError, DataError, WorkdirError, train.NonFiniteLossError) as e:
+    except (ConfigError, DataError, WorkdirError, step_lib.NonFiniteLossError) as e:
         sys.exit(f"dualjax: {e}")
     except OSError as e:  # the machine's: a full disk, a quota, a read-only file system
         if e.errno not in DISK_ERRNOS:

@@ -13,7 +13,7 @@ configuration runs in a fresh subprocess, so its peak resident memory
     python scripts/bench_scale.py --batches 8192,32768 --steps 2
 
 `--towers` measures cached tower gradients instead (`config.train.encode_chunks`, GradCache):
-one full train step (`train.make_train_step`: the objective's loss and gradient, then
+one full train step (`step_lib.make_train_step`: the objective's loss and gradient, then
 AdamW) of a transformer dual encoder (`--layers` x `--width`, texts of `--max-len`
 tokens, in_batch_softmax) at global batch `--tower-batch`, for each chunk count K of
 `--chunks` (1: off), each in a fresh subprocess: step time, peak RSS, and XLA's
@@ -123,7 +123,8 @@ def towers_child(batch: int, chunks: int, layers: int, width: int, max_len: int,
     import optax
 
     sys.path.insert(0, REPO)
-    from dualjax import losses, sharding, specs, train
+    from dualjax import losses, sharding, specs
+    from dualjax import step as step_lib
     from dualjax.models import dual_encoder
     from dualjax.objectives import dual_encoder as objective_lib
 
@@ -149,7 +150,7 @@ def towers_child(batch: int, chunks: int, layers: int, width: int, max_len: int,
         data[f"{side}_mask"] = np.arange(max_len) < rng.integers(max_len // 2, max_len + 1,
                                                                   (batch, 1))
     data = sharding.put_global_batch(data, mesh)
-    step = train.make_train_step(objective, tx, lambda s: 1e-3, replicated, batch_sharding,
+    step = step_lib.make_train_step(objective, tx, lambda s: 1e-3, replicated, batch_sharding,
                                  replicated)
     timed = time_compiled(step.jitted, (state, data, np.bool_(False)), steps, carry=True)
     return {"batch": batch, "chunks": chunks, "block": block,
@@ -196,8 +197,8 @@ def run_one(batch: int, block: int, dim: int, steps: int) -> dict:
 
 def table(rows: list[dict], dim: int) -> str:
     """The results as a markdown table."""
-    lines = [f"| global batch | rows/device | columns at once | step (s) | compile (s) | "
-             f"peak RSS (GB) | loss |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| global batch | rows/device | columns at once | step (s) | compile (s) | "
+             "peak RSS (GB) | loss |", "|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         width = r["block"] or r["batch"]
         head = f"| {r['batch']:,} | {r['batch'] // DEVICES:,} | {width:,}"
@@ -229,7 +230,8 @@ def bert_memory_child(batch: int, chunks: int, block: int, max_len: int) -> dict
     import optax
 
     sys.path.insert(0, REPO)
-    from dualjax import losses, sharding, specs, train
+    from dualjax import losses, sharding, specs
+    from dualjax import step as step_lib
     from dualjax.models import dual_encoder
     from dualjax.models.bert import BertConfig
     from dualjax.objectives import dual_encoder as objective_lib
@@ -254,7 +256,7 @@ def bert_memory_child(batch: int, chunks: int, block: int, max_len: int) -> dict
                                                    sharding=batch_sharding)
         data[f"{side}_mask"] = jax.ShapeDtypeStruct((batch, max_len), jnp.bool_,
                                                     sharding=batch_sharding)
-    step = train.make_train_step(objective, tx, lambda s: 1e-5, replicated, batch_sharding,
+    step = step_lib.make_train_step(objective, tx, lambda s: 1e-5, replicated, batch_sharding,
                                  replicated)
     start = time.perf_counter()
     m = step.lower(state, data).compile().memory_analysis()

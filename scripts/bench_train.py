@@ -1,7 +1,7 @@
 """Training-step and input-pipeline throughput on this machine's CPU.
 
-Measures pairs/second of the real jitted update (`train.make_train_step`, with
-`train.make_optimizer`, `losses.sharded` and the `bow_mlp` dual encoder of
+Measures pairs/second of the real jitted update (`step_lib.make_train_step`, with
+`step_lib.make_optimizer`, `losses.sharded` and the `bow_mlp` dual encoder of
 configs/default.py, resized) on random token ids, once per device count. Each device
 count runs in its own subprocess, because the number of fake CPU devices
 (`XLA_FLAGS=--xla_force_host_platform_device_count=N`) must be set before jax is
@@ -169,7 +169,8 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
     import jax
     import numpy as np
 
-    from dualjax import losses, objectives, sharding, specs, tables, train
+    from dualjax import losses, objectives, sharding, specs, tables
+    from dualjax import step as step_lib
     from dualjax.models import dual_encoder
 
     (devices,) = args.devices
@@ -194,17 +195,17 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
         bert = BertConfig(**MINILM)
     model = dual_encoder.make_model(specs.model_spec(config.model), args.vocab, bert=bert)
     # Schedule long enough that warmup/decay never reach zero during the benchmark.
-    tx, schedule = train.make_optimizer(config.optimizer, 100 * (args.steps + args.warmup))
+    tx, schedule = step_lib.make_optimizer(config.optimizer, 100 * (args.steps + args.warmup))
 
     objective = objectives.dual_encoder.objective(
         model, losses.sharded(config.loss.name, mesh), args.seq_len)
-    init_state = train.make_init_state(objective, tx)
+    init_state = step_lib.make_init_state(objective, tx)
     replicated = sharding.replicated(mesh)
     state_sharding = sharding.state_shardings(
         jax.eval_shape(init_state, 0), mesh, args.param_sharding[0],
         dual_encoder.logical_axes(model, args.seq_len))
     state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(0)
-    step_fn = train.make_train_step(objective, tx, schedule, state_sharding,
+    step_fn = step_lib.make_train_step(objective, tx, schedule, state_sharding,
                                     sharding.batch_sharding(mesh), replicated,
                                     table_updates=args.table_updates)
     num_params = sum(x.size for x in jax.tree.leaves(state["params"]))

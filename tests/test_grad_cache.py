@@ -62,7 +62,7 @@ def make_batch(seed=0, negatives=True):
 
 @functools.lru_cache
 def value_and_grad(tower: str, chunks: int, rematerialise: bool = True):
-    """(model, jitted value_and_grad of the objective's loss) as train.make_train_step
+    """(model, jitted value_and_grad of the objective's loss) as step.make_train_step
     takes it."""
     model = dual_encoder.make_model(model_spec(model_cfg(tower)), VOCAB)
     loss_fn = losses.sharded("in_batch_softmax", sharding.make_mesh(), symmetric=True)

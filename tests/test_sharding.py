@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from conftest import load_config
 from dualjax import checkpoints, sharding, train
+from dualjax import step as step_lib
 from dualjax.models import dual_encoder
 from dualjax.specs import model_spec
 
@@ -80,7 +81,7 @@ def step_states(monkeypatch) -> list[list[tuple[str, tuple, jax.sharding.Shardin
     """Records, for every train step the runs below make, each leaf of the train state the
     step received and of the one it returned: (its path, global shape, sharding)."""
     seen = []
-    make = train.make_train_step
+    make = step_lib.make_train_step
 
     def recording(*args, **kwargs):
         step = make(*args, **kwargs)
@@ -94,7 +95,7 @@ def step_states(monkeypatch) -> list[list[tuple[str, tuple, jax.sharding.Shardin
             return new_state, metrics
         return recorded
 
-    monkeypatch.setattr(train, "make_train_step", recording)
+    monkeypatch.setattr(step_lib, "make_train_step", recording)
     return seen
 
 

@@ -2,13 +2,13 @@
 rows its batch reads, with every other param and the step count as dense Adam has them."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
 from conftest import load_config
-from dualjax import config_lib, losses, sharding, tables, train
+from dualjax import config_lib, losses, sharding, tables
+from dualjax import step as step_lib
 from dualjax.models import dual_encoder
 from dualjax.objectives import dual_encoder as de_objective
 from dualjax.specs import model_spec
@@ -41,12 +41,12 @@ def run(table_updates, batches, shared_towers=False, shared_embedding=False, chu
     model = dual_encoder.make_model(model_spec(m), VOCAB)
     objective = de_objective.objective(model, losses.sharded("in_batch_softmax", mesh), L,
                                        encode_chunks=chunks)
-    tx, schedule = train.make_optimizer(cfg.optimizer, 100)
-    init = train.make_init_state(objective, tx)
+    tx, schedule = step_lib.make_optimizer(cfg.optimizer, 100)
+    init = step_lib.make_init_state(objective, tx)
     shardings = sharding.state_shardings(jax.eval_shape(init, 0), mesh, param_sharding,
                                          dual_encoder.logical_axes(model, L))
     state = jax.jit(init, static_argnums=0, out_shardings=shardings)(0)
-    step = train.make_train_step(objective, tx, schedule, shardings, sharding.batch_sharding(mesh),
+    step = step_lib.make_train_step(objective, tx, schedule, shardings, sharding.batch_sharding(mesh),
                                  sharding.replicated(mesh), table_updates=table_updates)
     states = []
     for b in batches:
@@ -57,7 +57,7 @@ def run(table_updates, batches, shared_towers=False, shared_embedding=False, chu
         if norms:
             assert np.isfinite(float(metrics["grad_norm"])) and float(metrics["param_norm"]) > 0
         else:
-            assert float(metrics["grad_norm"]) == float(metrics["param_norm"]) == train.NOT_MEASURED
+            assert float(metrics["grad_norm"]) == float(metrics["param_norm"]) == step_lib.NOT_MEASURED
     return objective, states
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import CONFIGS, load_config
 from dualjax import config_lib, tasks, train
+from dualjax import step as step_lib
 from dualjax.data.pairs_file import DataError
 from dualjax.specs import dataset_spec
 
@@ -189,7 +190,7 @@ def test_ctrl_c_saves_like_sigterm_and_a_second_one_stops_at_once(tmp_path):
 def test_non_finite_loss_stops_without_saving(tmp_path):
     cfg = tiny(**{"optimizer.name": "sgd", "optimizer.learning_rate": 1e38,
                   "model.init_scale": 1e38})
-    with pytest.raises(train.NonFiniteLossError, match="non-finite training at step"):
+    with pytest.raises(step_lib.NonFiniteLossError, match="non-finite training at step"):
         train.train_and_evaluate(cfg, str(tmp_path))
     assert not os.path.exists(tmp_path / "checkpoints") or not os.listdir(tmp_path / "checkpoints")
 
@@ -198,7 +199,7 @@ def test_exploding_parameters_stop_the_run_though_the_loss_is_finite(tmp_path):
     # At learning rate 1e30 the loss stays finite (cosines are bounded) while the
     # parameters overflow.
     cfg = tiny(**{"optimizer.learning_rate": 1e30, "optimizer.warmup_steps": 0})
-    with pytest.raises(train.NonFiniteLossError, match="param_norm=inf"):
+    with pytest.raises(step_lib.NonFiniteLossError, match="param_norm=inf"):
         train.train_and_evaluate(cfg, str(tmp_path))
     assert not os.path.exists(tmp_path / "checkpoints") or not os.listdir(tmp_path / "checkpoints")
 
@@ -253,14 +254,14 @@ def test_categorical_fields_and_side_lengths_train_evaluate_and_search(tmp_path,
                   "model.shared_embedding": True, "model.doc_features": "category:8",
                   "model.query_max_len": 6, "model.doc_max_len": 12,
                   "optimizer.table_updates": "lazy"})
-    step_options, make_step = [], train.make_train_step
+    step_options, make_step = [], step_lib.make_train_step
 
     def spy(*args, **kwargs):
         bound = inspect.signature(make_step).bind(*args, **kwargs)
         step_options.append(bound.arguments.get("table_updates"))
         return make_step(*args, **kwargs)
 
-    monkeypatch.setattr(train, "make_train_step", spy)
+    monkeypatch.setattr(step_lib, "make_train_step", spy)
     results = train.train_and_evaluate(cfg, workdir)
     assert step_options == ["lazy"]
     assert results["dual_encoder [exact]"]["num_queries"] > 10

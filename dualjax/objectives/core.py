@@ -1,6 +1,6 @@
 """What an objective is: a parameter init and a pure loss, optionally with a second player.
 
-`train.make_train_step` differentiates `Objective.loss` and applies the optimizer,
+`step.make_train_step` differentiates `Objective.loss` and applies the optimizer,
 whatever the objective. An objective with a `Critic` (PSES's adversary) trains that
 critic first, in the same jitted step: `Critic.steps` updates of its own parameters with
 its own optimizer on the step's batch, each followed by clipping every critic weight to
