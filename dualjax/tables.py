@@ -7,9 +7,9 @@ batch read. With lazy updates a step instead:
    names for that table, pads included), as a sorted list padded to a static length
    with an id past the table's end. On one process the host lists them as it hands the
    batch over (`BatchRows`: the batch's field `rows_field(table)`), padded to the next of
-   a few sizes, so the step works on about as many rows as the batch reads (a new size
-   compiles the step once more); else the step finds them itself (`touched`), padded to
-   the most a batch could read;
+   the sizes of `row_count` (at most 1/8 more), so the step works on about as many rows
+   as the batch reads (a new size compiles the step once more); else the step finds
+   them itself (`touched`), padded to the most a batch could read;
 2. gathers those rows, and runs the loss with every read of the table
    (`towers.TokenTable.source`) answered from them (`reading`), so the table's gradient
    is [rows, dim], one row per distinct id;
@@ -52,11 +52,14 @@ def rows_field(path: Path) -> str:
 
 def row_count(n: int, rows: int) -> int:
     """The static length of a list of n distinct ids of a `rows`-row table: the least of
-    CHUNK x (1, 2, 3, 4, 6, 8, 12, ...) that holds n, at most `rows` rounded up to CHUNK."""
-    cap, k = -(-rows // CHUNK) * CHUNK, 1
-    while CHUNK * k < min(n, cap):
-        k = 2 if k == 1 else k * 3 // 2 if k & (k - 1) == 0 else k * 4 // 3
-    return min(CHUNK * k, cap)
+    CHUNK x (1, 2, ..., 15, 16, 18, ..., 30, 32, 36, ...) that holds n (steps of at most
+    1/8 past 8 x CHUNK), at most `rows` rounded up to CHUNK. Every row of the padding is
+    gathered, updated and scattered like a real one, so the steps are fine; each length a
+    run reaches compiles the step once more, and a run's batches reach few."""
+    cap = -(-rows // CHUNK) * CHUNK
+    k = max(1, -(-min(n, cap) // CHUNK))
+    step = 1 << max(0, k.bit_length() - 4)
+    return min(-(-k // step) * step * CHUNK, cap)
 
 
 class BatchRows:

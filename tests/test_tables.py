@@ -136,8 +136,13 @@ def test_table_updates_key_is_checked():
 
 def test_row_count_ladder():
     sizes = [tables.row_count(n, 50_000) // tables.CHUNK
-             for n in (0, 1024, 1025, 2049, 3073, 4097, 6145, 14_600, 40_000, 50_000)]
-    assert sizes == [1, 1, 2, 3, 4, 6, 8, 16, 48, 49]  # 49 x 1,024: the table, rounded up
+             for n in (0, 1024, 1025, 2049, 6145, 14_600, 16_384, 16_615, 33_000, 40_000,
+                       50_000)]
+    # steps of one CHUNK up to 16, then of two up to 32, then four...; 49 x 1,024: the
+    # table, rounded up
+    assert sizes == [1, 1, 2, 3, 7, 15, 16, 18, 36, 40, 49]
+    for n in range(1, 50_000, 97):  # past 8 x CHUNK, at most 1/8 more than n
+        assert n <= tables.row_count(n, 50_000) <= max(8 * tables.CHUNK, -(-n * 9 // 8))
     assert tables.row_count(5000, 4096) == 4096
 
 
