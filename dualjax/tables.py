@@ -113,9 +113,10 @@ def touched(params: dict, batch: Mapping[str, jax.Array], tables: Mapping[Path, 
 
 
 def gather(x: jax.Array, ids: jax.Array) -> jax.Array:
-    """x[ids] ([U, ...]), zeros where an id is past x's end."""
-    return x.at[ids].get(mode="fill", fill_value=0, indices_are_sorted=True,
-                         unique_indices=True)
+    """x[ids] ([U, ...]). An id past x's end (the padding) reads x's last row: the loss
+    never reads those rows, and `scatter` drops them. (mode="fill" would give zeros, but
+    its bounds mask makes the gather 1.6x slower on one core.)"""
+    return x.at[ids].get(mode="clip", indices_are_sorted=True, unique_indices=True)
 
 
 def scatter(x: jax.Array, ids: jax.Array, rows: jax.Array) -> jax.Array:
