@@ -424,6 +424,26 @@ def test_epochs_are_reshuffled_permutations():
     assert epochs[1] != epochs[0] and epochs[2] != epochs[1] and epochs[2] != epochs[0]
 
 
+
+def test_stream_reads_the_batches_of_grains_shuffle_repeat_batch():
+    """`shuffle.stream` gives the batches grain's range(n).shuffle(seed).repeat().batch(b)
+    gives (the order read before it, which old checkpoints' data positions index), across
+    epochs and the seed's wrap-around; its `index_shuffle` is grain's element for element,
+    at sizes where the cipher's block size changes."""
+    import grain
+    from dualjax.data import shuffle
+    for n, b, seed in [(100, 32, 7), (24, 6, SEED), (5, 8, 2 ** 32 - 3)]:
+        reference = grain.MapDataset.range(n).shuffle(seed=seed).repeat().batch(b)
+        for k in range(2 * n // b + 3):
+            np.testing.assert_array_equal(shuffle.stream(k * b, b, n, seed), reference[k])
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 3, 32_768, 32_769, 65_536, 65_537, 262_145, 1_000_003):
+        for seed in (0, 1, 2 ** 32 - 1):
+            index = rng.integers(0, n, 50)
+            expected = [grain.experimental.index_shuffle(int(i), max_index=n - 1, seed=seed,
+                                                         rounds=4) for i in index]
+            np.testing.assert_array_equal(shuffle.index_shuffle(index, n - 1, seed), expected)
+
 # --- retrieval tasks from a hand-made pair graph ---------------------------------------------
 
 def test_cluster_tasks_from_a_pair_graph_split_and_all_candidates():

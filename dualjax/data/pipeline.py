@@ -17,6 +17,7 @@ import grain
 import jax
 import numpy as np
 
+from dualjax.data import shuffle
 from dualjax.features import Inputs, Side
 from dualjax.text import normalize
 
@@ -192,8 +193,8 @@ def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
     """An endless iterator of this process's share of each global training batch (its
     pairs encoded once up front with `pretokenize`, see `ReadPairs`).
 
-    Every epoch is reshuffled (seeded); the last incomplete batch of an epoch does not
-    exist because the data repeats before batching. Every process shuffles and batches
+    Every epoch is reshuffled (seeded, `shuffle.stream`); the last incomplete batch of an
+    epoch does not exist because the data repeats before batching. Every process shuffles and batches
     all the pairs alike and reads its contiguous share of each global batch, so the
     global batches do not depend on the number of processes. With
     `num_mixed_negatives` U, U uniformly drawn documents join each global batch
@@ -205,11 +206,9 @@ def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
                         ("num_mixed_negatives", num_mixed_negatives)):
         if value % n_proc:
             raise ValueError(f"{what}={value} is not divisible by {n_proc} processes")
-    local = global_batch_size // n_proc
-    ds = grain.MapDataset.range(len(source)).shuffle(seed=seed).repeat()
-    ds = ds.batch(global_batch_size)
-    if n_proc > 1:
-        ds = ds.map(lambda rows: rows[i * local:(i + 1) * local])
+    local, n = global_batch_size // n_proc, len(source)
+    batches = grain.MapDataset.range(2 ** 62 // global_batch_size)
+    ds = batches.map(lambda b: shuffle.stream(b * global_batch_size + i * local, local, n, seed))
     ds = ds.map(ReadPairs(source, inputs, num_hard_negatives, pretokenize))
     if num_mixed_negatives:
         u = num_mixed_negatives // n_proc
