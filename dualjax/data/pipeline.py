@@ -194,9 +194,9 @@ def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
     pairs encoded once up front with `pretokenize`, see `ReadPairs`).
 
     Every epoch is reshuffled (seeded, `shuffle.stream`); the last incomplete batch of an
-    epoch does not exist because the data repeats before batching. Every process shuffles and batches
-    all the pairs alike and reads its contiguous share of each global batch, so the
-    global batches do not depend on the number of processes. With
+    epoch does not exist because the data repeats before batching. Every process orders
+    and batches all the pairs alike and reads its contiguous share of each global batch,
+    so the global batches do not depend on the number of processes. With
     `num_mixed_negatives` U, U uniformly drawn documents join each global batch
     (`MixedNegatives`, each process reading its share of the same draws); with
     `num_hard_negatives` k, each pair's k mined negatives (`ReadPairs`).
