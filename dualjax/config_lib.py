@@ -358,6 +358,8 @@ def _check_numbers(config: ml_collections.ConfigDict) -> None:
               "optimizer.grad_clip_norm", "optimizer.weight_decay", "data.worker_count",
               "mesh.num_devices", "model.query_max_len", "model.doc_max_len",
               "model.feature_vocab_size", "model.feature_buckets", allow_zero=True)
+    if not 0 <= config.seed < 2 ** 31:  # the data order takes seed + task, mod 2**32
+        raise ConfigError(f"config.seed={config.seed} must be in [0, 2**31)")
 
 
 def _check_batch(config: ml_collections.ConfigDict, task_list, num_devices: int) -> None:

@@ -21,7 +21,8 @@ Rows a batch does not read keep their values and their slots. That is TensorFlow
 LazyAdam, not Adam: with Adam an untouched row still moves (its first moment is not
 zero) and its moments decay every step; AdamW's decay also reaches only touched rows.
 The step count, the learning-rate schedule and the bias correction stay global. The
-gradient-norm clipping is exact: the rows are distinct and the padding rows are zero.
+gradient-norm clipping is exact: the rows are distinct and the padding rows' gradients
+are zero.
 The optimizer state has the dense run's layout, so a checkpoint resumes either way.
 
 Each table's rows move with one gather and one in-place scatter (the state is donated).
@@ -54,8 +55,8 @@ def row_count(n: int, rows: int) -> int:
     """The static length of a list of n distinct ids of a `rows`-row table: the least of
     CHUNK x (1, 2, ..., 15, 16, 18, ..., 30, 32, 36, ...) that holds n (steps of at most
     1/8 past 8 x CHUNK), at most `rows` rounded up to CHUNK. Every row of the padding is
-    gathered, updated and scattered like a real one, so the steps are fine; each length a
-    run reaches compiles the step once more, and a run's batches reach few."""
+    gathered and updated like a real one (the scatter drops it), so the steps are fine;
+    each length a run reaches compiles the step once more, and a run's batches reach few."""
     cap = -(-rows // CHUNK) * CHUNK
     k = max(1, -(-min(n, cap) // CHUNK))
     step = 1 << max(0, k.bit_length() - 4)

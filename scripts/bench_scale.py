@@ -151,7 +151,7 @@ def towers_child(batch: int, chunks: int, layers: int, width: int, max_len: int,
                                                                   (batch, 1))
     data = sharding.put_global_batch(data, mesh)
     step = step_lib.make_train_step(objective, tx, lambda s: 1e-3, replicated, batch_sharding,
-                                 replicated)
+                                    replicated)
     timed = time_compiled(step.jitted, (state, data, np.bool_(False)), steps, carry=True)
     return {"batch": batch, "chunks": chunks, "block": block,
             "loss": float(timed.pop("out")[1]["loss"]), **timed}
@@ -257,7 +257,7 @@ def bert_memory_child(batch: int, chunks: int, block: int, max_len: int) -> dict
         data[f"{side}_mask"] = jax.ShapeDtypeStruct((batch, max_len), jnp.bool_,
                                                     sharding=batch_sharding)
     step = step_lib.make_train_step(objective, tx, lambda s: 1e-5, replicated, batch_sharding,
-                                 replicated)
+                                    replicated)
     start = time.perf_counter()
     m = step.lower(state, data).compile().memory_analysis()
     gib = lambda n: round(n / 2**30, 3)

@@ -206,8 +206,8 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
         dual_encoder.logical_axes(model, args.seq_len))
     state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(0)
     step_fn = step_lib.make_train_step(objective, tx, schedule, state_sharding,
-                                    sharding.batch_sharding(mesh), replicated,
-                                    table_updates=args.table_updates)
+                                       sharding.batch_sharding(mesh), replicated,
+                                       table_updates=args.table_updates)
     num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
     device_bytes = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(state))

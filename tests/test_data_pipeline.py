@@ -424,7 +424,6 @@ def test_epochs_are_reshuffled_permutations():
     assert epochs[1] != epochs[0] and epochs[2] != epochs[1] and epochs[2] != epochs[0]
 
 
-
 def test_stream_reads_the_batches_of_grains_shuffle_repeat_batch():
     """`shuffle.stream` gives the batches grain's range(n).shuffle(seed).repeat().batch(b)
     gives (the order read before it, which old checkpoints' data positions index), across

@@ -46,8 +46,9 @@ def run(table_updates, batches, shared_towers=False, shared_embedding=False, chu
     shardings = sharding.state_shardings(jax.eval_shape(init, 0), mesh, param_sharding,
                                          dual_encoder.logical_axes(model, L))
     state = jax.jit(init, static_argnums=0, out_shardings=shardings)(0)
-    step = step_lib.make_train_step(objective, tx, schedule, shardings, sharding.batch_sharding(mesh),
-                                 sharding.replicated(mesh), table_updates=table_updates)
+    step = step_lib.make_train_step(objective, tx, schedule, shardings,
+                                    sharding.batch_sharding(mesh), sharding.replicated(mesh),
+                                    table_updates=table_updates)
     states = []
     for b in batches:
         state, metrics = step(state, b, norms=norms)

@@ -210,6 +210,7 @@ def test_exploding_parameters_stop_the_run_though_the_loss_is_finite(tmp_path):
     ("global_batch_size", 30, "config.global_batch_size=30 must be divisible by the 8 devices"),
     ("data.name", "nope", "config.data.name='nope' is not one of: synthetic_paraphrase, pairs"),
     ("eval.top_k", 0, "config.eval.top_k=0 must be > 0"),
+    ("seed", -1, "config.seed=-1 must be in "),
     ("loss.num_mixed_negatives", 12, "num_mixed_negatives=12 must be a multiple of the 8"),
 ])
 def test_bad_config_values_fail_before_any_work(tmp_path, key, value, message):

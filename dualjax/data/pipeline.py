@@ -202,6 +202,8 @@ def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
     `num_hard_negatives` k, each pair's k mined negatives (`ReadPairs`).
     """
     n_proc, i = jax.process_count(), jax.process_index()
+    if not 0 <= seed < 2 ** 32:
+        raise ValueError(f"seed={seed}: the training data's order needs a seed in [0, 2**32)")
     for what, value in (("global_batch_size", global_batch_size),
                         ("num_mixed_negatives", num_mixed_negatives)):
         if value % n_proc:

@@ -22,7 +22,8 @@ _U32 = 0xFFFFFFFF
 
 def stream(start: int, count: int, n: int, seed: int) -> np.ndarray:
     """int64 [count]: the record indices at positions start, ..., start + count - 1 of the
-    stream that visits n records in a new order every epoch."""
+    stream that visits n records in a new order every epoch (but see `index_shuffle` for
+    n = 4^k + 1, k >= 8: one record is read twice an epoch and one never, as with grain)."""
     position = np.arange(start, start + count, dtype=np.int64)
     epoch, within = np.divmod(position, n)
     out = np.empty(count, np.int64)
@@ -35,8 +36,10 @@ def stream(start: int, count: int, n: int, seed: int) -> np.ndarray:
 def index_shuffle(index: np.ndarray, max_index: int, seed: int, rounds: int = 4) -> np.ndarray:
     """int64: where each of `index` (in [0, max_index]) goes in a seeded permutation of
     [0, max_index]: grain's `index_shuffle`, element for element. It encrypts the index
-    with a block cipher on the least even number of bits (at least 16) that holds
-    max_index, and again while the result is past max_index (cycle walking)."""
+    with a block cipher on ceil(log2(max_index)) bits rounded up to even, at least 16, and
+    again while the result is past max_index (cycle walking). Like grain's, it is not a
+    permutation where max_index is 4^k, k >= 8 (n = 65,537, 262,145, ...): those bits
+    cannot hold max_index itself, which is truncated and lands where 0 does."""
     index = np.asarray(index, np.int64)
     if max_index == 0:
         return np.zeros(index.shape, np.int64)
