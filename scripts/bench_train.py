@@ -1,7 +1,7 @@
 """Training-step and input-pipeline throughput on this machine's CPU.
 
-Measures pairs/second of the real jitted update (`step_lib.make_train_step`, with
-`step_lib.make_optimizer`, `losses.sharded` and the `bow_mlp` dual encoder of
+Measures pairs/second of the real jitted update (`dualjax.step.make_train_step`, with
+`step.make_optimizer`, `losses.sharded` and the `bow_mlp` dual encoder of
 configs/default.py, resized) on random token ids, once per device count. Each device
 count runs in its own subprocess, because the number of fake CPU devices
 (`XLA_FLAGS=--xla_force_host_platform_device_count=N`) must be set before jax is

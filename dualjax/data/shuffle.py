@@ -47,10 +47,11 @@ def index_shuffle(index: np.ndarray, max_index: int, seed: int, rounds: int = 4)
     bits = max(bits + bits % 2, 16)
     if max_index < 2 ** 15:  # a 16-bit block: walks of 65,536 / (max_index + 1) steps
         return _small_permutation(max_index, seed, rounds)[index]
+    keys = _seed_seq(seed, rounds)
     out = index.astype(np.uint64)
     todo = np.ones(index.shape, bool)  # a block of at most 4 x max_index: short walks
     while todo.any():
-        out[todo] = _encrypt(out[todo], bits // 2, seed, rounds)
+        out[todo] = _encrypt(out[todo], bits // 2, keys)
         todo = out > np.uint64(max_index)
     return out.astype(np.int64)
 
@@ -60,7 +61,8 @@ def _small_permutation(max_index: int, seed: int, rounds: int) -> np.ndarray:
     """The whole cycle-walked permutation of [0, max_index] on the 16-bit block: where each
     start's chain through the cipher first comes back into range, by pointer jumping
     (each pass skips twice as many out-of-range values), ~17 passes over 65,536."""
-    after = _encrypt(np.arange(2 ** 16, dtype=np.uint64), 8, seed, rounds).astype(np.int64)
+    after = _encrypt(np.arange(2 ** 16, dtype=np.uint64), 8, _seed_seq(seed, rounds))
+    after = after.astype(np.int64)
     while True:
         out = after > max_index
         if not out[:max_index + 1].any():
@@ -68,10 +70,10 @@ def _small_permutation(max_index: int, seed: int, rounds: int) -> np.ndarray:
         after[out] = after[after[out]]
 
 
-def _encrypt(x: np.ndarray, w: int, seed: int, rounds: int) -> np.ndarray:
-    """grain's Simon cipher on blocks of 2w bits, its round keys from `_seed_seq`."""
+def _encrypt(x: np.ndarray, w: int, keys: list[int]) -> np.ndarray:
+    """grain's Simon cipher on blocks of 2w bits, with round keys `keys` (`_seed_seq`)."""
     mask = np.uint64((1 << w) - 1)
-    keys = [np.uint64(k) & mask for k in _seed_seq(seed, rounds)]
+    keys = [np.uint64(k) & mask for k in keys]
 
     def rotl(v, r):
         return ((v << np.uint64(r)) | (v >> np.uint64(w - r))) & mask
@@ -80,7 +82,7 @@ def _encrypt(x: np.ndarray, w: int, seed: int, rounds: int) -> np.ndarray:
         return (rotl(v, 1) & rotl(v, 8)) ^ rotl(v, 2)
 
     left, right = (x >> np.uint64(w)) & mask, x & mask
-    for i in range(0, rounds, 2):
+    for i in range(0, len(keys), 2):
         left = left ^ f(right) ^ keys[i]
         right = right ^ f(left) ^ keys[i + 1]
     return (left << np.uint64(w)) | right

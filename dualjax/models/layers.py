@@ -104,8 +104,8 @@ def feed_forward(x: jnp.ndarray, hidden: int, init_std: float, dtype: Any,
                  bias_init=_axes(_zeros, "mlp"))(x)
     return nn.Dense(x.shape[-1], dtype=dtype, name="mlp_out",
                     kernel_init=_axes(init, "mlp", "embed"),
-                    bias_init=_axes(_zeros, "embed"))(gelu(y) if not approximate
-                                                      else nn.gelu(y, approximate=True))
+                    bias_init=_axes(_zeros, "embed"))(
+        nn.gelu(y, approximate=True) if approximate else gelu(y))
 
 
 def gelu(x: jnp.ndarray) -> jnp.ndarray:
