@@ -436,7 +436,7 @@ def test_stream_reads_the_batches_of_grains_shuffle_repeat_batch():
         for k in range(2 * n // b + 3):
             np.testing.assert_array_equal(shuffle.stream(k * b, b, n, seed), reference[k])
     rng = np.random.default_rng(0)
-    for n in (1, 2, 3, 32_768, 32_769, 65_536, 65_537, 262_145, 1_000_003):
+    for n in (1, 32_768, 32_769, 65_536, 65_537, 262_145, 1_000_003):  # tiny n: above
         for seed in (0, 1, 2 ** 32 - 1):
             index = rng.integers(0, n, 50)
             expected = [grain.experimental.index_shuffle(int(i), max_index=n - 1, seed=seed,
