@@ -25,6 +25,10 @@ def get_config() -> ml_collections.ConfigDict:
                                     # strong start on a small collection (ADI: 3 steps)
     c.global_batch_size = 64        # pairs per step
     c.checkpoint_every_steps = 100
+    c.train.encode_chunks = 8       # GradCache: the towers see 8 pairs at a time, so one
+                                    # chunk's activations are alive, not the batch's (peak
+                                    # 1.9 GB against 9.9 GB unchunked at 64 x 256 tokens,
+                                    # and no slower on CPU: BENCHMARKS.md, "Adapting MiniLM")
     c.eval_every_steps = 0          # no val split: the final evaluation only
     c.log_every_steps = 10
     c.data.name = "pretrain"        # pairs made from the collection's documents

@@ -234,10 +234,13 @@ def load(path: str) -> tuple[SideFeatures, SideFeatures]:
     return SideFeatures.from_json(data["query"]), SideFeatures.from_json(data["document"])
 
 
-MIN_BUCKET = 32  # shortest padded length an evaluation batch is cut to (`length_bucket`)
-# Training cuts only long texts' batches: each length compiles the whole train step again,
-# which a run of a few steps (or of short texts, max_len <= 128) never pays back.
-TRAIN_MIN_BUCKET = 128
+MIN_BUCKET = 32  # shortest padded length a batch is cut to (`length_bucket`)
+# Training cuts only the fields of texts longer than this (max_len > 128: the BERT-family
+# towers, whose steps take seconds): each length compiles the whole train step again,
+# which a run of short texts' cheap steps never pays back. Those it cuts go to
+# `length_bucket`'s half steps from 32 (32, 48, 64, 96, 128, 192, 256, ...): a sentence
+# query of 40 tokens runs at 48, not at the documents' 256.
+TRAIN_CUT_ABOVE = 128
 TEXT_PREFIXES = ("q", "d", "m", "n")  # a batch's texts: queries, documents, mixed, hard negatives
 
 
@@ -255,17 +258,18 @@ def length_bucket(longest: int, max_len: int, min_bucket: int = MIN_BUCKET,
     return min(bucket, max_len)
 
 
-def trim_padding(batch: dict[str, np.ndarray], min_bucket: int = TRAIN_MIN_BUCKET
-                 ) -> dict[str, np.ndarray]:
+def trim_padding(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """`batch` with each text field's ids and mask ("<prefix>_ids", "<prefix>_mask", last
-    axis the length) cut to `length_bucket` of its longest text: padding never changes a
-    text's vector, and a batch of short texts need not run at the full max length."""
+    axis the length) longer than TRAIN_CUT_ABOVE cut to `length_bucket` (half steps) of
+    its longest text: padding never changes a text's vector, and a batch of short texts
+    need not run at the full max length."""
     out = dict(batch)
     for prefix in TEXT_PREFIXES:
         mask = batch.get(f"{prefix}_mask")
-        if mask is None or mask.shape[-1] <= min_bucket:
+        if mask is None or mask.shape[-1] <= TRAIN_CUT_ABOVE:
             continue
-        length = length_bucket(int(mask.sum(-1).max(initial=0)), mask.shape[-1], min_bucket)
+        length = length_bucket(int(mask.sum(-1).max(initial=0)), mask.shape[-1],
+                               half_steps=True)
         out[f"{prefix}_ids"] = batch[f"{prefix}_ids"][..., :length]
         out[f"{prefix}_mask"] = mask[..., :length]
     return out

@@ -20,11 +20,11 @@ import time
 
 import numpy as np
 from absl import flags, logging
-from tqdm.auto import tqdm
 
 from dualjax import ann, cli, features
 from dualjax.data.corpus_file import read_corpus
 from dualjax.encoder import Encoder
+from dualjax.progress import Progress
 from dualjax.workdir import (atomic_write, check_output, file_digests, replace_folder,
                              verify_digests)
 
@@ -70,7 +70,7 @@ def _encode(encoder: Encoder, texts: list[str], batch_size: int) -> np.ndarray:
     order = features.longest_first(texts)
     out = np.zeros((len(texts), encoder.dim), np.float32)
     step = 16 * batch_size  # texts per progress update
-    with tqdm(total=len(texts), desc="encode corpus", unit="text", disable=None) as bar:
+    with Progress(len(texts), "encode corpus", "text") as bar:
         for at in range(0, len(texts), step):
             rows = order[at:at + step]
             out[rows] = encoder.encode_documents([texts[i] for i in rows], batch_size=batch_size)

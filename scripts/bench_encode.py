@@ -114,7 +114,6 @@ def main() -> None:
     p.add_argument("--json", default="")
     p.add_argument("--matmuls", action="store_true", help="the matmul rates alone")
     args = p.parse_args()
-    import dualjax  # first: its malloc setting holds for both sides
     if args.matmuls:
         return matmul_rates()
     import torch

@@ -165,7 +165,10 @@ def random_batch(rng, batch: int, seq_len: int, vocab: int) -> dict[str, Any]:
 
 
 def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
-    """Times the real train step on `args.devices` CPU devices (run in a subprocess)."""
+    """Times the real train step on `args.devices` CPU devices (run in a subprocess), with
+    malloc set as training sets it for the tower (dualjax/malloc.py)."""
+    from dualjax import malloc
+    malloc.for_tower(COMPARE_WORKLOADS[args.workload]["tower"] if args.workload else "bow_mlp")
     import jax
     import numpy as np
 
@@ -370,9 +373,11 @@ def torch_dual_encoder(workload: str, vocab: int, dim: int, form: str = "embeddi
 def bench_torch_step(args: argparse.Namespace) -> dict[str, Any]:
     """Times the PyTorch step of `--vs-torch` workload `args.workload` (run in a
     subprocess): zero_grad, forward, backward, Adam step, on `--torch-threads` threads.
-    PyTorch's CPU tensors come from the same malloc, set as dualjax sets it on import
-    (docs/training.md, "Memory on Linux"): its steps are spared the page faults too."""
-    import dualjax  # noqa: F401 (before torch allocates: malloc keeps freed buffers)
+    PyTorch's CPU tensors come from the same malloc, set as dualjax's training sets it for
+    the workload's tower (docs/training.md, "Memory on Linux"): where dualjax's steps are
+    spared the page faults, so are PyTorch's."""
+    from dualjax import malloc
+    malloc.for_tower(COMPARE_WORKLOADS[args.workload]["tower"])  # before torch allocates
     import numpy as np
     import torch
 

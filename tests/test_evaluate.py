@@ -201,8 +201,8 @@ def test_hybrid_search_fuses_each_tower_with_bm25(mesh):
                                            "dual_encoder+bm25_interp"]
     k = min(100, len(TASK.corpus))
     np.testing.assert_array_equal(
-        ranked["dual_encoder+bm25 [exact]"],
-        hybrid.fuse_rrf([ranked["dual_encoder [exact]"], ranked["bm25 [exact]"]], k, 60.0))
+        ranked["dual_encoder+bm25 [exact]"].ids,
+        hybrid.fuse_rrf([ranked["dual_encoder [exact]"].ids, ranked["bm25 [exact]"].ids], k, 60.0))
     # Chosen here (a val split): the best weight of the grid, by map@100 of its ranking.
     weight = rows[-1]["hybrid_weight"]
     assert weight in hybrid.WEIGHTS
@@ -216,8 +216,8 @@ def test_hybrid_search_fuses_each_tower_with_bm25(mesh):
     assert [r["system"] for r in rows] == ["dual_encoder", "dual_encoder+bm25",
                                            "dual_encoder+bm25_interp"]
     assert rows[-1]["hybrid_weight"] == 1.0
-    np.testing.assert_array_equal(ranked["dual_encoder+bm25_interp [exact]"],
-                                  ranked["dual_encoder [exact]"])
+    np.testing.assert_array_equal(ranked["dual_encoder+bm25_interp [exact]"].ids,
+                                  ranked["dual_encoder [exact]"].ids)
     # No weight for this tower: eval.hybrid_weight.
     rows, _ = evaluate.evaluate_split(TASK, {"dual_encoder": (enc, enc)}, INPUTS, cfg, mesh,
                                       hybrid_weights={})
@@ -269,8 +269,9 @@ def test_format_table_rows_and_aligned_columns():
 
 def test_batches_are_cut_to_a_power_of_two_length():
     """length_bucket: the next power of two from the minimum, at most max_len; trim_padding
-    cuts each text field of a training batch to its own bucket (hard negatives [b, k, len]
-    too) and leaves fields no longer than the minimum as they are."""
+    cuts each text field of a training batch longer than 128 tokens to its own bucket (of
+    half steps; hard negatives [b, k, len] too) and leaves fields of at most 128 tokens as
+    they are."""
     from dualjax import features
     assert [features.length_bucket(n, 256) for n in (0, 1, 32, 33, 64, 65, 200, 256)] == \
         [32, 32, 32, 64, 64, 128, 256, 256]
@@ -283,6 +284,6 @@ def test_batches_are_cut_to_a_power_of_two_length():
              "n_mask": np.tile(lengths(512, 10), (4, 2, 1)), "doc_ids": np.arange(4)}
     out = features.trim_padding(batch)
     assert out["q_ids"].shape == (4, 64)  # max_len 64 <= 128: never cut
-    assert out["d_ids"].shape == out["d_mask"].shape == (4, 256)
-    assert out["n_ids"].shape == (4, 2, 128)
+    assert out["d_ids"].shape == out["d_mask"].shape == (4, 192)  # 130 tokens: 192
+    assert out["n_ids"].shape == (4, 2, 32)
     assert out["d_mask"].sum() == batch["d_mask"].sum() and out["doc_ids"] is batch["doc_ids"]

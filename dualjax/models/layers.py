@@ -52,23 +52,28 @@ def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray
     heads, d] -> [b, n, heads, d], the logits and the softmax in float32 whatever the
     inputs' dtype: jax.nn.dot_product_attention(mask=)'s values, within 1e-6.
 
-    Two formulations, for XLA on CPU, where each is the faster one. Padded keys are an
-    additive bias in both (`mask=` is a select pass of its own over the [b, heads, n, n]
-    logits; a logit plus the bias rounds to the bias, `mask=`'s own value for it, so a
-    text whose keys are all padded averages its values as there).
-    - Encoding (no gradient): the logits keys-major, [b, heads, keys, queries], with
-      which XLA folds the softmax's exp into the second matmul's pass instead of writing
-      the probabilities out: at MiniLM's 32 x 256 tokens 60 ms a layer, against 78 with
-      jax.nn.dot_product_attention(bias=) and 93 with its mask= (BENCHMARKS.md, "Encoding
-      a corpus").
-    - Under a gradient: jax.nn.dot_product_attention(bias=), whose backward pass is the
-      faster one at training lengths (16 against 19 ms at 256 x 33 tokens, 4 heads; 8 vs
-      9 at 64 x 32, 12 heads; even at 256 tokens)."""
+    Written for XLA on CPU. Padded keys are an additive bias (`mask=` is a select pass
+    of its own over the [b, heads, n, n] logits; a logit plus the bias rounds to the
+    bias, `mask=`'s own value for it, so a text whose keys are all padded averages its
+    values as there), and the logits are laid out keys-major, [b, heads, keys, queries],
+    with which XLA folds the softmax's exp into the second matmul's pass instead of
+    writing the probabilities out (BENCHMARKS.md, "Encoding a corpus").
+
+    The gradient (`_attention_fwd`, `_attention_bwd`) keeps no [b, heads, n, n] array
+    from the forward pass to the backward one: only the output and each query's
+    log-sum-exp, from which the backward pass computes the probabilities again (the
+    recomputation of FlashAttention, Dao et al. 2022, without its tiling). Saving the
+    probabilities of every layer instead held 8.6 GiB at MiniLM's 64 x 256 tokens, more
+    than the rest of the step (BENCHMARKS.md, "Adapting MiniLM")."""
+    probs = jax.nn.softmax(_logits(q, k, mask), axis=2).astype(v.dtype)
+    return jnp.einsum("bnst,bsnh->btnh", probs, v)
+
+
+def _logits(q: jnp.ndarray, k: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
+    """float32 [b, heads, keys, queries]: q k / sqrt(d) plus the padded keys' bias."""
     scale = np.float32(1 / np.sqrt(q.shape[-1]))
     logits = jnp.einsum("bsnh,btnh->bnst", k, q, preferred_element_type=jnp.float32) * scale
-    logits = logits + _key_bias(mask)[:, None, :, None]
-    probs = jax.nn.softmax(logits, axis=2).astype(v.dtype)
-    return jnp.einsum("bnst,bsnh->btnh", probs, v)
+    return logits + _key_bias(mask)[:, None, :, None]
 
 
 def _key_bias(mask: jnp.ndarray) -> jnp.ndarray:
@@ -77,14 +82,29 @@ def _key_bias(mask: jnp.ndarray) -> jnp.ndarray:
 
 
 def _attention_fwd(q, k, v, mask):
-    bias = _key_bias(mask)[:, None, None, :]
-    out, backward = jax.vjp(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, bias=bias),
-                            q, k, v)
-    return out, backward
+    logits = _logits(q, k, mask)
+    lse = jax.nn.logsumexp(logits, axis=2, keepdims=True)  # [b, heads, 1, queries]
+    out = jnp.einsum("bnst,bsnh->btnh", jnp.exp(logits - lse).astype(v.dtype), v)
+    return out, (q, k, v, mask, out, lse)
 
 
-def _attention_bwd(backward, g):
-    return (*backward(g), None)  # no cotangent for the mask
+def _attention_bwd(residuals, g):
+    """The probabilities p again from the logits and lse; then dv = p^T g, and the
+    softmax's backward dlogits = p * (g v^T - rowsum(g * out)) for dq and dk."""
+    # The barrier ties the recomputation to g: without it XLA merges it with the forward
+    # pass's (common subexpressions) or runs it early, before g is there, and every
+    # layer's probabilities are alive at once again.
+    (q, k, v, mask, out, lse), g = jax.lax.optimization_barrier((residuals, g))
+    f32 = jnp.float32
+    scale = np.float32(1 / np.sqrt(q.shape[-1]))
+    probs = jnp.exp(_logits(q, k, mask) - lse)  # [b, heads, keys, queries]
+    dv = jnp.einsum("bnst,btnh->bsnh", probs.astype(g.dtype), g)
+    dprobs = jnp.einsum("btnh,bsnh->bnst", g, v, preferred_element_type=f32)
+    rowsum = jnp.einsum("btnh,btnh->bnt", g.astype(f32), out.astype(f32))[:, :, None, :]
+    dlogits = probs * (dprobs - rowsum) * scale
+    dq = jnp.einsum("bnst,bsnh->btnh", dlogits, k.astype(f32))
+    dk = jnp.einsum("bnst,btnh->bsnh", dlogits, q.astype(f32))
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None  # mask: none
 
 
 attention.defvjp(_attention_fwd, _attention_bwd)

@@ -1,0 +1,156 @@
+"""Adapting MiniLM: peak memory and pairs/s of `configs/adapt.py`'s training step, beside
+sentence-transformers' own training step on the same kind of batch.
+
+    python scripts/bench_adapt.py --collection=DOCS.jsonl [--steps=12] [--vs-st]
+        [--flags=train.encode_chunks=0,...] [--json=FILE]
+
+DOCS.jsonl: a documents file ({"title", "text"} a line, as `configs/adapt.py` takes it)
+or a BEIR folder. Each side runs in its own process, so each peak resident memory
+(ru_maxrss of the child) is its own:
+- dualjax: `python -m dualjax.main --config=configs/adapt.py` on the collection, with
+  data.tasks=ict (a sentence of a passage against the passage: the pseudo-labels' shapes,
+  with no labelling pass before the steps), --steps steps, a train row every step; pairs/s
+  is the median over the steps after the first few, whose programs compile; peak RSS and
+  the wall time cover the whole run (data, compilation, steps).
+- --vs-st: sentence-transformers (all-MiniLM-L6-v2 from the same pretrained folder,
+  max_seq_length 256) with MultipleNegativesRankingLoss and AdamW, the step as its
+  trainer runs it (tokenize, forward, backward, step), batch 64 of (a sentence of a
+  document, the document) from the same collection, torch on the same 2 threads: the
+  peer at its best on CPU. Needs torch and sentence-transformers (not dualjax's install).
+Figures: BENCHMARKS.md, "Adapting MiniLM".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SKIP = 4  # first steps left out of pairs/s: each new (query, document) length compiles
+
+
+def child_peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def run_dualjax(args) -> dict:
+    workdir = tempfile.mkdtemp(prefix="bench_adapt_")
+    flags = {"data.path": os.path.abspath(args.collection), "data.tasks": "ict",
+             "num_train_steps": args.steps, "max_epochs": 0.0, "log_every_steps": 1,
+             "checkpoint_every_steps": 10**6, "eval.untrained": False,
+             **dict(kv.split("=", 1) for kv in args.flags.split(",") if kv)}
+    cmd = [sys.executable, "-m", "dualjax.main", "--config=configs/adapt.py",
+           f"--workdir={workdir}", *(f"--config.{k}={v}" for k, v in flags.items())]
+    print("$", " ".join(cmd), flush=True)
+    start = time.time()
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    wall = time.time() - start
+    if out.returncode:
+        raise SystemExit(f"dualjax run failed:\n{out.stderr[-3000:]}")
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    rates = [r["pairs_per_second"] for r in rows if r["split"] == "train" and r["step"] > SKIP]
+    return {"side": "dualjax", "flags": flags, "pairs_per_second": median(rates),
+            "peak_rss_mb": child_peak_mb(), "wall_s": wall, "workdir": workdir}
+
+
+def median(values: list[float]) -> float:
+    values = sorted(values)
+    return values[len(values) // 2] if values else float("nan")
+
+
+ST_WORKER = r'''
+import json, random, sys, time, resource
+import torch
+from sentence_transformers import SentenceTransformer, losses
+torch.set_num_threads(int(sys.argv[3]))
+pairs = json.load(open(sys.argv[1]))
+steps, batch = int(sys.argv[4]), int(sys.argv[5])
+model = SentenceTransformer(sys.argv[2], device="cpu")
+model.max_seq_length = 256
+loss = losses.MultipleNegativesRankingLoss(model)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+model.train()
+times = []
+for i in range(steps):
+    chunk = pairs[i * batch:(i + 1) * batch]
+    t = time.perf_counter()
+    features = [model.tokenize([q for q, _ in chunk]), model.tokenize([d for _, d in chunk])]
+    value = loss(features, None)
+    value.backward()
+    opt.step()
+    opt.zero_grad()
+    times.append(time.perf_counter() - t)
+print(json.dumps({"times": times,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+'''
+
+
+def st_pairs(collection: str, count: int, seed: int = 0) -> list[tuple[str, str]]:
+    """(a sentence of a document, the document) for `count` documents of the collection."""
+    sys.path.insert(0, REPO)
+    from dualjax.data.beir import document_text
+    from dualjax.text import sentence_spans
+    path = os.path.join(collection, "corpus.jsonl") if os.path.isdir(collection) else collection
+    rng, out = __import__("random").Random(seed), []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            d = json.loads(line)
+            text = document_text(d.get("title", ""), d["text"])
+            sentences = [text[a:b] for a, b in sentence_spans(d["text"])
+                         if len(text[a:b].split()) >= 5] or [d["text"][:200]]
+            out.append((rng.choice(sentences), text))
+            if len(out) == count:
+                break
+    return out
+
+
+def run_st(args) -> dict:
+    sys.path.insert(0, REPO)
+    from dualjax.pretrained import sources
+    pairs = st_pairs(args.collection, args.steps * 64)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(pairs, f)
+    cmd = [args.st_python, "-c", ST_WORKER, f.name, sources.folder_of("all-MiniLM-L6-v2"),
+           str(args.threads), str(args.steps), "64"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"sentence-transformers worker failed:\n{out.stderr[-3000:]}")
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"side": "sentence-transformers", "pairs_per_second":
+            64 / median(got["times"][SKIP // 2:]), "step_s": got["times"],
+            "peak_rss_mb": got["peak_rss_mb"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--collection", required=True)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--flags", default="", help="extra k=v,k=v for configs/adapt.py")
+    p.add_argument("--vs-st", action="store_true", help="also sentence-transformers' step")
+    p.add_argument("--st_python", default=sys.executable,
+                   help="a Python with torch and sentence-transformers")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--json", default="")
+    args = p.parse_args()
+    results = [run_dualjax(args)]
+    if args.vs_st:
+        results.append(run_st(args))
+    print(f"\n{'side':24s} {'pairs/s':>8s} {'peak RSS MB':>12s}")
+    for r in results:
+        print(f"{r['side']:24s} {r['pairs_per_second']:8.2f} {r['peak_rss_mb']:12.0f}")
+    if len(results) == 2:
+        print(f"dualjax / sentence-transformers: "
+              f"x{results[0]['pairs_per_second'] / results[1]['pairs_per_second']:.2f} pairs/s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
