@@ -273,6 +273,17 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.corpus_chunk = 4096      # corpus rows scored at once (memory: query_chunk x corpus_chunk)
     c.eval.untrained = True         # also evaluate the model at initialisation (system "untrained")
     c.eval.baselines = "bm25,tfidf,identity"  # lexical baselines on the same task ("": none)
+    c.eval.bm25_k1 = 0.9            # BM25's term-frequency saturation (pyserini's BEIR "flat"
+                                    # run: 0.9; Lucene's and bm25s's default: 1.2)
+    c.eval.bm25_b = 0.4             # BM25's length normalisation (pyserini's BEIR: 0.4;
+                                    # Lucene's default: 0.75)
+    c.eval.bm25_stemmer = "snowball"  # BM25's terms, as Lucene's English analyzer makes them:
+                                    # English stopwords dropped, words stemmed by "snowball"
+                                    # (Snowball English) or "porter" (Lucene's and pyserini's
+                                    # stemmer); "": plain lowercased words, no stopword list
+                                    # (dualjax's BM25 before 2026-11). Every BM25 of the run
+                                    # reads these three: the baseline, eval.hybrid and the
+                                    # pseudo-labels (data.tasks "pseudo")
     c.eval.select_by = ""           # a metric ("map@100", "ndcg@10", ...): keep the params of
                                     # the step with the best val value (evaluations every
                                     # eval_every_steps, and the last step) and evaluate them

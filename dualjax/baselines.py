@@ -10,7 +10,11 @@ against every document with one sparse product, and ranks by score:
 * ``tfidf``: cosine of TF-IDF vectors, w_x[t] = tf_x(t) * idf(t), with tf = raw count (or
   1 + ln(count) if ``sublinear=True``) and the smooth idf of scikit-learn,
   idf(t) = ln((1 + N) / (1 + df(t))) + 1, N documents, df(t) documents containing t.
-* ``bm25``: Okapi BM25 as indexed by the `bm25s` library (method "lucene"):
+* ``bm25``: Okapi BM25 as pyserini runs it on BEIR ("flat": title and text one field),
+  over the terms of `analyze` (Lucene's English analyzer: lowercased words, English
+  stopwords out, each word stemmed; ``stemmer=""`` keeps the plain normalised words of
+  the other systems), k1 0.9 and b 0.4 by default, indexed by the `bm25s` library
+  (method "lucene"):
   score(q, d) = sum over query tokens t (repeats counted) of
   idf(t) * tf_d(t) / (tf_d(t) + k1 * (1 - b + b * |d| / avgdl)),
   idf(t) = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5)). bm25s leaves out the usual
@@ -27,7 +31,8 @@ by the lower corpus id; rows shorter than ``k`` are padded with ``-1``.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -44,7 +49,55 @@ _BLOCK_ELEMENTS = 2**23
 _MAX_THREADS = 4
 # `_top_k_block` thresholds on at least this many columns (fewer only if n is smaller).
 _SUBSAMPLE_MIN = 8192
-_OPTIONS = {"identity": {}, "tfidf": {"sublinear": False}, "bm25": {"k1": 1.2, "b": 0.75}}
+# pyserini's BEIR "flat" BM25: k1 0.9, b 0.4, Lucene's English analyzer (`analyze`).
+_OPTIONS = {"identity": {}, "tfidf": {"sublinear": False},
+            "bm25": {"k1": 0.9, "b": 0.4, "stemmer": "snowball"}}
+STEMMERS = ("snowball", "porter", "")  # `analyze`; "": no stopwords, no stemming
+# Lucene's English stopwords (EnglishAnalyzer.ENGLISH_STOP_WORDS_SET, as pyserini and
+# bm25s's "en" list use them).
+STOPWORDS = frozenset(
+    "a an and are as at be but by for if in into is it no not of on or such that the their "
+    "then there these they this to was will with".split())
+# A word as Lucene's StandardTokenizer cuts it (Unicode letters and digits, joined by an
+# inner apostrophe or dot: "don't", "u.s", "3.5"); a CJK ideograph or kana is a word alone.
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_TERM = re.compile(f"[{_CJK}]|[^\\W_{_CJK}]+(?:['\u2019.][^\\W_{_CJK}]+)*")
+_POSSESSIVE = re.compile("['\u2019]s$")
+
+
+def bm25_defaults() -> dict:
+    """{"k1", "b", "stemmer"}: the `bm25` system's default options."""
+    return dict(_OPTIONS["bm25"])
+
+
+def options_for(system: str, bm25: dict | None) -> dict:
+    """`bm25` (a run's BM25 options) for the "bm25" system, no options for the others."""
+    return dict(bm25 or {}) if system == "bm25" else {}
+
+
+def analyzer(stemmer: str = "snowball") -> Callable[[str], list[str]]:
+    """text -> the terms BM25 indexes for it, as Lucene's English analyzer makes them
+    (pyserini's default for BEIR): words lowercased, a trailing possessive "'s" cut,
+    `STOPWORDS` dropped, each word stemmed by `stemmer`: "snowball" (Snowball English) or
+    "porter" (Porter's algorithm, Lucene's PorterStemFilter), both PyStemmer's C code.
+    stemmer="": the plain normalised words (`dualjax.text.words`), no stopword list."""
+    if stemmer not in STEMMERS:
+        raise ValueError(f"unknown stemmer {stemmer!r}; choose from {STEMMERS}")
+    if not stemmer:
+        return text_lib.words
+    import Stemmer  # PyStemmer
+    stem = Stemmer.Stemmer("english" if stemmer == "snowball" else "porter").stemWords
+
+    def terms(text: str) -> list[str]:
+        words = (_POSSESSIVE.sub("", t) for t in _TERM.findall(text.lower()))
+        return stem([w for w in words if w not in STOPWORDS])
+    return terms
+
+
+def analyze(text: str, stemmer: str = "snowball") -> list[str]:
+    """`analyzer(stemmer)(text)`, e.g. "The runner's shoes were running" -> ["runner",
+    "shoe", "were", "run"]."""
+    return analyzer(stemmer)(text)
 
 
 def _count_matrix(tokens: Sequence[Sequence[str]], vocab: dict[str, int]) -> sp.csr_matrix:
@@ -98,13 +151,14 @@ def _vectors(system: str, corpus: Sequence[str], queries: Sequence[str],
         raise ValueError(f"unknown options for {system!r}: {sorted(unknown)}; "
                          f"accepted: {sorted(_OPTIONS[system])}")
     opts = {**_OPTIONS[system], **options}
+    terms = analyzer(opts.pop("stemmer", ""))
 
-    doc_tokens = [text_lib.words(d) for d in corpus]
+    doc_tokens = [terms(d) for d in corpus]
     vocab: dict[str, int] = {}
     for toks in doc_tokens:
         for w in toks:
             vocab.setdefault(w, len(vocab))
-    query_counts = _count_matrix([text_lib.words(q) for q in queries], vocab)
+    query_counts = _count_matrix([terms(q) for q in queries], vocab)
     if system == "bm25":
         return query_counts, _bm25_weights(doc_tokens, vocab, float(opts["k1"]), float(opts["b"]))
     doc_counts = _count_matrix(doc_tokens, vocab)
@@ -166,7 +220,8 @@ def rank(system: str, task: RetrievalTask, k: int, **options) -> np.ndarray:
         task: queries, corpus and each query's own corpus index (never retrieved).
         k: results per query, >= 1; may exceed the corpus size (rows are padded).
         **options: ``tfidf``: ``sublinear`` (bool, default False); ``bm25``: ``k1``
-            (default 1.2), ``b`` (default 0.75); ``identity``: none.
+            (default 0.9), ``b`` (default 0.4), ``stemmer`` (one of `STEMMERS`, default
+            "snowball"); ``identity``: none.
 
     Returns:
         int64 [num_queries, k]: corpus ids, best first, ties by lower id; only documents

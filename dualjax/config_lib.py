@@ -336,6 +336,17 @@ def _check_eval(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config.eval.early_stopping={config.eval.early_stopping} counts "
                           "evaluations without a better config.eval.select_by: set that metric "
                           "and a count >= 0")
+    deepest = max(metrics.cutoffs())
+    if 0 < config.eval.top_k < deepest:  # recall@100 from 5 results would equal recall@5
+        raise ConfigError(f"config.eval.top_k={config.eval.top_k} is below the metrics' "
+                          f"deepest cutoff ({deepest}: map@100, recall@100): retrieve at least "
+                          f"--config.eval.top_k={deepest}")
+    _one_of("eval.bm25_stemmer", bm25_options(config.eval)["stemmer"], baselines.STEMMERS)
+    for key in ("bm25_k1", "bm25_b"):
+        if key in config.eval:
+            _positive(config, f"eval.{key}", allow_zero=True)
+    if config.eval.get("bm25_b", 0.0) > 1:
+        raise ConfigError(f"config.eval.bm25_b={config.eval.bm25_b} must be between 0 and 1")
     if config.eval.get("hybrid", ""):
         _one_of("eval.hybrid", config.eval.hybrid,
                 [n for n in baselines.BASELINES if n != "identity"])
@@ -413,9 +424,9 @@ def _check_data(data: ml_collections.ConfigDict, key: str) -> None:
         except ValueError as e:
             raise ConfigError(f"config.{key.removesuffix('data')}{e}") from None
         if not 0 <= data.ict_mask_rate <= 1:
-            raise ConfigError(f"config.{key}.ict_mask_rate={data.ict_mask_rate} must be in [0, 1]")
+            raise ConfigError(f"config.{key}.ict_mask_rate={data.ict_mask_rate} must be between 0 and 1")
         if not 0 <= data.get("pseudo_weight", 0.5) <= 1:
-            raise ConfigError(f"config.{key}.pseudo_weight={data.pseudo_weight} must be in [0, 1]")
+            raise ConfigError(f"config.{key}.pseudo_weight={data.pseudo_weight} must be between 0 and 1")
         for option in ("hard_negatives", "pseudo_labels"):
             if data.get(option, 0):
                 raise ConfigError(f"config.{key}.{option}: pre-training pairs are generated, "
@@ -446,6 +457,13 @@ def _check_data(data: ml_collections.ConfigDict, key: str) -> None:
         if not (val > 0 and test > 0 and val + test < 1):
             raise ConfigError(f"config.{key}.val_fraction={val} and config.{key}.test_fraction="
                               f"{test} must be > 0 with a sum below 1 (both splits are evaluated)")
+
+
+def bm25_options(eval_cfg: ml_collections.ConfigDict) -> dict:
+    """The run's BM25 settings as `baselines.rank`'s options (eval.bm25_k1, bm25_b,
+    bm25_stemmer; a config from before they existed: the defaults, the field's BM25)."""
+    defaults = baselines.bm25_defaults()
+    return {key: eval_cfg.get(f"bm25_{key}", value) for key, value in defaults.items()}
 
 
 def baseline_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:

@@ -136,10 +136,18 @@ class Encoder:
         """Batches longest text first (by characters, as sentence-transformers does), each
         cut to the length bucket of its longest text when the bundle's length is symbolic
         (padding never changes a vector); full batches, so each bucket compiles once."""
+        method = {"query": "encode_queries", "document": "encode_documents"}[side]
         if isinstance(texts, (str, bytes)):
-            method = {"query": "encode_queries", "document": "encode_documents"}[side]
             raise TypeError(f"{method} takes a sequence of texts, not one string: pass [text]")
-        texts = list(texts)
+        try:
+            texts = list(texts)
+        except TypeError:
+            raise TypeError(f"{method} takes a sequence of texts (str), not "
+                            f"{type(texts).__name__}") from None
+        bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+        if bad is not None:
+            raise TypeError(f"{method}: text {bad} is {type(texts[bad]).__name__} "
+                            f"{texts[bad]!r:.40}, not str")
         out = np.zeros((len(texts), self.dim), np.float32)
         order = features.longest_first(texts)
         s = self.sides[side]

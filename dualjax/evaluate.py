@@ -8,21 +8,28 @@ metrics.py.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import ml_collections
 import numpy as np
 from absl import logging
-from tqdm.auto import tqdm
 
 from dualjax import baselines as baselines_lib
-from dualjax import ann, hybrid, metrics, sharding, typos
+from dualjax import ann, config_lib, hybrid, metrics, sharding, typos
 from dualjax.data.clusters import RetrievalTask
 from dualjax.features import Fields, Inputs, Side, longest_first
+from dualjax.progress import Progress
 
 # {"ids", "mask" [b, len], "cats" [b, fields] (a side with categorical fields)} -> [b, dim]
 EncodeFn = Callable[[dict[str, jax.Array]], jax.Array]
+
+
+class Ranking(NamedTuple):
+    """One system's answers to a task's queries: corpus ids int [nq, k] best first (-1
+    padding) and their scores [nq, k] (the system's own: cosines, BM25, fused values)."""
+    ids: np.ndarray
+    scores: np.ndarray
 
 
 def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], side: Side, batch_size: int,
@@ -44,8 +51,8 @@ def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], side: Side, batch_si
     share = batch_size // n_proc  # this process's rows of each batch
     order = longest_first(texts)
     out = np.zeros((len(texts), 0), np.float32)
-    for start in tqdm(range(0, len(texts), batch_size), desc=desc, leave=False,
-                      unit="batch", disable=None):
+    bar = Progress(len(texts), desc, "text", leave=False)
+    for start in range(0, len(texts), batch_size):
         rows = order[start:start + batch_size]
         x = side.encode_batch([texts[i] for i in rows],
                               None if fields is None else [fields[i] for i in rows], batch_size)
@@ -58,6 +65,8 @@ def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], side: Side, batch_si
         if not out.shape[1]:
             out = np.zeros((len(texts), vectors.shape[1]), vectors.dtype)
         out[rows] = vectors[:len(rows)]
+        bar.update(len(rows))
+    bar.close()
     return out
 
 
@@ -103,18 +112,19 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
     with the dense weight `hybrid_weights[tower]`, or, where `hybrid_weights` is None
     (a validation split), the weight that scores best here on `eval.select_by` (else
     map@100); the row says it as "hybrid_weight". Returns (rows {"system", "index",
-    metrics...}, {label: ranked ids}).
+    metrics...}, {label: its `Ranking`}).
     """
     enc = dict(batch_size=eval_cfg.batch_size, mesh=mesh)
     k = min(eval_cfg.top_k, len(task.corpus))
     exclude = task.query_corpus_index
     rows, ranked, scored = [], {}, {}
 
-    def add(system: str, kind: str, ids: np.ndarray, **extra) -> dict:
+    def add(system: str, kind: str, ranking: tuple[np.ndarray, np.ndarray], **extra) -> dict:
+        ids, scores = ranking
         row = {"system": system, "index": kind,
-               **metrics.retrieval_metrics(ids, task.relevant), **extra}
+               **metrics.retrieval_metrics(ids, task.relevant, grades=task.grades), **extra}
         rows.append(row)
-        ranked[f"{system} [{kind}]"] = ids
+        ranked[f"{system} [{kind}]"] = Ranking(np.asarray(ids), np.asarray(scores))
         return row
 
     for system, (encode_queries, encode_documents) in towers.items():
@@ -124,16 +134,18 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
                                desc=f"{system}: queries", fields=task.query_fields, **enc)
         exact_index, _ = ann.make_index("exact", corpus, eval_cfg, k)
         scored[system] = exact_index.search(queries, k, exclude)[::-1]  # (ids, scores)
-        exact = add(system, "exact", scored[system][0])
+        exact = add(system, "exact", scored[system])
         if eval_cfg.index != "exact" and system in ann_systems:
             _approximate(add, system, corpus, queries, (exact, scored[system][0]), eval_cfg,
                          k, exclude, index_dir, index_extra)
     lexical = eval_cfg.get("hybrid", "")
     for name in dict.fromkeys(list(baselines) + ([lexical] if lexical else [])):
-        scores, ids = baselines_lib.rank_texts(name, task.corpus, task.queries, k, exclude)
+        scores, ids = baselines_lib.rank_texts(
+            name, task.corpus, task.queries, k, exclude,
+            **baselines_lib.options_for(name, config_lib.bm25_options(eval_cfg)))
         scored[name] = (ids, scores)
         if name in baselines:
-            add(name, "exact", ids)
+            add(name, "exact", scored[name])
     if lexical:  # each tower's exact ranking fused with the lexical one
         for system in towers if hybrid_systems is None else hybrid_systems:
             _hybrid(add, system, lexical, scored, task.relevant, eval_cfg, k, hybrid_weights)
@@ -148,9 +160,10 @@ def _approximate(add, system: str, corpus: np.ndarray, queries: np.ndarray,
     kind = eval_cfg.index
     ann_index, info = ann.make_index(kind, corpus, eval_cfg, k, directory=index_dir,
                                      extra=index_extra)
-    ann_ids = ann_index.search(queries, k, exclude)[1]
+    ann_scores, ann_ids = ann_index.search(queries, k, exclude)
     exact_row, exact_ids = exact
-    row = add(system, kind, ann_ids, **{"ann_recall@10": ann_recall(ann_ids, exact_ids)})
+    row = add(system, kind, (ann_ids, ann_scores),
+              **{"ann_recall@10": ann_recall(ann_ids, exact_ids)})
     row["map@100_gap"] = exact_row["map@100"] - row["map@100"]
     row["index_seconds"] = info["build_seconds"]
     row["index_built"] = info["built"]
@@ -164,14 +177,15 @@ def _hybrid(add, system: str, lexical: str, scored: dict, relevant, eval_cfg, k:
     score interpolation at weights[system] (None: the weight best here)."""
     ids, scores = scored[lexical]
     add(f"{system}+{lexical}", "exact",
-        hybrid.fuse_rrf([scored[system][0], ids], k, eval_cfg.hybrid_rrf_k))
+        hybrid.fuse_rrf([scored[system][0], ids], k, eval_cfg.hybrid_rrf_k, with_scores=True))
     if weights is None:
         weight, _ = hybrid.choose_weight(scored[system], (ids, scores), relevant, k,
                                          eval_cfg.get("select_by", "") or "map@100")
     else:
         weight = weights.get(system, eval_cfg.hybrid_weight)
     add(f"{system}+{lexical}_interp", "exact",
-        hybrid.fuse_scores(scored[system], (ids, scores), weight, k), hybrid_weight=weight)
+        hybrid.fuse_scores(scored[system], (ids, scores), weight, k, with_scores=True),
+        hybrid_weight=weight)
 
 
 def typo_sweep(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]],

@@ -86,6 +86,8 @@ class Retrieval:
         if final and self.main:
             report.write_report(self.workdir, split, step, rows, ranked, data.relevant,
                                 len(data.corpus), task.name)
+            report.write_runs(self.workdir, split, ranked, data.query_keys, data.corpus_keys,
+                              task.name)
             if split == self.splits[-1]:
                 name = f"task {task.name}, " if task.name else ""
                 print(f"\n{name}{split} split, step {step} ({self.workdir}):\n"

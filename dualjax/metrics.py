@@ -9,7 +9,7 @@ never rewarded.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -60,17 +60,32 @@ def _ranks(n: int) -> np.ndarray:
     return np.arange(1, n + 1, dtype=np.float64)
 
 
+_RECALL_KS, _SUCCESS_KS, _MAP_K, _MRR_K, _NDCG_KS, _PRECISION_KS = \
+    (1, 5, 10, 50, 100), (1, 10), 100, 10, (10, 20), (10, 20)
+
+
+def cutoffs() -> tuple[int, ...]:
+    """Every cutoff `retrieval_metrics` reports by default (an evaluation that retrieves
+    fewer results than the largest would cap the deeper metrics)."""
+    return (*_RECALL_KS, *_SUCCESS_KS, _MAP_K, _MRR_K, *_NDCG_KS, *_PRECISION_KS)
+
+
 def retrieval_metrics(ranked: np.ndarray, relevant: Sequence[Collection[int]],
-                      ks_recall: Sequence[int] = (1, 5, 10, 50, 100),
-                      ks_success: Sequence[int] = (1, 10),
-                      map_k: int = 100, mrr_k: int = 10, ndcg_ks: Sequence[int] = (10, 20),
-                      ks_precision: Sequence[int] = (10, 20)) -> dict[str, float]:
+                      ks_recall: Sequence[int] = _RECALL_KS,
+                      ks_success: Sequence[int] = _SUCCESS_KS,
+                      map_k: int = _MAP_K, mrr_k: int = _MRR_K,
+                      ndcg_ks: Sequence[int] = _NDCG_KS,
+                      ks_precision: Sequence[int] = _PRECISION_KS,
+                      grades: Sequence[Mapping[int, float]] | None = None) -> dict[str, float]:
     """Mean retrieval metrics over queries.
 
     Args:
       ranked: int array [nq, K] of corpus ids, best first; ``-1`` means "no result".
       relevant: per query, the relevant corpus ids (must be non-empty).
       ks_recall, ks_success, map_k, mrr_k, ndcg_ks, ks_precision: metric cutoffs.
+      grades: per query, {relevant id: its judgement's grade (> 0)}: nDCG's gains, as
+        trec_eval's ndcg_cut takes them (the ideal DCG from the grades sorted, highest
+        first); a relevant id missing there has gain 1. None: every relevant id gains 1.
 
     Returns:
       Dict with keys ``map@{map_k}``, ``recall@{k}``, ``mrr@{mrr_k}``, ``success@{k}``,
@@ -103,17 +118,42 @@ def retrieval_metrics(ranked: np.ndarray, relevant: Sequence[Collection[int]],
     out[f"mrr@{mrr_k}"] = float(np.mean(np.where(found, 1.0 / (first + 1), 0.0)))
     for k in ks_success:
         out[f"success@{k}"] = float(np.mean(cum0[:, top(k)] > 0))
-    # nDCG@K, binary gains; IDCG over min(R, K) with the nominal cutoff K.
+    # nDCG@K: gains are the grades (1 without them); the ideal DCG puts the query's
+    # highest grades first, over the nominal cutoff K.
+    gain, ideal = _gains(ranked, hits, relevant, grades)
     for ndcg_k in ndcg_ks:
         n = top(ndcg_k)
-        dcg = (h[:, :n] / np.log2(_ranks(n) + 1)).sum(axis=1)
-        disc = np.concatenate([[0.0], np.cumsum(1.0 / np.log2(_ranks(ndcg_k) + 1))])
-        idcg = disc[np.minimum(num_rel, ndcg_k).astype(int)]
+        dcg = (gain[:, :n] / np.log2(_ranks(n) + 1)).sum(axis=1)
+        m = min(ndcg_k, ideal.shape[1])
+        idcg = (ideal[:, :m] / np.log2(_ranks(m) + 1)).sum(axis=1)
         out[f"ndcg@{ndcg_k}"] = float(np.mean(dcg / idcg))
     for k in ks_precision:  # the nominal k: fewer results than k are not rewarded
         out[f"p@{k}"] = float(np.mean(cum0[:, top(k)] / k))
     out["num_queries"] = int(nq)
     return out
+
+
+def _gains(ranked: np.ndarray, hits: np.ndarray, relevant: Sequence[Collection[int]],
+           grades: Sequence[Mapping[int, float]] | None) -> tuple[np.ndarray, np.ndarray]:
+    """(gain [nq, K] of each ranked item: its grade where it is a hit, else 0; ideal
+    [nq, max R]: each query's relevant grades, highest first, 0-padded)."""
+    if grades is None:
+        width = max(len(set(r)) for r in relevant)
+        counts = np.asarray([len(set(r)) for r in relevant])
+        return hits.astype(np.float64), (np.arange(width) < counts[:, None]).astype(np.float64)
+    if len(grades) != len(relevant):
+        raise ValueError(f"{len(relevant)} queries but {len(grades)} grade maps")
+    ranked = np.asarray(ranked)
+    gain = np.zeros(hits.shape)
+    ideal_rows = []
+    for q, (rel, g) in enumerate(zip(relevant, grades)):
+        rows = np.flatnonzero(hits[q])
+        gain[q, rows] = [float(g.get(int(d), 1.0)) for d in ranked[q, rows].tolist()]
+        ideal_rows.append(sorted((float(g.get(int(d), 1.0)) for d in set(rel)), reverse=True))
+    ideal = np.zeros((len(relevant), max(map(len, ideal_rows))))
+    for q, row in enumerate(ideal_rows):
+        ideal[q, :len(row)] = row
+    return gain, ideal
 
 
 def recall_curve(ranked: np.ndarray, relevant: Sequence[Collection[int]],

@@ -1,5 +1,6 @@
-"""The evaluation report: WORKDIR/report.md (systems x metrics, exact vs ScaNN) and
-WORKDIR/recall_at_k.png (recall@k for k = 1..100, one line per system); with a typo
+"""The evaluation report: WORKDIR/report.md (systems x metrics, exact vs ScaNN),
+WORKDIR/recall_at_k.png (recall@k for k = 1..100, one line per system) and each system's
+ranking as a TREC run file, WORKDIR/runs/SPLIT_SYSTEM.trec (`write_runs`); with a typo
 sweep, WORKDIR/typo_robustness.png (recall@10 and recall@100 against the typo
 probability, one line per system)."""
 
@@ -15,7 +16,8 @@ matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 
 from dualjax import metrics  # noqa: E402
-from dualjax.evaluate import row_label  # noqa: E402
+from dualjax.workdir import atomic_write  # noqa: E402
+from dualjax.evaluate import Ranking, row_label  # noqa: E402
 
 KEYS = ("map@100", "recall@1", "recall@10", "recall@100", "mrr@10", "success@1",
         "success@10", "ndcg@10")
@@ -44,11 +46,11 @@ def ann_section(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot_recall(path: str, ranked: dict[str, np.ndarray],
+def plot_recall(path: str, ranked: dict[str, Ranking],
                 relevant: Sequence[Collection[int]], title: str, max_k: int = 100) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, ids in ranked.items():
-        curve = metrics.recall_curve(ids, relevant, max_k=max_k)
+    for label, ranking in ranked.items():
+        curve = metrics.recall_curve(ranking.ids, relevant, max_k=max_k)
         ax.plot(np.arange(1, max_k + 1), curve, label=label)
     ax.set_xscale("log")
     ax.set_xlabel("k")
@@ -95,7 +97,7 @@ def report_name(task: str = "") -> str:
 
 
 def write_report(workdir: str, split: str, step: int, rows: Sequence[dict],
-                 ranked: dict[str, np.ndarray], relevant: Sequence[Collection[int]],
+                 ranked: dict[str, Ranking], relevant: Sequence[Collection[int]],
                  corpus_size: int, task: str = "") -> None:
     """Writes report.md and recall_at_k.png for one evaluated split (with a task name:
     report_<task>.md and recall_at_k_<task>.png)."""
@@ -110,3 +112,44 @@ def write_report(workdir: str, split: str, step: int, rows: Sequence[dict],
     parts.append(f"\n![recall@k](recall_at_k{suffix}.png)\n")
     with open(os.path.join(workdir, report_name(task)), "w") as f:
         f.write("\n".join(parts))
+
+
+def run_file_name(split: str, label: str) -> str:
+    """"test_bm25.trec" for "bm25 [exact]", "test_dual_encoder_scann.trec" for
+    "dual_encoder [scann]": the split, the system, and the index where it is not exact."""
+    system, _, kind = label.partition(" [")
+    kind = kind.rstrip("]")
+    return f"{split}_{system}{'' if kind in ('', 'exact') else '_' + kind}.trec"
+
+
+def write_trec_run(path: str, ranking: Ranking, query_keys: Sequence[str],
+                   corpus_keys: Sequence[str], tag: str) -> None:
+    """`ranking` as a TREC run file: a line `qid Q0 docid rank score tag` per retrieved
+    document (rank from 1, -1 padding left out), the ids as the data names them, so
+    that trec_eval or pytrec_eval can score it against the collection's own qrels.
+    (trec_eval orders each query's lines by score, so documents of equal score may be
+    ranked among themselves otherwise than here.)"""
+    lines = []
+    for q, (ids, scores) in enumerate(zip(ranking.ids.tolist(), ranking.scores.tolist())):
+        lines += [f"{query_keys[q]} Q0 {corpus_keys[d]} {r} {s:.8g} {tag}\n"
+                  for r, (d, s) in enumerate(((d, s) for d, s in zip(ids, scores) if d >= 0),
+                                             start=1)]
+    atomic_write(path, "".join(lines))
+
+
+def write_runs(workdir: str, split: str, ranked: dict[str, Ranking],
+               query_keys: Sequence[str] | None, corpus_keys: Sequence[str] | None,
+               task: str = "") -> str:
+    """Every system's ranking of one split as WORKDIR/runs/[TASK/]SPLIT_SYSTEM.trec
+    (`run_file_name`); ids are the data's own where it has them (BEIR's "_id"), else row
+    numbers. Returns the folder."""
+    folder = os.path.join(workdir, "runs", *([task] if task else []))
+    os.makedirs(folder, exist_ok=True)
+    nq = len(next(iter(ranked.values())).ids) if ranked else 0
+    n = 1 + max((int(r.ids.max(initial=-1)) for r in ranked.values()), default=-1)
+    query_keys = query_keys or [str(i) for i in range(nq)]
+    corpus_keys = corpus_keys or [str(i) for i in range(n)]
+    for label, ranking in ranked.items():
+        write_trec_run(os.path.join(folder, run_file_name(split, label)), ranking,
+                       query_keys, corpus_keys, label.partition(" [")[0])
+    return folder

@@ -26,7 +26,7 @@ import optax
 from absl import logging
 from tqdm.auto import tqdm
 
-from dualjax import (checkpoints, config_lib, evaluate, features, objectives,
+from dualjax import (checkpoints, config_lib, evaluate, features, malloc, objectives,
                      pretrained, sharding, tables, warm_start, weak_labels)
 from dualjax import evaluators as evaluators_lib
 from dualjax import step as step_lib
@@ -56,6 +56,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     except ValueError as e:
         raise config_lib.ConfigError(f"config.{e}") from None
     config_lib.validate(config, mesh.devices.size)
+    malloc.for_tower(config.model.tower)  # before the state is allocated
     with (workdir_lib.guard(workdir, config), Signals() as signals,  # one run per workdir
           MetricsLog(workdir, tensorboard=True, writer=workdir_lib.is_main()) as log):
         return _train_and_evaluate(config, workdir, mesh, hooks, signals, log)
@@ -424,7 +425,7 @@ def pseudo_labels(config, task: tasks_lib.Task, workdir: str, inputs: features.I
     return weak_labels.load_or_make(
         workdir, task.collection, config.seed, d.min_query_words, d.pseudo_weight,
         functools.partial(encode, 0), functools.partial(encode, 1),
-        main=workdir_lib.is_main(), name=task.name)
+        main=workdir_lib.is_main(), name=task.name, bm25=config_lib.bm25_options(config.eval))
 
 
 def labelled(task: tasks_lib.Task, rows: Iterable[dict]) -> dict[str, dict]:

@@ -47,17 +47,19 @@ def pseudo_queries(collection: Collection, seed: int, min_query_words: int = 5) 
 
 
 def hybrid_pairs(queries: list[str], documents: list[str], encode_queries: Encode,
-                 encode_documents: Encode, weight: float, k: int = 20
-                 ) -> list[tuple[str, str]]:
+                 encode_documents: Encode, weight: float, k: int = 20,
+                 bm25: dict | None = None) -> list[tuple[str, str]]:
     """(queries[i], the fused first of documents other than documents[i]) for each i with
-    any candidate. queries[i] was cut from documents[i]."""
+    any candidate. queries[i] was cut from documents[i]. bm25: BM25's options
+    (`baselines.rank`; None: its defaults)."""
     own = np.arange(len(queries), dtype=np.int64)
     k = min(k, len(documents) - 1)
     if k < 1:
         return []
     exact = ann.ExactIndex(encode_documents(documents))
     scores, ids = exact.search(encode_queries(queries), k, own)
-    lex_scores, lex_ids = baselines.rank_texts("bm25", documents, queries, k, own)
+    lex_scores, lex_ids = baselines.rank_texts("bm25", documents, queries, k, own,
+                                                   **(bm25 or {}))
     first = hybrid.fuse_scores((np.asarray(ids), np.asarray(scores)), (lex_ids, lex_scores),
                                weight, 1)[:, 0]
     return [(q, documents[int(j)]) for q, j in zip(queries, first) if j >= 0]
@@ -65,7 +67,8 @@ def hybrid_pairs(queries: list[str], documents: list[str], encode_queries: Encod
 
 def load_or_make(workdir: str, collection: Collection, seed: int, min_query_words: int,
                  weight: float, encode_queries: Encode, encode_documents: Encode,
-                 main: bool = True, name: str = "") -> list[tuple[str, str]]:
+                 main: bool = True, name: str = "", bm25: dict | None = None
+                 ) -> list[tuple[str, str]]:
     """WORKDIR/pseudo_pairs.jsonl (task `name`'s: pseudo_pairs_<name>.jsonl) if it
     exists, else the pairs made (and, by the main process, written there)."""
     path = os.path.join(workdir, FILE if not name else FILE.replace(".jsonl", f"_{name}.jsonl"))
@@ -75,7 +78,7 @@ def load_or_make(workdir: str, collection: Collection, seed: int, min_query_word
     documents = [document_text(collection.titles[collection.passage_article[p]], text)
                  for p, text in enumerate(collection.passages)]
     pairs = hybrid_pairs(pseudo_queries(collection, seed, min_query_words), documents,
-                         encode_queries, encode_documents, weight)
+                         encode_queries, encode_documents, weight, bm25=bm25)
     logging.info("Pseudo-labels: %d queries from %d passages, each labelled with the first "
                  "other document of the start's hybrid with BM25 (w %.2f); %s", len(pairs),
                  len(documents), weight, path)

@@ -1,19 +1,27 @@
-"""Zero-shot retrieval from pretrained starts, against BM25, on BEIR folders.
+"""Zero-shot retrieval from pretrained starts, against BM25 as the field runs it, on BEIR
+folders.
 
     python scripts/bench_zero_shot.py [--collections=../shared/data/npl,...]
         [--starts=all-MiniLM-L6-v2,wordllama:l2_supercat_256,potion-base-8M]
         [--adapt] [--adapt_flags=k=v,...] [--out=runs/zero_shot] [--json=FILE]
 
 For every collection (default: the four shared ones, NPL, MED, TIME, ADI), rows of
-nDCG@10 and recall@100, each also as a ratio to BM25 and averaged over the collections:
-- bm25: bm25s, k1 1.2, b 0.75 (dualjax's `eval.baselines`);
+nDCG@10 (graded gains, as trec_eval) and recall@100, each also as a ratio to "BM25 at its
+best" (the better of the two stemmed rows below, per collection) and averaged over the
+collections:
+- bm25 plain (k1 1.2, b 0.75, lowercased words: dualjax's BM25 before 2026-11), stemmed
+  with k1 0.9, b 0.4 (pyserini's BEIR "flat", dualjax's `bm25` now) and stemmed with
+  k1 1.2, b 0.75 (Lucene's defaults);
 - sentence-transformers: all-MiniLM-L6-v2 through sentence-transformers itself (when
   it is installed: pip install sentence-transformers), on the very texts dualjax reads,
   as a reference for fidelity;
 - dualjax from each start as is (`python -m dualjax.main` with model.pretrained and
   num_train_steps=0), and with --adapt after `configs/adapt.py`'s adaptation;
-- each dense system fused with BM25 ("+bm25": score interpolation at eval.hybrid_weight's
-  default, each list min-max scaled per query; "+rrf": reciprocal rank fusion).
+- each dense system fused with dualjax's BM25 ("+bm25": score interpolation at
+  eval.hybrid_weight's default, each list min-max scaled per query; "+rrf": reciprocal
+  rank fusion).
+Then the hybrid's mean ratio at each weight 0, 0.1, ..., 1 (from the runs' TREC files,
+WORKDIR/runs/), the figures `eval.hybrid_weight`'s default was chosen by.
 Every dualjax run is one `python -m dualjax.main` call with its own workdir under --out
 (a finished one is reused), with the wall time it took.
 """
@@ -62,6 +70,69 @@ def rows_of(workdir: str) -> dict[str, dict]:
     return {r["system"]: r for r in rows if r["step"] == last and r["index"] == "exact"}
 
 
+LEXICAL = {  # row -> BM25 options (baselines.rank)
+    "bm25 plain (1.2/0.75)": {"k1": 1.2, "b": 0.75, "stemmer": ""},
+    "bm25 stemmed (0.9/0.4)": {"k1": 0.9, "b": 0.4, "stemmer": "snowball"},
+    "bm25 stemmed (1.2/0.75)": {"k1": 1.2, "b": 0.75, "stemmer": "snowball"},
+}
+BEST = "bm25 at its best"  # per collection, the better stemmed row by nDCG@10
+
+
+def load_task(workdir: str):
+    """The test split's RetrievalTask of a dualjax workdir, as its run read it."""
+    import ml_collections
+
+    from dualjax import tasks as tasks_lib
+    with open(os.path.join(workdir, "config.json")) as f:
+        config = ml_collections.ConfigDict(json.load(f))
+    return tasks_lib.make_tasks(config, workdir)[0].eval_task("test")
+
+
+def lexical_rows(task) -> dict[str, dict]:
+    """Each LEXICAL row's metrics on `task`, and BEST."""
+    from dualjax import baselines, metrics
+    k = min(100, len(task.corpus))
+    rows = {}
+    for name, options in LEXICAL.items():
+        _, ids = baselines.rank_texts("bm25", task.corpus, task.queries, k,
+                                      task.query_corpus_index, **options)
+        rows[name] = metrics.retrieval_metrics(ids, task.relevant, grades=task.grades)
+    rows[BEST] = max((rows[n] for n in LEXICAL if "stemmed" in n), key=lambda r: r["ndcg@10"])
+    return rows
+
+
+def read_run(path: str, task) -> tuple[np.ndarray, np.ndarray]:
+    """A TREC run file of `task` as (ids int [nq, 100], scores [nq, 100]), -1 / -inf
+    padding, in the file's rank order."""
+    row = {q: i for i, q in enumerate(task.query_keys or map(str, range(len(task.queries))))}
+    col = {d: j for j, d in enumerate(task.corpus_keys or map(str, range(len(task.corpus))))}
+    ids = np.full((len(row), 100), -1, np.int64)
+    scores = np.full((len(row), 100), -np.inf)
+    with open(path) as f:
+        for line in f:
+            q, _, d, rank, score, _ = line.split()
+            ids[row[q], int(rank) - 1], scores[row[q], int(rank) - 1] = col[d], float(score)
+    return ids, scores
+
+
+def weight_sweep(workdirs: dict[str, str], best: dict[str, float]) -> dict[float, float]:
+    """{w: mean over collections of nDCG@10(w * dense + (1 - w) * bm25) / best[c]}, from
+    each collection's as-is MiniLM run files."""
+    from dualjax import hybrid, metrics
+    out = {}
+    for w in hybrid.WEIGHTS:
+        ratios = []
+        for c, workdir in workdirs.items():
+            task = load_task(workdir)
+            dense, lexical = (read_run(os.path.join(workdir, "runs", f"test_{n}.trec"), task)
+                              for n in ("dual_encoder", "bm25"))
+            fused = hybrid.fuse_scores(dense, lexical, float(w), dense[0].shape[1])
+            ratios.append(metrics.retrieval_metrics(fused, task.relevant,
+                                                    grades=task.grades)["ndcg@10"] / best[c])
+        out[float(w)] = float(np.mean(ratios))
+    return out
+
+
 def collection_flags(path: str) -> dict:
     return {"data.path": os.path.abspath(path), "data.ignore_identical_ids": False,
             "eval.index": "exact", "eval.batch_size": 64, "eval.baselines": "bm25",
@@ -74,11 +145,7 @@ def sentence_transformers_rows(workdir: str, folder: str, weight: float) -> dict
     from sentence_transformers import SentenceTransformer
 
     from dualjax import baselines, hybrid, metrics
-    from dualjax import tasks as tasks_lib
-    import ml_collections
-    with open(os.path.join(workdir, "config.json")) as f:
-        config = ml_collections.ConfigDict(json.load(f))
-    task = tasks_lib.make_tasks(config, workdir)[0].eval_task("test")
+    task = load_task(workdir)
     model = SentenceTransformer(folder, device="cpu")
     start = time.time()
     d = model.encode(task.corpus, batch_size=64, normalize_embeddings=True)
@@ -90,7 +157,7 @@ def sentence_transformers_rows(workdir: str, folder: str, weight: float) -> dict
     dense = (ids, np.take_along_axis(scores, ids, 1))
     lex_scores, lex_ids = baselines.rank_texts("bm25", task.corpus, task.queries, k,
                                                task.query_corpus_index)
-    m = lambda ranked: metrics.retrieval_metrics(ranked, task.relevant)
+    m = lambda ranked: metrics.retrieval_metrics(ranked, task.relevant, grades=task.grades)
     return {"sentence-transformers": {**m(ids), "seconds": seconds},
             "sentence-transformers+bm25": m(hybrid.fuse_scores(dense, (lex_ids, lex_scores),
                                                                weight, k))}
@@ -109,6 +176,7 @@ def main() -> None:
     from dualjax.pretrained import sources
     weight = runpy_default("eval.hybrid_weight")
     table: dict[str, dict[str, dict]] = {}  # collection -> system -> row
+    minilm: dict[str, str] = {}  # collection -> the as-is MiniLM workdir
     for path in args.collections.split(","):
         c, rows = os.path.basename(path.rstrip("/")), {}
         common = collection_flags(path)
@@ -117,11 +185,14 @@ def main() -> None:
                      "num_train_steps": 0, "eval.untrained": False, **STARTS[start], **common}
             workdir, wall = dualjax_run(args, f"{c} {start} as is", "configs/default.py", flags)
             got = rows_of(workdir)
-            rows.setdefault("bm25", got["bm25"])
+            if not rows:
+                rows.update(lexical_rows(load_task(workdir)))
+                rows["bm25"] = got["bm25"]  # dualjax's own (= the stemmed 0.9/0.4 row)
             rows[start] = {**got["dual_encoder"], "seconds": wall}
             rows[f"{start}+bm25"] = got["dual_encoder+bm25_interp"]
             rows[f"{start}+rrf"] = got["dual_encoder+bm25"]
             if start == "all-MiniLM-L6-v2":
+                minilm[c] = workdir
                 try:
                     rows.update(sentence_transformers_rows(
                         workdir, sources.folder_of(start), weight))
@@ -142,10 +213,19 @@ def main() -> None:
             rows["adapted+rrf"] = got["dual_encoder+bm25"]
         table[c] = rows
     print_tables(table)
+    sweep = weight_sweep(minilm, {c: table[c][BEST]["ndcg@10"] for c in minilm}) \
+        if len(minilm) == len(table) else {}
+    if sweep:
+        print(f"\nall-MiniLM-L6-v2 + bm25 by the interpolation's dense weight w: mean nDCG@10 "
+              f"ratio to {BEST}")
+        print("| w | " + " | ".join(f"{w:g}" for w in sweep) + " |")
+        print("|---|" + "---:|" * len(sweep))
+        print("| ratio | " + " | ".join(f"{r:.3f}" for r in sweep.values()) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
-                       "hybrid_weight": weight, "table": table}, f, indent=1)
+                       "hybrid_weight": weight, "table": table, "weight_sweep": sweep},
+                      f, indent=1)
 
 
 def runpy_default(key: str):
@@ -161,13 +241,13 @@ def print_tables(table: dict[str, dict[str, dict]]) -> None:
     collections = list(table)
     systems = list(dict.fromkeys(s for rows in table.values() for s in rows))
     for metric in METRICS:
-        print(f"\n{metric} (ratio to BM25); mean ratio over {', '.join(collections)}")
+        print(f"\n{metric} (ratio to {BEST}); mean ratio over {', '.join(collections)}")
         print("| system | " + " | ".join(collections) + " | mean ratio | seconds |")
         print("|---|" + "---:|" * (len(collections) + 2))
         for s in systems:
             cells, ratios, seconds = [], [], []
             for c in collections:
-                row, bm25 = table[c].get(s), table[c]["bm25"][metric]
+                row, bm25 = table[c].get(s), table[c][BEST][metric]
                 if row is None:
                     cells.append("")
                     continue

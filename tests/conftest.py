@@ -21,8 +21,10 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pathlib
 import runpy
+import signal
 
 import ml_collections
+import pytest
 
 CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
@@ -46,3 +48,12 @@ def pytest_collection_modifyitems(config, items):
     rank = lambda item: next((i for i, key in enumerate(SLOW_FIRST) if key in item.nodeid),
                              len(SLOW_FIRST))
     items.sort(key=rank)  # stable: the rest keep their order
+
+
+@pytest.fixture
+def ctrl_c():
+    """SIGINT as Python sets it in a terminal (KeyboardInterrupt), for tests of Ctrl-C: a
+    background job, nohup and some CI runners start the tests with SIGINT ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

@@ -73,13 +73,15 @@ def test_tfidf_sublinear_tf():
     assert ranked.tolist() == [[1, 0, 2, 3]]
 
 
-def _bm25_direct(corpus: list[str], query: str, k1: float, b: float) -> np.ndarray:
-    """BM25 scores [len(corpus)] as bm25s "lucene" defines them (no (k1 + 1) factor)."""
-    docs = [words(d) for d in corpus]
+def _bm25_direct(corpus: list, query, k1: float, b: float) -> np.ndarray:
+    """BM25 scores [len(corpus)] as bm25s "lucene" defines them (no (k1 + 1) factor);
+    texts are split into words, lists of terms taken as they are."""
+    split = lambda x: x if isinstance(x, list) else words(x)
+    docs = [split(d) for d in corpus]
     n = len(docs)
     avgdl = sum(len(d) for d in docs) / n
     out = np.zeros(n)
-    for t in words(query):  # Repeated query words count again.
+    for t in split(query):  # Repeated query words count again.
         df = sum(t in d for d in docs)
         if df == 0:
             continue
@@ -88,6 +90,36 @@ def _bm25_direct(corpus: list[str], query: str, k1: float, b: float) -> np.ndarr
             tf = d.count(t)
             out[i] += idf * tf / (tf + k1 * (1 - b + b * len(d) / avgdl))
     return out
+
+
+PLAIN = {"k1": 1.2, "b": 0.75, "stemmer": ""}  # dualjax's BM25 before 2026-11
+
+
+def test_analyze_as_lucenes_english_analyzer():
+    """Lowercased words, possessives cut, Lucene's English stopwords out, stemmed; every
+    script's letters kept, CJK ideographs one term each."""
+    assert baselines.analyze("The runner's shoes were RUNNING, and it rained.") == \
+        ["runner", "shoe", "were", "run", "rain"]
+    assert baselines.analyze("The runner's shoes", "porter") == ["runner", "shoe"]
+    assert baselines.analyze("don't stop 3.5 km") == ["don't", "stop", "3.5", "km"]
+    assert baselines.analyze("Привет мир, 東京 café") == ["привет", "мир", "東", "京", "café"]
+    assert baselines.analyze("The runner's shoes", "") == ["the", "runner", "s", "shoes"]
+    assert baselines.analyze("the and of") == []
+
+
+def test_bm25_defaults_are_pyserinis_beir_flat():
+    """k1 0.9, b 0.4 over stemmed, stopworded terms: a query finds a document by its stem,
+    and stopwords neither match nor count towards the length."""
+    corpus = ["cats running in the gardens", "a dog", "the the the the of of of of cat"]
+    want = _bm25_direct([["cat", "run", "garden"], ["dog"], ["cat"]], ["cat", "garden"],
+                        0.9, 0.4)
+    np.testing.assert_allclose(baselines.scores("bm25", corpus, ["The cat's garden"])[0], want,
+                               rtol=1e-12)
+    # The plain form matches neither word in document 0 ("cats", "gardens").
+    assert baselines.scores("bm25", corpus, ["cat garden"], **PLAIN)[0][0] == 0
+    assert baselines.scores("bm25", corpus, ["cat garden"])[0][0] > 0
+    with pytest.raises(ValueError, match="unknown stemmer"):
+        baselines.scores("bm25", corpus, ["cat"], stemmer="lancaster")
 
 
 def test_bm25_hand_computed():
@@ -99,20 +131,22 @@ def test_bm25_hand_computed():
     # d3: no shared word -> 0, never returned.
     ln2 = math.log(2)
     expected = [2 * ln2 / 2.65, ln2 * 2 / 3.2, ln2 / 2.2, 0.0]
-    got = baselines.scores("bm25", corpus, ["cat sat"])[0]
+    got = baselines.scores("bm25", corpus, ["cat sat"], **PLAIN)[0]
     np.testing.assert_allclose(got, expected, rtol=1e-12)
     np.testing.assert_allclose(got, _bm25_direct(corpus, "cat sat", 1.2, 0.75), rtol=1e-12)
-    assert baselines.rank("bm25", _task(corpus, ["cat sat"]), k=4).tolist() == [[0, 1, 2, -1]]
+    assert baselines.rank("bm25", _task(corpus, ["cat sat"]), k=4, **PLAIN).tolist() == \
+        [[0, 1, 2, -1]]
 
 
 def test_bm25_matches_direct_formula_with_options():
     corpus = ["a b c d e f", "a a b", "c", "b b b b c", "e f g", "a c e g g"]
     queries = ["a b", "c c e", "g a f", "b"]
     for k1, b in [(1.2, 0.75), (2.0, 0.3), (0.5, 1.0)]:
-        got = baselines.scores("bm25", corpus, queries, k1=k1, b=b)
+        got = baselines.scores("bm25", corpus, queries, k1=k1, b=b, stemmer="")
         want = np.stack([_bm25_direct(corpus, q, k1, b) for q in queries])
         np.testing.assert_allclose(got, want, rtol=1e-12)
-        ranked = baselines.rank("bm25", _task(corpus, queries), k=len(corpus), k1=k1, b=b)
+        ranked = baselines.rank("bm25", _task(corpus, queries), k=len(corpus), k1=k1, b=b,
+                                stemmer="")
         for row, w in zip(ranked, want):
             positive = np.flatnonzero(w > 0)
             # Best first, ties by lower id (stable sort of -score).
@@ -120,9 +154,10 @@ def test_bm25_matches_direct_formula_with_options():
             assert row[:len(ref)].tolist() == ref.tolist()
             assert (row[len(ref):] == -1).all()
     # b = 0 ignores length: "c" (|d| = 1) and "b b b b c" (|d| = 5) score the same on "c".
-    s = baselines.scores("bm25", corpus, ["c"], b=0.0)[0]
+    s = baselines.scores("bm25", corpus, ["c"], b=0.0, stemmer="")[0]
     assert s[2] == pytest.approx(s[3]) and s[2] > 0
-    assert baselines.scores("bm25", corpus, ["c"])[0][2] > baselines.scores("bm25", corpus, ["c"])[0][3]
+    s = baselines.scores("bm25", corpus, ["c"], **PLAIN)[0]
+    assert s[2] > s[3]
 
 
 def test_bm25_agrees_with_bm25s_retrieve():
@@ -134,8 +169,8 @@ def test_bm25_agrees_with_bm25s_retrieve():
     model.index([words(d) for d in corpus], show_progress=False)
     docs, scores = model.retrieve([words(q) for q in queries], k=len(corpus),
                                   show_progress=False)
-    ours = baselines.rank("bm25", _task(corpus, queries), k=len(corpus))
-    ours_scores = baselines.scores("bm25", corpus, queries)
+    ours = baselines.rank("bm25", _task(corpus, queries), k=len(corpus), **PLAIN)
+    ours_scores = baselines.scores("bm25", corpus, queries, **PLAIN)
     for q in range(len(queries)):
         positive = scores[q] > 0  # bm25s also returns zero-score documents; we do not.
         assert positive.any()

@@ -274,7 +274,12 @@ def test_readme_is_a_first_visit():
         "dualjax.main --config=configs/default.py --workdir=runs/default")
     assert blocks[1].strip() == (
         'python3 -m venv .venv && .venv/bin/pip install -e ".[test]" && '
+        ".venv/bin/python -m dualjax.pretrained fetch all-MiniLM-L6-v2 wordllama && "
         ".venv/bin/python -m pytest")
+    # CI runs exactly that command, and nothing else a newcomer would not run.
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.startswith("#")]
+    assert ci == ["set -euo pipefail", 'cd "$(dirname "$0")/.."', blocks[1].strip()]
 
 
 @pytest.fixture(scope="module")

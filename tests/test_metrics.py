@@ -1,5 +1,6 @@
 """Hand-computed checks for dualjax.metrics."""
 import math
+import os
 
 import numpy as np
 import pytest
@@ -146,3 +147,49 @@ def test_recall_curve_hand_computed():
     # hits [0,1,0,1], R = 3 -> recall@k = 0, 1/3, 1/3, 2/3, 2/3.
     curve = recall_curve(np.array([[5, 3, 9, 1]]), [{3, 1, 7}], max_k=5)
     assert curve == pytest.approx([0, 1 / 3, 1 / 3, 2 / 3, 2 / 3])
+
+
+def test_graded_metrics_and_run_files_equal_pytrec_eval(tmp_path):
+    """nDCG with the judgements' grades as gains, MAP, recall and MRR equal trec_eval's
+    (pytrec_eval) on graded qrels, scored from the TREC run file `report.write_runs`
+    writes; with the grades dropped, nDCG differs (the binary gains of before)."""
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    from dualjax import report
+    from dualjax.evaluate import Ranking
+
+    rng = np.random.default_rng(0)
+    nq, n, k = 40, 60, 30
+    corpus_keys = [f"doc-{j}" for j in range(n)]
+    query_keys = [f"q{i}" for i in range(nq)]
+    grades = [{int(j): int(rng.integers(1, 4)) for j in rng.choice(n, rng.integers(1, 8),
+                                                                replace=False)}
+              for _ in range(nq)]
+    ids = np.stack([rng.permutation(n)[:k] for _ in range(nq)])
+    ids[3, 20:] = -1  # a short list
+    scores = np.where(ids >= 0, -np.arange(k, dtype=np.float64)[None, :], -np.inf)
+    folder = report.write_runs(str(tmp_path), "test", {"sys [exact]": Ranking(ids, scores)},
+                               query_keys, corpus_keys)
+    path = os.path.join(folder, "test_sys.trec")
+    run: dict[str, dict[str, float]] = {}
+    with open(path) as f:
+        for line in f:
+            qid, q0, doc, rank, score, tag = line.split()
+            assert q0 == "Q0" and tag == "sys"
+            run.setdefault(qid, {})[doc] = float(score)
+    assert len(run["q3"]) == 20
+    qrels = {query_keys[i]: {corpus_keys[j]: g for j, g in grades[i].items()}
+             for i in range(nq)}
+    measures = {"ndcg_cut.10", "ndcg_cut.20", "map_cut.100", "recall.10", "recall.100",
+                "recip_rank"}
+    ref = pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(run)
+    mean = lambda key: np.mean([ref[q][key] for q in query_keys])
+    relevant = [frozenset(g) for g in grades]
+    ours = retrieval_metrics(ids, relevant, grades=grades, mrr_k=k)
+    assert ours["ndcg@10"] == pytest.approx(mean("ndcg_cut_10"), abs=1e-12)
+    assert ours["ndcg@20"] == pytest.approx(mean("ndcg_cut_20"), abs=1e-12)
+    assert ours["map@100"] == pytest.approx(mean("map_cut_100"), abs=1e-12)
+    assert ours["recall@10"] == pytest.approx(mean("recall_10"), abs=1e-12)
+    assert ours["recall@100"] == pytest.approx(mean("recall_100"), abs=1e-12)
+    assert ours[f"mrr@{k}"] == pytest.approx(mean("recip_rank"), abs=1e-12)
+    binary = retrieval_metrics(ids, relevant)["ndcg@10"]
+    assert abs(binary - ours["ndcg@10"]) > 1e-3

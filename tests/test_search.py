@@ -167,6 +167,13 @@ def test_a_bundle_refuses_a_bare_string(bundle):
     for encode in (encoder.encode_queries, encoder.encode_documents):
         with pytest.raises(TypeError, match="a sequence of texts, not one string"):
             encode("how do i fix my bike")
+        # A list of something else names the first item that is not a string.
+        with pytest.raises(TypeError, match=r"text 1 is int 2, not str"):
+            encode(["fine", 2])
+        with pytest.raises(TypeError, match=r"text 0 is bytes b'x', not str"):
+            encode([b"x"])
+        with pytest.raises(TypeError, match="a sequence of texts \\(str\\), not NoneType"):
+            encode(None)
     assert encoder.encode_queries(["how do i fix my bike"]).shape == (1, encoder.dim)
 
 

@@ -176,7 +176,7 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
     assert texts and '"global_batch_size": 32' in texts[0]
 
 
-def test_ctrl_c_saves_like_sigterm_and_a_second_one_stops_at_once(tmp_path):
+def test_ctrl_c_saves_like_sigterm_and_a_second_one_stops_at_once(tmp_path, ctrl_c):
     with pytest.raises(train.Preempted, match="SIGINT: saved a checkpoint at step 3"):
         train.train_and_evaluate(tiny(), str(tmp_path / "once"), hooks=[preempt_at(3, signal.SIGINT)])
     assert sorted(os.listdir(tmp_path / "once" / "checkpoints")) == ["3"]
@@ -210,6 +210,9 @@ def test_exploding_parameters_stop_the_run_though_the_loss_is_finite(tmp_path):
     ("global_batch_size", 30, "config.global_batch_size=30 must be divisible by the 8 devices"),
     ("data.name", "nope", "config.data.name='nope' is not one of: synthetic_paraphrase, pairs"),
     ("eval.top_k", 0, "config.eval.top_k=0 must be > 0"),
+    ("eval.top_k", 5, "config.eval.top_k=5 is below the metrics' deepest cutoff (100"),
+    ("eval.bm25_stemmer", "lancaster", "config.eval.bm25_stemmer='lancaster' is not one of"),
+    ("eval.bm25_b", 1.5, "config.eval.bm25_b=1.5 must be between 0 and 1"),
     ("seed", -1, "config.seed=-1 must be in "),
     ("loss.num_mixed_negatives", 12, "num_mixed_negatives=12 must be a multiple of the 8"),
 ])

@@ -126,7 +126,7 @@ def test_rows_of_a_run_killed_before_its_first_checkpoint_are_not_repeated(tmp_p
     assert len(MetricsLog(str(tmp_path)).read()) == len(rows)
 
 
-def test_a_signal_outside_training_stops_at_once_with_one_message(tmp_path, monkeypatch,
+def test_a_signal_outside_training_stops_at_once_with_one_message(tmp_path, monkeypatch, ctrl_c,
                                                                   caplog):
     """Data preparation and evaluation have nothing to save: SIGTERM / SIGINT there stop
     the run at once (Preempted, exit 143 from the command line) and say what was kept.

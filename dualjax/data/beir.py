@@ -257,6 +257,9 @@ def load_beir(settings: dict) -> RawData:
             relevant=[frozenset(r) for r in relevant.values()],
             query_corpus_index=np.asarray(
                 [corpus_index.get(q, -1) if ignore_identical else -1 for q in relevant],
-                dtype=np.int64))
+                dtype=np.int64),
+            grades=[{corpus_index[d]: s for d, s in qrels[q].items() if s > 0}
+                    for q in relevant],
+            corpus_keys=list(corpus_ids), query_keys=list(relevant))
     return RawData(train_pairs=train_pairs, tasks={s: tasks[s] for s in ("val", "test")
                                                    if s in tasks})

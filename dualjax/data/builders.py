@@ -52,11 +52,16 @@ _FEATURES = {
                       "hard_negatives": tfds.features.Sequence(tfds.features.Text()),
                       "cluster": np.int64},
     "corpus": lambda: {"id": np.int64, "text": tfds.features.Text(),
-                       "fields": tfds.features.Text()},
+                       "fields": tfds.features.Text(), "key": tfds.features.Text()},
     "queries": lambda: {"id": np.int64, "text": tfds.features.Text(),
-                        "fields": tfds.features.Text(),
-                        "relevant": tfds.features.Sequence(np.int64), "self": np.int64},
+                        "fields": tfds.features.Text(), "key": tfds.features.Text(),
+                        "relevant": tfds.features.Sequence(np.int64),
+                        "grades": tfds.features.Sequence(np.int64), "self": np.int64},
 }
+# The evaluation tables gained "key" (the data's own ids) and "grades" (the judgements'
+# grades, beside "relevant") in 2026-11; their new names let a workdir made before
+# build them once more from its data, while its pairs table (and so its training) stays.
+_TABLE_NAMES = {"pairs": "pairs", "corpus": "corpus-keyed", "queries": "queries-keyed"}
 
 
 def _json(fields: dict | None) -> str:
@@ -133,12 +138,16 @@ class _RetrievalBuilder(tfds.core.GeneratorBasedBuilder):
         if table == "corpus":
             return {s: self._generate_examples(
                 {"id": i, "text": t, "fields": _json(task.corpus_fields[i]
-                                                     if task.corpus_fields else None)}
+                                                     if task.corpus_fields else None),
+                 "key": task.corpus_keys[i] if task.corpus_keys else ""}
                 for i, t in enumerate(task.corpus)) for s, task in data.tasks.items()}
         return {s: self._generate_examples(
             {"id": i, "text": q, "fields": _json(task.query_fields[i] if task.query_fields
                                                  else None),
-             "relevant": sorted(rel), "self": int(own)}
+             "key": task.query_keys[i] if task.query_keys else "",
+             "relevant": sorted(rel),
+             "grades": [task.grades[i].get(j, 1) for j in sorted(rel)] if task.grades else [],
+             "self": int(own)}
             for i, (q, rel, own) in enumerate(zip(task.queries, task.relevant,
                                                   task.query_corpus_index)))
             for s, task in data.tasks.items()}
@@ -338,7 +347,8 @@ def prepare(spec: DatasetSpec, tfds_dir: str, table: str) -> tfds.core.DatasetBu
     if spec.name not in BUILDERS:
         raise DataError(f"unknown dataset data.name={spec.name!r}; known: {', '.join(BUILDERS)}")
     digest = hashlib.sha1(spec.settings.encode()).hexdigest()[:12]
-    config = TableConfig(name=f"{table}-{digest}", table=table, settings=spec.settings)
+    config = TableConfig(name=f"{_TABLE_NAMES[table]}-{digest}", table=table,
+                         settings=spec.settings)
     builder = BUILDERS[spec.name](config=config, data_dir=tfds_dir)
     builder.download_and_prepare(file_format="array_record")
     return builder
@@ -368,10 +378,16 @@ def eval_task(spec: DatasetSpec, tfds_dir: str, split: str) -> RetrievalTask:
     queries = _read_sorted(prepare(spec, tfds_dir, "queries").as_data_source(split=split))
     corpus_fields = [_fields(r["fields"]) for r in corpus]
     query_fields = [_fields(r["fields"]) for r in queries]
+    keys = lambda records: ([r["key"].decode("utf-8") for r in records]
+                            if any(r["key"] for r in records) else None)
+    graded = any(len(r["grades"]) for r in queries)
     return RetrievalTask(
         corpus=[r["text"].decode("utf-8") for r in corpus],
         queries=[r["text"].decode("utf-8") for r in queries],
         relevant=[frozenset(int(j) for j in r["relevant"]) for r in queries],
         query_corpus_index=np.asarray([int(r["self"]) for r in queries], np.int64),
         corpus_fields=corpus_fields if any(corpus_fields) else None,
-        query_fields=query_fields if any(query_fields) else None)
+        query_fields=query_fields if any(query_fields) else None,
+        grades=[dict(zip(map(int, r["relevant"]), map(int, r["grades"]))) for r in queries]
+        if graded else None,
+        corpus_keys=keys(corpus), query_keys=keys(queries))

@@ -139,6 +139,13 @@ class RetrievalTask:
     # Categorical fields per candidate / per query ({name: value}), when the data has any.
     corpus_fields: list[dict] | None = None
     query_fields: list[dict] | None = None
+    # Per query, {relevant corpus index: its judgement's grade} where the data grades
+    # them (BEIR qrels): nDCG's gains. None: every relevant item has grade 1.
+    grades: list[dict[int, int]] | None = None
+    # The data's own ids of the candidates and queries (BEIR's "_id"), where it has any:
+    # TREC run files and search results name them. None: the row numbers.
+    corpus_keys: list[str] | None = None
+    query_keys: list[str] | None = None
 
     def __post_init__(self):
         n = len(self.queries)
