@@ -25,8 +25,7 @@ from dualjax import cli
 from dualjax import trained as trained_lib
 from dualjax.encoder import FORMAT, SIDES, Encoder, bundle_id
 from dualjax.metrics_log import setup_logging
-from dualjax.workdir import (atomic_write, check_output, file_digests,
-                             replace_folder)
+from dualjax.workdir import atomic_write, check_output, file_digests, staged_output
 
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # what jax.export lowers for
@@ -42,18 +41,11 @@ def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "t
     if unknown:
         raise ValueError(f"--platforms: {', '.join(unknown)} is not one of jax's: "
                          f"{', '.join(PLATFORMS)}")
-    check_output(out, "encoder.json", "bundle", inputs=[workdir], overwrite=overwrite)
-    trained = trained_lib.load_trained(workdir)
-    params = jax.device_get(trained.params)
-    tmp = f"{out.rstrip(os.sep)}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
-        _write_bundle(tmp, workdir, trained, params, platforms)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    replace_folder(tmp, out)
+    with staged_output(out) as stage:  # one writer: a second export into `out` is refused
+        check_output(out, "encoder.json", "bundle", inputs=[workdir], overwrite=overwrite)
+        trained = trained_lib.load_trained(workdir)
+        params = jax.device_get(trained.params)
+        _write_bundle(stage(), workdir, trained, params, platforms)
     return Encoder.load(out)
 
 

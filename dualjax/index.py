@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -25,7 +24,7 @@ from dualjax import ann, cli, features
 from dualjax.data.corpus_file import read_corpus
 from dualjax.encoder import Encoder
 from dualjax.progress import Progress
-from dualjax.workdir import (atomic_write, check_output, file_digests, replace_folder,
+from dualjax.workdir import (atomic_write, check_output, file_digests, staged_output,
                              verify_digests)
 
 META = "index.json"
@@ -46,21 +45,14 @@ def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: st
     bundle, the corpus) or a folder holding one. Written beside `out`, then renamed: a
     failure leaves `out` as it was and nothing else behind. Returns it loaded."""
     check_build(kind, batch_size)
-    check_output(out, META, "corpus index", inputs=(encoder.directory, *inputs),
-                 overwrite=overwrite)
-    ids, texts = without_empty(ids, texts)
-    start = time.perf_counter()
-    embeddings = _encode(encoder, texts, batch_size)
-    encoded = time.perf_counter() - start
-    tmp = f"{out.rstrip(os.sep)}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
-        _write(tmp, encoder, ids, texts, embeddings, kind, k, start, encoded)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    replace_folder(tmp, out)
+    with staged_output(out) as stage:  # one writer: a second build into `out` is refused
+        check_output(out, META, "corpus index", inputs=(encoder.directory, *inputs),
+                     overwrite=overwrite)
+        ids, texts = without_empty(ids, texts)
+        start = time.perf_counter()
+        embeddings = _encode(encoder, texts, batch_size)
+        encoded = time.perf_counter() - start
+        _write(stage(), encoder, ids, texts, embeddings, kind, k, start, encoded)
     return CorpusIndex(out, encoder.id)
 
 

@@ -48,6 +48,8 @@ class MetricsLog:
         """writer=False (a multi-host run's processes other than 0): reads only."""
         self.path = os.path.join(workdir, "metrics.jsonl")
         self.writer = writer
+        if writer:
+            self._cut_torn_row()
         self.events_dir = (os.path.join(workdir, "tensorboard") if tensorboard and writer
                            else None)
         self._keys = {row_key(r) for r in self.read()}
@@ -110,10 +112,40 @@ class MetricsLog:
         self._keys = {row_key(r) for r in rows}
 
     def read(self) -> list[dict]:
+        """Every row, in order. ValueError naming the file and line for a row that is not
+        JSON (a torn last row is cut back when a writer opens the file)."""
         if not os.path.exists(self.path):
             return []
+        rows = []
         with open(self.path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{self.path}:{number}: not a JSON row ({e.msg}); "
+                                     "remove or mend that line") from None
+        return rows
+
+    def _cut_torn_row(self) -> None:
+        """A run killed while it appended a row leaves that row torn: no newline at its
+        end, not JSON. It is cut back to the last complete row, with a warning."""
+        if not os.path.exists(self.path):
+            return
+        with open(self.path, "rb") as f:
+            data = f.read()
+        if not data or data.endswith(b"\n"):
+            return
+        head, _, last = data.rpartition(b"\n")
+        try:
+            json.loads(last)
+            return  # complete, only its newline missing: read() takes it
+        except ValueError:
+            pass
+        logging.warning("%s: its last row was torn (%d bytes, a run stopped while writing "
+                        "it); cut back to the last complete row", self.path, len(last))
+        atomic_write(self.path, (head + b"\n" if head else b"").decode("utf-8"))
 
 
 class _OwnInfoOnly(std_logging.Filter):

@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import signal
+import re
 import socket
 import threading
 import time
@@ -113,6 +114,56 @@ def check_output(out: str, marker: str, what: str, inputs: Sequence[str] = (),
         raise OutputError(f"--out={out}: its parent folder {parent} does not exist")
 
 
+@contextlib.contextmanager
+def staged_output(out: str) -> Iterator[Callable[[], str]]:
+    """One writer for the folder `out` (export's bundle, index's corpus index): holds its
+    lock (`Lock(output=out)`: a second command into the same --out is refused at once,
+    naming the first), removes what dead writers left beside it (`out.tmp<pid>` of a
+    process that no longer runs: a kill -9), and yields `stage()`, which makes the
+    folder to write into, `out.tmp<pid>`. When the block ends, that folder is put at
+    `out` (`replace_folder`); when it fails, it is removed and `out` is as it was."""
+    lock = Lock(output=out)
+    lock.acquire()
+    tmp = f"{out.rstrip(os.sep)}.tmp{os.getpid()}"
+    try:
+        _remove_dead_writers(out)
+
+        def stage() -> str:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+            return tmp
+        yield stage
+        if os.path.isdir(tmp):
+            replace_folder(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        lock.release()
+
+
+def _remove_dead_writers(out: str) -> None:
+    """Removes `out.tmp<pid>` and `out.old<pid>` folders whose process is gone."""
+    base = out.rstrip(os.sep)
+    parent, name = os.path.split(os.path.abspath(base))
+    for entry in os.listdir(parent) if os.path.isdir(parent) else ():
+        match = re.fullmatch(re.escape(name) + r"\.(?:tmp|old)(\d+)", entry)
+        if match and not _alive(int(match.group(1))):
+            logging.warning("removing %s, left by process %s, which no longer runs",
+                            os.path.join(parent, entry), match.group(1))
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def replace_folder(tmp: str, out: str) -> None:
     """Puts the finished folder `tmp` at `out` (a folder `check_output` allowed), the old
     one moved aside first and removed only once the new one is in place."""
@@ -191,29 +242,51 @@ def check_and_write_config(workdir: str, config: ml_collections.ConfigDict,
 
 
 class Lock:
-    """An exclusive lock on WORKDIR/.lock (flock), with the holder's pid and host in it."""
+    """An exclusive lock on WORKDIR/.lock (flock), with the holder's pid and host in it;
+    `output=` the lock of a command's --out folder (`staged_output`) instead."""
 
-    def __init__(self, workdir: str):
-        self.path = os.path.join(workdir, ".lock")
+    def __init__(self, workdir: str = "", output: str = ""):
+        if output:
+            out = os.path.abspath(output.rstrip(os.sep))
+            self.path = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.lock")
+            self.what, self.hint = f"--out={output}", "or choose another --out"
+        else:
+            self.path = os.path.join(workdir, ".lock")
+            self.what, self.hint = os.path.dirname(self.path), "or use another --workdir"
+        self.remove = bool(output)  # beside the user's folders: not left behind
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
-            os.close(fd)
-            raise WorkdirError(f"{os.path.dirname(self.path)} is in use by {holder}; wait for "
-                               "that run to end (or stop it), or use another --workdir") from None
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
+                os.close(fd)
+                error = OutputError if self.remove else WorkdirError  # the commands' own
+                raise error(f"{self.what} is in use by {holder}; wait for that run to "
+                            f"end (or stop it), {self.hint}") from None
+            if self._is_current(fd):
+                break
+            os.close(fd)  # locked a file its holder had just removed: take the new one
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
         self._fd = fd
 
+    def _is_current(self, fd: int) -> bool:
+        try:
+            return os.fstat(fd).st_ino == os.stat(self.path).st_ino
+        except FileNotFoundError:
+            return False
+
     def release(self) -> None:
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
+            if self.remove:  # removed while held: a later writer locks a new file
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

@@ -213,6 +213,31 @@ def test_outputs_never_replace_their_inputs_or_other_folders(workdir, bundle, tm
     assert sorted(os.listdir(beir)) == ["corpus.jsonl", "idx", "qrels"]
 
 
+def test_one_writer_per_output_and_what_dead_writers_left_is_removed(bundle, tmp_path):
+    """A second build into an --out that a running one holds is refused in one line
+    naming the holder; a kill -9 leaves out.tmp<pid>, which the next build removes (its
+    process is gone); the lock file beside --out is not left behind."""
+    import dualjax
+    from dualjax import index as corpus_index
+    from dualjax.workdir import Lock, OutputError
+    encoder = dualjax.Encoder.load(bundle)
+    out = tmp_path / "idx"
+    build = lambda: corpus_index.build(encoder, ["a"], ["how do i fix my bike"], str(out),
+                                       kind="exact", overwrite=True)
+    held = Lock(output=str(out))
+    held.acquire()  # another build, running
+    with pytest.raises(OutputError, match=rf"--out={out} is in use by pid {os.getpid()}"):
+        build()
+    held.release()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    stale = tmp_path / f"idx.tmp{dead}"
+    (stale / "searcher").mkdir(parents=True)  # what a killed build left
+    (tmp_path / "idx.tmp1").mkdir()  # pid 1 runs: not this run's to remove
+    build()
+    assert sorted(os.listdir(tmp_path)) == ["idx", "idx.tmp1"]
+
+
 def test_a_changed_bundle_or_index_is_refused_naming_the_file(bundle, tmp_path):
     """A bundle checks its files against its id, an index its parts against index.json,
     before answering: a changed vocabulary, a shortened corpus or reordered embeddings

@@ -106,6 +106,26 @@ def test_metrics_rows_are_written_once(tmp_path):
     assert MetricsLog(str(tmp_path)).read() == []
 
 
+def test_a_torn_last_row_is_cut_back_and_a_bad_row_named(tmp_path, caplog):
+    """A run killed while appending leaves a torn last row: the next writer cuts it back to
+    the last complete row, with a warning; a bad row elsewhere is named by file:line."""
+    log = MetricsLog(str(tmp_path))
+    log.write(5, "train", {"loss": 1.0})
+    log.write(10, "train", {"loss": 0.5})
+    with open(log.path, "a") as f:
+        f.write('{"step": 15, "split": "tr')
+    caplog.set_level("WARNING")
+    rows = MetricsLog(str(tmp_path)).read()
+    assert [r["step"] for r in rows] == [5, 10]
+    assert "its last row was torn" in caplog.text
+    with open(log.path) as f:
+        assert f.read().endswith('"loss": 0.5}\n')
+    with open(log.path, "a") as f:
+        f.write("not json\n" + '{"step": 20, "split": "train", "loss": 0.1}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:3: not a JSON row"):
+        MetricsLog(str(tmp_path))
+
+
 def test_rows_of_a_run_killed_before_its_first_checkpoint_are_not_repeated(tmp_path):
     cfg = tiny(**{"eval.untrained": False, "eval.baselines": "", "eval.index": "exact",
                   "num_train_steps": 5, "checkpoint_every_steps": 0})

@@ -1,0 +1,19 @@
+"""dualjax.progress: off a terminal, a long stage logs its count and rate."""
+import logging
+
+from dualjax.progress import Progress
+
+
+def test_progress_logs_count_and_rate_off_a_terminal(caplog):
+    caplog.set_level(logging.INFO)
+    with Progress(10, "pseudo-labels", "text", every=0.0) as bar:  # tests: not a terminal
+        assert bar.bar.disable
+        bar.update(4)
+        bar.update(6)
+    lines = [r.getMessage() for r in caplog.records if "pseudo-labels" in r.getMessage()]
+    assert lines[0].startswith("pseudo-labels: 4/10 texts, ") and lines[0].endswith("/s")
+    assert lines[-1].startswith("pseudo-labels: 10/10 texts, ")
+    caplog.clear()
+    with Progress(10, "quiet", every=3600.0) as bar:  # within the interval: no line
+        bar.update(10)
+    assert not [r for r in caplog.records if "quiet" in r.getMessage()]
