@@ -2,7 +2,8 @@
 sentence-transformers' own training step on the same kind of batch.
 
     python scripts/bench_adapt.py --collection=DOCS.jsonl [--steps=12] [--vs-st]
-        [--flags=train.encode_chunks=0,...] [--json=FILE]
+        [--st_python=PYTHON] [--flags=train.encode_chunks=0,...] [--json=FILE]
+    python scripts/bench_adapt.py --steps-only [--chunks=0,4,8,16] [--q_len=64 --d_len=256]
 
 DOCS.jsonl: a documents file ({"title", "text"} a line, as `configs/adapt.py` takes it)
 or a BEIR folder. Each side runs in its own process, so each peak resident memory
@@ -17,6 +18,10 @@ or a BEIR folder. Each side runs in its own process, so each peak resident memor
   trainer runs it (tokenize, forward, backward, step), batch 64 of (a sentence of a
   document, the document) from the same collection, torch on the same 2 threads: the
   peer at its best on CPU. Needs torch and sentence-transformers (not dualjax's install).
+--steps-only: the jitted training step alone at MiniLM's sizes (random weights, random
+tokens of --q_len / --d_len), for each of --chunks (train.encode_chunks): XLA's temporary
+buffer size (`compiled.memory_analysis()`), the step time and the process's peak RSS,
+each in a process of its own.
 Figures: BENCHMARKS.md, "Adapting MiniLM".
 """
 from __future__ import annotations
@@ -127,9 +132,70 @@ def run_st(args) -> dict:
             "peak_rss_mb": got["peak_rss_mb"]}
 
 
+STEP_WORKER = r'''
+import json, resource, sys, time
+sys.path.insert(0, sys.argv[1] + "/scripts"); sys.path.insert(0, sys.argv[1])
+import jax, numpy as np
+from bench_train import MINILM, default_config
+from dualjax import losses, objectives, sharding, specs
+from dualjax import step as step_lib
+from dualjax.models import dual_encoder
+from dualjax.models.bert import BertConfig
+q_len, d_len, chunks, steps = map(int, sys.argv[2:6])
+c = default_config()
+m = c.model
+m.tower, m.max_len, m.similarity, m.temperature = "bert", 256, "cosine_temperature", 0.05
+c.loss.name = "in_batch_softmax"
+mesh = sharding.make_mesh(1)
+model = dual_encoder.make_model(specs.model_spec(m), MINILM["vocab_size"],
+                                bert=BertConfig(**MINILM))
+tx, schedule = step_lib.make_optimizer(c.optimizer, 1000)
+objective = objectives.dual_encoder.objective(model, losses.sharded(c.loss.name, mesh), 256,
+                                              encode_chunks=chunks)
+init = step_lib.make_init_state(objective, tx)
+shardings = sharding.state_shardings(jax.eval_shape(init, 0), mesh, "replicated",
+                                     dual_encoder.logical_axes(model, 256))
+state = jax.jit(init, static_argnums=0, out_shardings=shardings)(0)
+step = step_lib.make_train_step(objective, tx, schedule, shardings,
+                                sharding.batch_sharding(mesh), sharding.replicated(mesh))
+rng, batch = np.random.default_rng(0), {}
+for side, length in (("q", q_len), ("d", d_len)):
+    mask = np.arange(length)[None] < rng.integers(length // 2, length + 1, size=(64, 1))
+    batch[f"{side}_ids"] = np.where(mask, rng.integers(1, 30522, (64, length)), 0).astype(np.int32)
+    batch[f"{side}_mask"] = mask
+batch = sharding.put_global_batch(batch, mesh)
+temp = step.lower(state, batch).compile().memory_analysis().temp_size_in_bytes
+times = []
+for _ in range(steps):
+    t = time.perf_counter()
+    state, _ = step(state, batch, norms=False)
+    jax.block_until_ready(state)
+    times.append(time.perf_counter() - t)
+print(json.dumps({"chunks": chunks, "temp_gib": temp / 2**30, "step_s": times,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+'''
+
+
+def run_steps(args) -> list[dict]:
+    """--steps-only: the step alone for each of --chunks, a process each."""
+    out = []
+    for chunks in map(int, args.chunks.split(",")):
+        got = subprocess.run([sys.executable, "-c", STEP_WORKER, REPO, str(args.q_len),
+                              str(args.d_len), str(chunks), str(args.steps)],
+                             capture_output=True, text=True)
+        if got.returncode:
+            raise SystemExit(f"step worker failed:\n{got.stderr[-3000:]}")
+        r = json.loads(got.stdout.strip().splitlines()[-1])
+        r["pairs_per_second"] = 64 / median(r["step_s"][1:])
+        out.append(r)
+        print(f"encode_chunks {chunks:2d}: XLA temp {r['temp_gib']:.2f} GiB, peak RSS "
+              f"{r['peak_rss_mb']:.0f} MB, {r['pairs_per_second']:.2f} pairs/s", flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--collection", required=True)
+    p.add_argument("--collection", default="")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--flags", default="", help="extra k=v,k=v for configs/adapt.py")
     p.add_argument("--vs-st", action="store_true", help="also sentence-transformers' step")
@@ -137,7 +203,17 @@ def main() -> None:
                    help="a Python with torch and sentence-transformers")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--json", default="")
+    p.add_argument("--steps-only", action="store_true", help="the jitted step alone")
+    p.add_argument("--chunks", default="0,4,8,16", help="--steps-only: encode_chunks values")
+    p.add_argument("--q_len", type=int, default=64)
+    p.add_argument("--d_len", type=int, default=256)
     args = p.parse_args()
+    if args.steps_only:
+        results = run_steps(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
     results = [run_dualjax(args)]
     if args.vs_st:
         results.append(run_st(args))

@@ -69,6 +69,23 @@ def test_happy_path(tmp_path):
     np.testing.assert_array_equal(val.query_corpus_index, [2, -1])
     assert raw.train_pairs == [("train query", "Orbax. Checkpoints."),
                                ("what is flax", "Flax builds on jax.")]
+    # The judgements' grades are kept (nDCG's gains), and the data's own ids (run files).
+    assert test.grades == [{1: 1}, {0: 2, 4: 1}, {2: 1, 0: 1}]
+    assert test.query_keys == ["q2", "q1", "q3"] and test.corpus_keys == \
+        ["d1", "d2", "q3", "d4", "d5"]
+
+
+def test_queries_with_empty_text_are_warned_about(tmp_path, monkeypatch):
+    messages = []
+    monkeypatch.setattr(beir.logging, "warning", lambda msg, *a: messages.append(msg % a))
+    queries = [dict(q, text="  ") if q["_id"] in ("q1", "q5") else q for q in QUERIES]
+    folder = _folder(tmp_path, {"queries.jsonl": "".join(json.dumps(q) + "\n"
+                                                          for q in queries)})
+    raw = _load(folder)
+    assert f"{folder}/qrels/test.tsv: 1 judged queries have empty text in queries.jsonl " \
+        "(ids q1) and are scored as misses, as trec_eval scores an empty ranking" in messages
+    assert any("(ids q5) and are left out of training" in m for m in messages)
+    assert raw.train_pairs == [("what is flax", "Flax builds on jax.")]
 
 
 def test_identical_ids_can_be_unrelated(tmp_path):

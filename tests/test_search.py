@@ -238,6 +238,39 @@ def test_one_writer_per_output_and_what_dead_writers_left_is_removed(bundle, tmp
     assert sorted(os.listdir(tmp_path)) == ["idx", "idx.tmp1"]
 
 
+@pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_ends_an_index_build_in_one_line_leaving_nothing(bundle, tmp_path, sig,
+                                                                   code):
+    """Ctrl-C or SIGTERM while `dualjax.index` encodes: one line, exit 130 / 143, and no
+    --out, no out.tmp<pid>, no lock file left (SIGINT as a terminal sets it)."""
+    import signal
+    import time
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"text number {i} about bikes and repairs\n"
+                              for i in range(200_000)))
+    out = tmp_path / "idx"
+    start = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler);"
+             " sys.argv[0] = 'dualjax.index'; runpy.run_module('dualjax.index', "
+             "run_name='__main__', alter_sys=True)")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", start, f"--encoder={bundle}", f"--corpus={corpus}",
+         f"--out={out}", "--kind=exact"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    deadline = time.time() + 120
+    while not (tmp_path / ".idx.lock").exists() and proc.poll() is None \
+            and time.time() < deadline:
+        time.sleep(0.05)  # the lock is taken just before the corpus is encoded
+    time.sleep(0.5)
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err[-2000:]
+    assert err.strip().splitlines()[-1] == \
+        f"dualjax.index: stopped by {sig}{' (Ctrl-C)' if sig == 'SIGINT' else ''}; " \
+        "nothing half-written was kept"
+    assert "Traceback" not in err
+    assert sorted(os.listdir(tmp_path)) == ["corpus.txt"]
+
+
 def test_a_changed_bundle_or_index_is_refused_naming_the_file(bundle, tmp_path):
     """A bundle checks its files against its id, an index its parts against index.json,
     before answering: a changed vocabulary, a shortened corpus or reordered embeddings

@@ -248,8 +248,15 @@ def load_beir(settings: dict) -> RawData:
                      path, len(relevant), len(query_ids), len(query_ids) - len(relevant))
         if not relevant:
             raise DataError(f"{path}: no query has a relevant document")
+        empty = [q for q in relevant if not query_text[q].strip()]
+        if empty:  # nothing to search with: each such query scores as a miss
+            logging.warning("%s: %d judged queries have empty text in queries.jsonl (ids %s) "
+                            "and are %s", path, len(empty), ", ".join(empty[:5]),
+                            "left out of training" if SPLITS[name] == "train"
+                            else "scored as misses, as trec_eval scores an empty ranking")
         if SPLITS[name] == "train":
-            train_pairs = [(query_text[q], corpus[i]) for q, r in relevant.items() for i in r]
+            train_pairs = [(query_text[q], corpus[i]) for q, r in relevant.items() for i in r
+                           if query_text[q].strip()]
             continue
         tasks[SPLITS[name]] = RetrievalTask(
             corpus=corpus,
