@@ -53,6 +53,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.index = "exact"
     c.eval.batch_size = 64
     c.eval.baselines = "bm25"
-    c.eval.hybrid = "bm25"          # at eval.hybrid_weight (default.py: 0.6, chosen on the
+    c.eval.hybrid = "bm25"          # at eval.hybrid_weight (default.py: 0.5, chosen on the
                                     # shared collections)
     return c

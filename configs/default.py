@@ -296,11 +296,12 @@ def get_config() -> ml_collections.ConfigDict:
                                     # interpolation, as "<model>+bm25_interp" ("": off)
     c.eval.hybrid_rrf_k = 60.0      # RRF constant: score = sum of 1 / (k + rank) (Cormack
                                     # et al. 2009 use 60)
-    c.eval.hybrid_weight = 0.6      # interpolation's dense weight w (w * dense + (1 - w) *
+    c.eval.hybrid_weight = 0.5      # interpolation's dense weight w (w * dense + (1 - w) *
                                     # lexical, each min-max scaled per query) where no val
-                                    # split chooses it (zero-shot; 0.6: the best mean nDCG@10
-                                    # ratio to BM25 of all-MiniLM-L6-v2 + BM25 over the four
-                                    # shared collections, BENCHMARKS.md); with one, the val
+                                    # split chooses it (zero-shot; 0.5: the best mean nDCG@10
+                                    # ratio to stemmed BM25 of all-MiniLM-L6-v2 + BM25 over
+                                    # the four shared collections, and what any three of them
+                                    # choose for the fourth, BENCHMARKS.md); with one, the val
                                     # split's best of 0, 0.1, ..., 1 by eval.select_by (else
                                     # map@100) is used
     c.eval.typo_probs = ""          # typo robustness (Moscicki 2022, 4.4): after the final

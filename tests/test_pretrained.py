@@ -339,4 +339,4 @@ def test_adapting_with_pseudo_labels_on_a_beir_folder(tmp_path, monkeypatch):
     rows = train.train_and_evaluate(cfg, str(workdir))
     assert {"dual_encoder [exact]", "start [exact]", "bm25 [exact]",
             "dual_encoder+bm25_interp [exact]"} <= set(rows)
-    assert rows["dual_encoder+bm25_interp [exact]"]["hybrid_weight"] == 0.6
+    assert rows["dual_encoder+bm25_interp [exact]"]["hybrid_weight"] == 0.5
