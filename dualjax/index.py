@@ -24,8 +24,8 @@ from dualjax import ann, cli, features
 from dualjax.data.corpus_file import read_corpus
 from dualjax.encoder import Encoder
 from dualjax.progress import Progress
-from dualjax.workdir import (atomic_write, check_output, file_digests, staged_output,
-                             verify_digests)
+from dualjax.workdir import (atomic_write, check_output, file_digests, files_under,
+                             staged_output, verify_digests)
 
 META = "index.json"
 FORMAT = 2  # 2: index.json records its files' digests
@@ -103,7 +103,8 @@ def _write(tmp: str, encoder: Encoder, ids: list[str], texts: list[str], embeddi
     k = min(k, len(texts))
     _, info = ann.make_index(kind, embeddings, _eval_config(), k,
                                    directory=_searcher_dir(tmp, kind), extra=encoder.id)
-    files = file_digests(tmp, ["corpus.jsonl", "embeddings.npy"])  # checked on loading
+    # Every file the index reads, the searcher's own included, checked on loading.
+    files = file_digests(tmp, [name for name in files_under(tmp) if name != META])
     meta = {"format": FORMAT, "encoder_id": encoder.id, "files": files, "kind": kind, "k": k,
             "n": len(texts), "dim": int(embeddings.shape[1]), "settings": info["settings"],
             "encode_seconds": round(encoded, 3),

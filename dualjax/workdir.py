@@ -71,6 +71,12 @@ def file_digests(folder: str, names: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def files_under(folder: str) -> list[str]:
+    """Every file below `folder`, as sorted paths relative to it ("scann/meta.json")."""
+    return sorted(os.path.relpath(os.path.join(root, name), folder)
+                  for root, _, names in os.walk(folder) for name in names)
+
+
 def verify_digests(folder: str, recorded: dict[str, str], what: str) -> None:
     """ValueError naming the first file of `recorded` that is missing or changed."""
     for name, digest in sorted(recorded.items()):

@@ -279,6 +279,7 @@ def test_a_changed_bundle_or_index_is_refused_naming_the_file(bundle, tmp_path):
     import shutil
     import dualjax
     from dualjax import index as corpus_index
+    from dualjax.workdir import files_under
     texts = [f"document number {i} about bikes and rice" for i in range(12)]
     encoder = dualjax.Encoder.load(bundle)
     corpus_index.build(encoder, [str(i) for i in range(12)], texts, str(tmp_path / "idx"),
@@ -304,6 +305,18 @@ def test_a_changed_bundle_or_index_is_refused_naming_the_file(bundle, tmp_path):
         with pytest.raises(ValueError, match=f"{name}: changed since the index was written"):
             corpus_index.CorpusIndex(broken(idx, name, change), encoder.id)
     assert corpus_index.CorpusIndex(idx, encoder.id).texts == texts
+    # The searcher's own files are covered too: a ScaNN file altered in place, or a
+    # broken JSON among them, is refused by its name before ScaNN reads it.
+    corpus_index.build(encoder, [str(i) for i in range(12)], texts, str(tmp_path / "sc"),
+                       kind="scann")
+    sc = str(tmp_path / "sc")
+    names = [n for n in files_under(sc) if n.startswith("scann")]
+    assert len(names) > 2
+    for name in names:
+        with pytest.raises(ValueError, match=f"{name}: changed since the index was written"):
+            corpus_index.CorpusIndex(broken(sc, name, lambda p: p.write_bytes(
+                p.read_bytes()[:-1] + b"x")), encoder.id)
+    assert corpus_index.CorpusIndex(sc, encoder.id).texts == texts
 
 
 def _serving_drill():
