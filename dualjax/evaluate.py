@@ -148,7 +148,7 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
             add(name, "exact", scored[name])
     if lexical:  # each tower's exact ranking fused with the lexical one
         for system in towers if hybrid_systems is None else hybrid_systems:
-            _hybrid(add, system, lexical, scored, task.relevant, eval_cfg, k, hybrid_weights)
+            _hybrid(add, system, lexical, scored, task, eval_cfg, k, hybrid_weights)
     return rows, ranked
 
 
@@ -171,16 +171,17 @@ def _approximate(add, system: str, corpus: np.ndarray, queries: np.ndarray,
                  info["settings"], info["build_seconds"], info["bytes_on_disk"] / 2**20)
 
 
-def _hybrid(add, system: str, lexical: str, scored: dict, relevant, eval_cfg, k: int,
-            weights: dict[str, float] | None) -> None:
+def _hybrid(add, system: str, lexical: str, scored: dict, task: RetrievalTask, eval_cfg,
+            k: int, weights: dict[str, float] | None) -> None:
     """`system`'s exact ranking fused with `lexical`'s: by reciprocal rank fusion, and by
     score interpolation at weights[system] (None: the weight best here)."""
     ids, scores = scored[lexical]
     add(f"{system}+{lexical}", "exact",
         hybrid.fuse_rrf([scored[system][0], ids], k, eval_cfg.hybrid_rrf_k, with_scores=True))
     if weights is None:
-        weight, _ = hybrid.choose_weight(scored[system], (ids, scores), relevant, k,
-                                         eval_cfg.get("select_by", "") or "map@100")
+        weight, _ = hybrid.choose_weight(scored[system], (ids, scores), task.relevant, k,
+                                         eval_cfg.get("select_by", "") or "map@100",
+                                         grades=task.grades)
     else:
         weight = weights.get(system, eval_cfg.hybrid_weight)
     add(f"{system}+{lexical}_interp", "exact",

@@ -80,12 +80,15 @@ def fuse_scores(dense: tuple[np.ndarray, np.ndarray], lexical: tuple[np.ndarray,
 
 def choose_weight(dense: tuple[np.ndarray, np.ndarray], lexical: tuple[np.ndarray, np.ndarray],
                   relevant: Sequence[frozenset[int]], k: int, metric: str = "map@100",
-                  weights: Sequence[float] = WEIGHTS) -> tuple[float, float]:
+                  weights: Sequence[float] = WEIGHTS,
+                  grades: Sequence[dict[int, int]] | None = None) -> tuple[float, float]:
     """(weight, metric value): the dense weight of `fuse_scores` that scores best on these
-    queries' relevance labels (a validation split), the first of `weights` on a tie."""
+    queries' relevance labels (a validation split; `grades`: their judgements' grades, as
+    `metrics.retrieval_metrics` takes them), the first of `weights` on a tie."""
     best = (float(weights[0]), -np.inf)
     for w in weights:
-        value = metrics.retrieval_metrics(fuse_scores(dense, lexical, w, k), relevant)[metric]
+        value = metrics.retrieval_metrics(fuse_scores(dense, lexical, w, k), relevant,
+                                          grades=grades)[metric]
         if value > best[1]:
             best = (float(w), value)
     return best

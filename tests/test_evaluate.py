@@ -190,6 +190,13 @@ def test_score_interpolation_by_hand():
     # 2 first, so a low dense weight wins; 0.0 is the first of the best.
     weight, value = hybrid.choose_weight(dense, words, [frozenset({2})], 3, "mrr@10")
     assert (weight, value) == (0.0, 1.0)
+    # With grades, nDCG prefers the order that puts the higher grade first: 3 (dense's
+    # first) over 2 (the lexical first). Without them both orders score alike and the
+    # grid's first weight, 0, is kept.
+    relevant, grades = [frozenset({2, 3})], [{2: 1, 3: 3}]
+    assert hybrid.choose_weight(dense, words, relevant, 3, "ndcg@10")[0] == 0.0
+    weight, _ = hybrid.choose_weight(dense, words, relevant, 3, "ndcg@10", grades=grades)
+    assert weight == 0.5  # the first where 3 leads (tied with 2 at 0.5: dense order first)
 
 
 def test_hybrid_search_fuses_each_tower_with_bm25(mesh):
