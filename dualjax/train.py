@@ -122,7 +122,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
     _restore(run)
     selection = Selection(config, workdir, run.system)
     start = int(run.state["step"])
-    finished = start == config.num_train_steps or selection.stopped_early(start)
+    finished = start >= config.num_train_steps or selection.stopped_early(start)
     if workdir_lib.agree(finished and not config.eval.rerun):
         done = finished_results(log, tasks, run.splits, start)
         if workdir_lib.agree(done is not None):
@@ -245,6 +245,11 @@ def _restore(run: Run) -> None:
             it.set_state(saved_data if len(run.tasks) == 1 else saved_data[t.name])
         logging.info("Resumed from %s at step %d", os.path.join(run.workdir, "checkpoints"),
                      last)
+        if last > run.config.num_train_steps:  # nothing is undone: say what is evaluated
+            logging.warning("num_train_steps=%d is below the checkpoint's step %d: nothing "
+                            "more is trained, and step %d is what is evaluated (a run to "
+                            "%d steps needs a new --workdir)", run.config.num_train_steps,
+                            last, last, run.config.num_train_steps)
         run.signals.stage = f"before training; the checkpoint of step {last} is kept"
     else:
         run.state["params"] = warm_start.start_params(run.config, run.origin,

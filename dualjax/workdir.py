@@ -298,6 +298,30 @@ class Lock:
             self._fd = None
 
 
+MARKER = ".dualjax"  # written into every workdir once its config is: the folder is a run's
+_OWN = {".lock", "tfds"}  # what dualjax may put in a workdir before its config (data tables)
+
+
+def check_is_workdir(workdir: str) -> None:
+    """WorkdirError for a folder that is not a dualjax workdir and is not empty (a user's
+    own files, which a run would overwrite), before anything is written. A workdir is a
+    folder with MARKER, or one a run made before the marker existed: with a vocabulary or
+    a checkpoint, or a config.json of dualjax's (its model, data and eval groups)."""
+    if not os.path.isdir(workdir) or not set(os.listdir(workdir)) - _OWN:
+        return  # new, empty, or holding only a run's lock and data tables
+    if os.path.exists(os.path.join(workdir, MARKER)) or has_state(workdir):
+        return
+    try:
+        with open(os.path.join(workdir, "config.json")) as f:
+            if {"model", "data", "eval"} <= set(json.load(f)):
+                return
+    except (OSError, ValueError, TypeError):
+        pass
+    shown = ", ".join(sorted(set(os.listdir(workdir)) - _OWN)[:4])
+    raise WorkdirError(f"--workdir={workdir} holds files that are not a dualjax run's "
+                       f"({shown}, ...): choose a new or empty folder")
+
+
 @contextlib.contextmanager
 def guard(workdir: str, config: ml_collections.ConfigDict) -> Iterator[None]:
     """Creates and locks the workdir, checks and writes its config; releases the lock
@@ -309,6 +333,7 @@ def guard(workdir: str, config: ml_collections.ConfigDict) -> Iterator[None]:
         if not is_main():
             check_and_write_config(workdir, config, write=False)
             return
+        check_is_workdir(workdir)
         try:
             os.makedirs(workdir, exist_ok=True)
             lock.acquire()
@@ -317,6 +342,8 @@ def guard(workdir: str, config: ml_collections.ConfigDict) -> Iterator[None]:
                                ) from None
         try:
             check_and_write_config(workdir, config)
+            if not os.path.exists(os.path.join(workdir, MARKER)):  # once the config holds
+                atomic_write(os.path.join(workdir, MARKER), "a dualjax workdir\n")
         except BaseException:
             lock.release()
             raise

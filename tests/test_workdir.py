@@ -57,6 +57,29 @@ def test_a_fresh_workdir_takes_any_config(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["model"]["embed_dim"] == 8
 
 
+def test_a_folder_of_other_files_is_not_taken_over(tmp_path):
+    """A --workdir holding a user's own files (a config.json and metrics.jsonl of their
+    own) is refused in one line before anything is written; an empty folder, a workdir
+    with the marker, and one an older run made (dualjax's config.json) are taken."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"name": "my experiment"}')
+    (mine / "metrics.jsonl").write_text('{"accuracy": 0.9}\n')
+    before = {p.name: p.read_bytes() for p in mine.iterdir()}
+    with pytest.raises(workdir.WorkdirError, match=r"holds files that are not a dualjax "
+                       r"run's \(config.json, metrics.jsonl, ...\)"):
+        train.train_and_evaluate(tiny(), str(mine))
+    assert {p.name: p.read_bytes() for p in mine.iterdir()} == before
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "config.json").write_text(json.dumps(tiny().to_dict()))  # before the marker
+    workdir.check_is_workdir(str(old))
+    (tmp_path / "empty").mkdir()
+    workdir.check_is_workdir(str(tmp_path / "empty"))
+    with workdir.guard(str(tmp_path / "new"), tiny()):
+        assert (tmp_path / "new" / workdir.MARKER).exists()
+
+
 def test_a_second_run_on_a_workdir_is_refused(tmp_path):
     lock = workdir.Lock(str(tmp_path))
     lock.acquire()
@@ -106,6 +129,27 @@ def test_metrics_rows_are_written_once(tmp_path):
     assert MetricsLog(str(tmp_path)).read() == []
 
 
+def test_fewer_steps_than_the_checkpoint_say_so_and_evaluate_once(tmp_path, caplog,
+                                                                  monkeypatch):
+    """num_train_steps below the checkpoint's step: a warning that says which step is
+    evaluated; a rerun finds it finished and evaluates nothing."""
+    cfg = tiny(**{"num_train_steps": 4, "checkpoint_every_steps": 2, "eval_every_steps": 0,
+                  "eval.index": "exact", "eval.untrained": False, "eval.baselines": ""})
+    train.train_and_evaluate(cfg, str(tmp_path))
+    caplog.set_level("WARNING")
+    cfg.num_train_steps = 2
+    cfg.eval.rerun = True
+    rows = train.train_and_evaluate(cfg, str(tmp_path))
+    assert "num_train_steps=2 is below the checkpoint's step 4" in caplog.text
+    assert {r["step"] for r in MetricsLog(str(tmp_path)).read() if r["split"] == "test"} == {4}
+    cfg.eval.rerun = False
+    monkeypatch.setattr(train.evaluate, "evaluate_split",
+                        lambda *a, **k: pytest.fail("evaluated again"))
+    again = train.train_and_evaluate(cfg, str(tmp_path))
+    assert {k: r["map@100"] for k, r in again.items()} == \
+        {k: r["map@100"] for k, r in rows.items()}
+
+
 def test_a_torn_last_row_is_cut_back_and_a_bad_row_named(tmp_path, caplog):
     """A run killed while appending leaves a torn last row: the next writer cuts it back to
     the last complete row, with a warning; a bad row elsewhere is named by file:line."""
@@ -129,6 +173,7 @@ def test_a_torn_last_row_is_cut_back_and_a_bad_row_named(tmp_path, caplog):
 def test_rows_of_a_run_killed_before_its_first_checkpoint_are_not_repeated(tmp_path):
     cfg = tiny(**{"eval.untrained": False, "eval.baselines": "", "eval.index": "exact",
                   "num_train_steps": 5, "checkpoint_every_steps": 0})
+    workdir.check_and_write_config(str(tmp_path), cfg)  # the killed run's, written first
     MetricsLog(str(tmp_path)).write(5, "train", {"loss": 9.0})  # from the killed run
     train.train_and_evaluate(cfg, str(tmp_path))
     rows = MetricsLog(str(tmp_path)).read()
