@@ -128,6 +128,9 @@ def staged_output(out: str) -> Iterator[Callable[[], str]]:
     process that no longer runs: a kill -9), and yields `stage()`, which makes the
     folder to write into, `out.tmp<pid>`. When the block ends, that folder is put at
     `out` (`replace_folder`); when it fails, it is removed and `out` is as it was."""
+    parent = os.path.dirname(os.path.abspath(out.rstrip(os.sep)))
+    if not os.path.isdir(parent):
+        raise OutputError(f"--out={out}: its parent folder {parent} does not exist")
     lock = Lock(output=out)
     lock.acquire()
     tmp = f"{out.rstrip(os.sep)}.tmp{os.getpid()}"
