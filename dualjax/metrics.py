@@ -120,7 +120,7 @@ def retrieval_metrics(ranked: np.ndarray, relevant: Sequence[Collection[int]],
         out[f"success@{k}"] = float(np.mean(cum0[:, top(k)] > 0))
     # nDCG@K: gains are the grades (1 without them); the ideal DCG puts the query's
     # highest grades first, over the nominal cutoff K.
-    gain, ideal = _gains(ranked, hits, relevant, grades)
+    gain, ideal = _gains(ranked, hits, num_rel, relevant, grades)
     for ndcg_k in ndcg_ks:
         n = top(ndcg_k)
         dcg = (gain[:, :n] / np.log2(_ranks(n) + 1)).sum(axis=1)
@@ -133,14 +133,14 @@ def retrieval_metrics(ranked: np.ndarray, relevant: Sequence[Collection[int]],
     return out
 
 
-def _gains(ranked: np.ndarray, hits: np.ndarray, relevant: Sequence[Collection[int]],
-           grades: Sequence[Mapping[int, float]] | None) -> tuple[np.ndarray, np.ndarray]:
+def _gains(ranked: np.ndarray, hits: np.ndarray, num_rel: np.ndarray,
+           relevant: Sequence[Collection[int]], grades: Sequence[Mapping[int, float]] | None
+           ) -> tuple[np.ndarray, np.ndarray]:
     """(gain [nq, K] of each ranked item: its grade where it is a hit, else 0; ideal
     [nq, max R]: each query's relevant grades, highest first, 0-padded)."""
     if grades is None:
-        width = max(len(set(r)) for r in relevant)
-        counts = np.asarray([len(set(r)) for r in relevant])
-        return hits.astype(np.float64), (np.arange(width) < counts[:, None]).astype(np.float64)
+        width = int(num_rel.max())
+        return hits.astype(np.float64), (np.arange(width) < num_rel[:, None]).astype(np.float64)
     if len(grades) != len(relevant):
         raise ValueError(f"{len(relevant)} queries but {len(grades)} grade maps")
     ranked = np.asarray(ranked)

@@ -16,8 +16,8 @@ matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 
 from dualjax import metrics  # noqa: E402
-from dualjax.workdir import atomic_write  # noqa: E402
 from dualjax.evaluate import Ranking, row_label  # noqa: E402
+from dualjax.workdir import atomic_write  # noqa: E402
 
 KEYS = ("map@100", "recall@1", "recall@10", "recall@100", "mrr@10", "success@1",
         "success@10", "ndcg@10")

@@ -119,13 +119,15 @@ def weight_sweep(workdirs: dict[str, str], best: dict[str, float]) -> dict[float
     """{w: mean over collections of nDCG@10(w * dense + (1 - w) * bm25) / best[c]}, from
     each collection's as-is MiniLM run files."""
     from dualjax import hybrid, metrics
+    runs = {}  # collection -> (task, dense run, BM25 run), read once
+    for c, workdir in workdirs.items():
+        task = load_task(workdir)
+        runs[c] = (task, *(read_run(os.path.join(workdir, "runs", f"test_{n}.trec"), task)
+                           for n in ("dual_encoder", "bm25")))
     out = {}
     for w in hybrid.WEIGHTS:
         ratios = []
-        for c, workdir in workdirs.items():
-            task = load_task(workdir)
-            dense, lexical = (read_run(os.path.join(workdir, "runs", f"test_{n}.trec"), task)
-                              for n in ("dual_encoder", "bm25"))
+        for c, (task, dense, lexical) in runs.items():
             fused = hybrid.fuse_scores(dense, lexical, float(w), dense[0].shape[1])
             ratios.append(metrics.retrieval_metrics(fused, task.relevant,
                                                     grades=task.grades)["ndcg@10"] / best[c])
