@@ -59,7 +59,7 @@ def hybrid_pairs(queries: list[str], documents: list[str], encode_queries: Encod
     exact = ann.ExactIndex(encode_documents(documents))
     scores, ids = exact.search(encode_queries(queries), k, own)
     lex_scores, lex_ids = baselines.rank_texts("bm25", documents, queries, k, own,
-                                                   **(bm25 or {}))
+                                               **(bm25 or {}))
     first = hybrid.fuse_scores((np.asarray(ids), np.asarray(scores)), (lex_ids, lex_scores),
                                weight, 1)[:, 0]
     return [(q, documents[int(j)]) for q, j in zip(queries, first) if j >= 0]
