@@ -43,6 +43,10 @@ def get_config() -> ml_collections.ConfigDict:
                                     # quora: default ../shared/data/quora/pairs.tsv;
                                     # beir: the folder; reqa_squad: default
                                     # ../shared/data/squad/dev-v1.1.json
+    c.data.rebuild = False          # resume on input files whose content changed since the
+                                    # workdir recorded them (WORKDIR/data.json; else refused):
+                                    # rebuild the tables from them, keep the vocabulary (the
+                                    # checkpoints' embedding rows are tied to it)
     c.data.skip_bad_lines = False   # pairs: skip (and count) bad lines instead of stopping
     c.data.val_fraction = 0.05      # pairs/quora: clusters (reqa_squad: articles) for "val"
     c.data.test_fraction = 0.1      # pairs/quora: clusters (reqa_squad: articles) for "test"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 
 import ml_collections
 import numpy as np
@@ -113,9 +114,11 @@ def _check_towers(model: ml_collections.ConfigDict) -> None:
                           "model.transformer.width for a transformer)")
 
 
-def _check_pretrained(config: ml_collections.ConfigDict) -> None:
+def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = "") -> None:
     """model.pretrained / tokenizer="hf" / tower="bert": the start exists (fetched, its
-    digests right) and the towers and tokenizer are the ones it fits."""
+    digests right) and the towers and tokenizer are the ones it fits. A run resumed from
+    a checkpoint needs no folder: its towers are the checkpoint's, its tokenizer is
+    WORKDIR/vocab.json, and WORKDIR/pretrained.json stands in for the start."""
     from dualjax import pretrained  # reads the folder; needs safetensors for a table
     m = config.model
     name, tok = m.get("pretrained", ""), m.tokenizer
@@ -132,7 +135,10 @@ def _check_pretrained(config: ml_collections.ConfigDict) -> None:
     try:
         start = pretrained.resolve(name, m.get("pretrained_pooling", ""))
     except (pretrained.PretrainedError, ImportError) as e:
-        raise ConfigError(f"config.{e}" if str(e).startswith("model.") else str(e)) from None
+        start = _recorded_start(workdir, name)
+        if start is None:
+            raise ConfigError(f"config.{e}" if str(e).startswith("model.") else str(e)
+                              ) from None
     if tok != "hf" or m.get("tokenizer_path", ""):
         raise ConfigError(f"config.model.pretrained={name!r} reads its own tokenizer: set "
                           "--config.model.tokenizer=hf and leave model.tokenizer_path empty")
@@ -160,6 +166,19 @@ def _check_pretrained(config: ml_collections.ConfigDict) -> None:
             raise ConfigError(f"config.model.embed_dim={m.embed_dim}, but {name}'s token "
                               f"table is {start.dim} wide: set --config.model.embed_dim="
                               f"{start.dim}")
+
+
+def _recorded_start(workdir: str, name: str):
+    """The start WORKDIR/pretrained.json records for model.pretrained=`name`, when the
+    workdir also holds a checkpoint to resume from (else None: the weights are needed)."""
+    from dualjax import pretrained
+    ckpts = os.path.join(workdir, "checkpoints")
+    if not workdir or not (os.path.isdir(ckpts)
+                           and any(n.isdigit() for n in os.listdir(ckpts))):
+        return None
+    start = pretrained.load(workdir)
+    canonical = pretrained.sources.canonical
+    return start if start and canonical(start.source) == canonical(name) else None
 
 
 def _check_pses(config: ml_collections.ConfigDict, pretraining: bool) -> None:
@@ -225,11 +244,12 @@ def _check_features(model: ml_collections.ConfigDict) -> None:
                           "model.shared_towers=False")
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
-    """Raises ConfigError for the first value that cannot work."""
+def validate(config: ml_collections.ConfigDict, num_devices: int, workdir: str = "") -> None:
+    """Raises ConfigError for the first value that cannot work (`workdir`: the run's, whose
+    recorded pretrained start lets a resumed run go on without the start's folder)."""
     task_list = tasks_lib.task_configs(config)
     _check_tasks(task_list)
-    _check_model(config)
+    _check_model(config, workdir)
     pretraining = _check_pretraining(config, task_list)
     _check_loss(config.loss)
     _check_pses_data(config, task_list, pretraining)
@@ -247,12 +267,12 @@ def _check_tasks(task_list) -> None:
             raise ConfigError(f"config.tasks.{name}.weight={weight} must be > 0")
 
 
-def _check_model(config: ml_collections.ConfigDict) -> None:
+def _check_model(config: ml_collections.ConfigDict, workdir: str = "") -> None:
     """config.model: tokenizer, model, towers, pretrained start, fields and similarity."""
     _one_of("model.tokenizer", config.model.tokenizer, tokenizers.KINDS)
     _one_of("model.name", config.model.name, models.MODELS)
     _check_towers(config.model)
-    _check_pretrained(config)
+    _check_pretrained(config, workdir)
     _check_features(config.model)
     _one_of("model.similarity", config.model.similarity, dual_encoder.SIMILARITIES)
     low, high = (math.exp(x) for x in dual_encoder.LOG_TEMPERATURE_RANGE)

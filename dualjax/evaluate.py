@@ -16,7 +16,7 @@ import numpy as np
 from absl import logging
 
 from dualjax import baselines as baselines_lib
-from dualjax import ann, config_lib, hybrid, metrics, sharding, typos
+from dualjax import ann, config_lib, hybrid, metrics, sharding, tokenizers, typos
 from dualjax.data.clusters import RetrievalTask
 from dualjax.features import Fields, Inputs, Side, longest_first
 from dualjax.progress import Progress
@@ -91,6 +91,58 @@ def ann_recall(ann_ids: np.ndarray, exact_ids: np.ndarray, k: int = 10) -> float
     return float(np.mean(found)) if found else 1.0
 
 
+@dataclasses.dataclass(frozen=True)
+class DenseCorpus:
+    """The documents a tower searches: those that give its tokenizer a token. One that
+    gives none would be the towers' bias alone, a vector shared by all such documents
+    (ranked first for queries the model knows nothing of); it is left out of the dense
+    search, counted in the log, and so never retrieved by a tower (lexical systems see the
+    whole corpus).
+
+    rows: the corpus positions searched, None for all; k: results per query.
+    """
+    task: RetrievalTask
+    rows: np.ndarray | None
+    k: int
+
+    @classmethod
+    def of(cls, task: RetrievalTask, tokenizer, k: int) -> DenseCorpus:
+        skipped = set(tokenizers.without_tokens(tokenizer, task.corpus))
+        if not skipped:
+            return cls(task, None, k)
+        logging.warning("%d of the %d documents give the model no token (empty, or no "
+                        "letter or digit): left out of the towers' search", len(skipped),
+                        len(task.corpus))
+        rows = np.asarray([i for i in range(len(task.corpus)) if i not in skipped], np.int64)
+        return cls(task, rows, min(k, len(rows)))
+
+    @property
+    def texts(self) -> Sequence[str]:
+        return self.task.corpus if self.rows is None else [self.task.corpus[i] for i in self.rows]
+
+    @property
+    def fields(self) -> Sequence[Fields] | None:
+        f = self.task.corpus_fields
+        return f if f is None or self.rows is None else [f[i] for i in self.rows]
+
+    @property
+    def exclude(self) -> np.ndarray:
+        """Per query, the searched position it must not retrieve (itself), or -1."""
+        own = np.asarray(self.task.query_corpus_index, np.int64)
+        if self.rows is None:
+            return own
+        at = np.full(len(self.task.corpus), -1, np.int64)
+        at[self.rows] = np.arange(len(self.rows))
+        return np.where(own >= 0, at[np.maximum(own, 0)], -1)
+
+    def ranking(self, found: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """An index's (scores, ids) as (ids, scores) over the whole corpus."""
+        scores, ids = found
+        if self.rows is None:
+            return ids, scores
+        return np.where(ids >= 0, self.rows[np.maximum(ids, 0)], -1), scores
+
+
 def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]],
                    inputs: Inputs, eval_cfg: ml_collections.ConfigDict,
                    mesh: jax.sharding.Mesh, baselines: Sequence[str] = (),
@@ -116,7 +168,7 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
     """
     enc = dict(batch_size=eval_cfg.batch_size, mesh=mesh)
     k = min(eval_cfg.top_k, len(task.corpus))
-    exclude = task.query_corpus_index
+    dense = DenseCorpus.of(task, inputs.document.tokenizer, k)
     rows, ranked, scored = [], {}, {}
 
     def add(system: str, kind: str, ranking: tuple[np.ndarray, np.ndarray], **extra) -> dict:
@@ -128,16 +180,17 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
         return row
 
     for system, (encode_queries, encode_documents) in towers.items():
-        corpus = encode_texts(encode_documents, task.corpus, inputs.document,
-                              desc=f"{system}: corpus", fields=task.corpus_fields, **enc)
+        corpus = encode_texts(encode_documents, dense.texts, inputs.document,
+                              desc=f"{system}: corpus", fields=dense.fields, **enc)
         queries = encode_texts(encode_queries, task.queries, inputs.query,
                                desc=f"{system}: queries", fields=task.query_fields, **enc)
-        exact_index, _ = ann.make_index("exact", corpus, eval_cfg, k)
-        scored[system] = exact_index.search(queries, k, exclude)[::-1]  # (ids, scores)
+        exact_index, _ = ann.make_index("exact", corpus, eval_cfg, dense.k)
+        scored[system] = dense.ranking(exact_index.search(queries, dense.k, dense.exclude))
         exact = add(system, "exact", scored[system])
         if eval_cfg.index != "exact" and system in ann_systems:
             _approximate(add, system, corpus, queries, (exact, scored[system][0]), eval_cfg,
-                         k, exclude, index_dir, index_extra)
+                         dense, index_dir, index_extra)
+    exclude = task.query_corpus_index
     lexical = eval_cfg.get("hybrid", "")
     for name in dict.fromkeys(list(baselines) + ([lexical] if lexical else [])):
         scores, ids = baselines_lib.rank_texts(
@@ -153,14 +206,14 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
 
 
 def _approximate(add, system: str, corpus: np.ndarray, queries: np.ndarray,
-                 exact: tuple[dict, np.ndarray], eval_cfg, k: int, exclude: np.ndarray,
+                 exact: tuple[dict, np.ndarray], eval_cfg, dense: DenseCorpus,
                  index_dir: str | None, index_extra: str) -> None:
     """`system`'s row searched with eval.index ("scann" or "hnsw") beside its exact one:
     the overlap of their top 10, the MAP@100 it loses, and the index's time to be ready."""
     kind = eval_cfg.index
-    ann_index, info = ann.make_index(kind, corpus, eval_cfg, k, directory=index_dir,
+    ann_index, info = ann.make_index(kind, corpus, eval_cfg, dense.k, directory=index_dir,
                                      extra=index_extra)
-    ann_scores, ann_ids = ann_index.search(queries, k, exclude)
+    ann_ids, ann_scores = dense.ranking(ann_index.search(queries, dense.k, dense.exclude))
     exact_row, exact_ids = exact
     row = add(system, kind, (ann_ids, ann_scores),
               **{"ann_recall@10": ann_recall(ann_ids, exact_ids)})

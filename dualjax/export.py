@@ -29,20 +29,25 @@ from dualjax.workdir import atomic_write, check_output, file_digests, staged_out
 
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # what jax.export lowers for
+# A bundle never lies inside another bundle or an index, whose --overwrite would delete
+# it (inside the workdir it came from is fine: runs/NAME/export).
+NOT_INSIDE = ("bundle", "corpus index")
 
 
 def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "tpu"),
            overwrite: bool = False) -> Encoder:
     """Writes the bundle of `workdir`'s latest checkpoint to `out` and returns it loaded.
-    `out` must be new, empty or (with `overwrite`) a bundle; never the workdir or a
-    folder holding it (`workdir.check_output`). Written beside `out`, then renamed:
+    `out` must be new, empty or (with `overwrite`) a bundle holding only its own files;
+    never the workdir, a folder holding it, or a folder inside a bundle or an index
+    (`workdir.check_output`). Written beside `out`, then renamed:
     a failure leaves `out` as it was and nothing else behind."""
     unknown = sorted(set(platforms) - set(PLATFORMS)) or ([] if platforms else ["(none)"])
     if unknown:
         raise ValueError(f"--platforms: {', '.join(unknown)} is not one of jax's: "
                          f"{', '.join(PLATFORMS)}")
     with staged_output(out) as stage:  # one writer: a second export into `out` is refused
-        check_output(out, "encoder.json", "bundle", inputs=[workdir], overwrite=overwrite)
+        check_output(out, "encoder.json", "bundle", inputs=[workdir], overwrite=overwrite,
+                     not_inside=NOT_INSIDE)
         trained = trained_lib.load_trained(workdir)
         params = jax.device_get(trained.params)
         _write_bundle(stage(), workdir, trained, params, platforms)

@@ -20,7 +20,7 @@ import time
 import numpy as np
 from absl import flags, logging
 
-from dualjax import ann, cli, features
+from dualjax import ann, cli, features, tokenizers
 from dualjax.data.corpus_file import read_corpus
 from dualjax.encoder import Encoder
 from dualjax.progress import Progress
@@ -29,6 +29,9 @@ from dualjax.workdir import (atomic_write, check_output, file_digests, files_und
 
 META = "index.json"
 FORMAT = 2  # 2: index.json records its files' digests
+# An index never lies inside a bundle or another index (whose --overwrite would delete
+# it) or inside a run's workdir.
+NOT_INSIDE = ("bundle", "corpus index", "workdir")
 
 
 def _eval_config() -> dict:
@@ -41,14 +44,15 @@ def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: st
           overwrite: bool = False) -> "CorpusIndex":
     """Encodes `texts` with the encoder's document side (a progress bar over batches),
     builds a `kind` index ("scann", "hnsw" or "exact") for `k` results and writes it all
-    to `out`: new, empty or (with `overwrite`) an index, never one of `inputs` (the
-    bundle, the corpus) or a folder holding one. Written beside `out`, then renamed: a
+    to `out`: new, empty or (with `overwrite`) an index holding only its own files, never
+    one of `inputs` (the bundle, the corpus), a folder holding one, or a folder inside a
+    bundle, an index or a workdir. Written beside `out`, then renamed: a
     failure leaves `out` as it was and nothing else behind. Returns it loaded."""
     check_build(kind, batch_size)
     with staged_output(out) as stage:  # one writer: a second build into `out` is refused
         check_output(out, META, "corpus index", inputs=(encoder.directory, *inputs),
-                     overwrite=overwrite)
-        ids, texts = without_empty(ids, texts)
+                     overwrite=overwrite, not_inside=NOT_INSIDE)
+        ids, texts = with_tokens(ids, texts, encoder.sides["document"].tokenizer)
         start = time.perf_counter()
         embeddings = _encode(encoder, texts, batch_size)
         encoded = time.perf_counter() - start
@@ -81,17 +85,21 @@ def check_build(kind: str, batch_size: int) -> None:
         ann.require_faiss()
 
 
-def without_empty(ids: list[str], texts: list[str]) -> tuple[list[str], list[str]]:
-    """The documents that hold some text: an empty one has no tokens, so its vector is the
-    towers' bias alone, which ranks it first for every query the model knows nothing of."""
-    keep = [i for i, t in enumerate(texts) if t.strip()]
-    if not keep:
-        raise ValueError("the corpus holds no document with text")
-    if len(keep) < len(texts):
-        empty = [ids[i] for i in range(len(texts)) if not texts[i].strip()]
-        logging.warning("skipped %d empty documents (ids %s%s)", len(empty),
-                        ", ".join(empty[:5]), ", ..." if len(empty) > 5 else "")
-    return [ids[i] for i in keep], [texts[i] for i in keep]
+def with_tokens(ids: list[str], texts: list[str], tokenizer) -> tuple[list[str], list[str]]:
+    """The documents that give the tokenizer some token: one that gives none (empty, or
+    only punctuation, symbols or emoji for a word tokenizer) would be the towers' bias
+    alone, one vector shared by all such documents that ranks them first for every query
+    the model knows nothing of. The skipped ones are counted in the log."""
+    skipped = set(tokenizers.without_tokens(tokenizer, texts))
+    if len(skipped) == len(texts):
+        raise ValueError("the corpus holds no document that gives the encoder a token")
+    if skipped:
+        named = [ids[i] for i in sorted(skipped)[:5]]
+        logging.warning("skipped %d documents that give the encoder no token (empty, or no "
+                        "letter or digit; ids %s%s)", len(skipped), ", ".join(named),
+                        ", ..." if len(skipped) > 5 else "")
+    return ([i for n, i in enumerate(ids) if n not in skipped],
+            [t for n, t in enumerate(texts) if n not in skipped])
 
 
 def _write(tmp: str, encoder: Encoder, ids: list[str], texts: list[str], embeddings: np.ndarray,
@@ -173,7 +181,7 @@ def main(argv: list[str]) -> None:
         check_build(f.kind, f.batch_size)  # before anything is read
         encoder = Encoder.load(f.encoder)
         check_output(f.out, META, "corpus index", inputs=(f.encoder, f.corpus),
-                     overwrite=f.overwrite)
+                     overwrite=f.overwrite, not_inside=NOT_INSIDE)
         ids, texts = read_corpus(f.corpus)
         built = build(encoder, ids, texts, f.out, f.kind, batch_size=f.batch_size,
                       inputs=(f.corpus,), overwrite=f.overwrite)

@@ -69,6 +69,17 @@ def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
                            features.Side(tokenizer, d_len, sides[1]))
 
 
+def unknown_tokens(tokenizer: Tokenizer, texts: Iterable[str]) -> tuple[int, int]:
+    """(unknown, total): how many of the texts' tokens the tokenizer does not know (an
+    OOV bucket or the unknown id: `tokenizers.known_tokens`), of how many."""
+    unknown = total = 0
+    for text in texts:
+        n = len(tokenizer.token_ids(text))
+        unknown += n - tokenizers.known_tokens(tokenizer, text)
+        total += n
+    return unknown, total
+
+
 def eval_fields(task) -> list[tuple[features.Fields, features.Fields]]:
     """(query fields, document fields) pairs of an evaluation task's records, to build
     field vocabularies from when there is no training data."""

@@ -37,6 +37,7 @@ from dualjax import step as step_lib  # noqa: E402
 from dualjax.metrics_log import setup_logging  # noqa: E402
 from dualjax.config_lib import ConfigError  # noqa: E402
 from dualjax.data.pairs_file import DataError  # noqa: E402
+from dualjax.pretrained import PretrainedError  # noqa: E402
 from dualjax.workdir import DISK_ERRNOS, Preempted, WorkdirError  # noqa: E402
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, as a process killed by it (also after SIGINT)
@@ -104,7 +105,8 @@ def main(argv: list[str]) -> None:
         print("dualjax: stopped at once by a second signal; the checkpoints saved before "
               "are kept", file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_CODE)
-    except (ConfigError, DataError, WorkdirError, step_lib.NonFiniteLossError) as e:
+    except (ConfigError, DataError, PretrainedError, WorkdirError,
+            step_lib.NonFiniteLossError) as e:
         sys.exit(f"dualjax: {e}")
     except OSError as e:  # the machine's: a full disk, a quota, a read-only file system
         if e.errno not in DISK_ERRNOS:

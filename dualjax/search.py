@@ -29,6 +29,7 @@ from dualjax import baselines, cli, hybrid, tokenizers
 from dualjax.encoder import Encoder
 from dualjax.index import CorpusIndex
 from dualjax.metrics_log import setup_logging
+from dualjax.workdir import WorkdirError
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A trained dualjax workdir.")
 _ENCODER = flags.DEFINE_string("encoder", None, "An exported encoder (python -m dualjax.export).")
@@ -81,13 +82,16 @@ class Searcher:
                weight: float | None = None) -> list[list[tuple[float, int]]]:
         """Per query, the top k (score, corpus position), best first; with `hybrid` (a
         lexical system), fused with its ranking (`fused`). Typed queries carry no
-        categorical fields: a query side with fields reads them as missing."""
+        categorical fields: a query side with fields reads them as missing. A query that
+        gives the model no token (`tokenizers.gives_tokens`: "?!", emoji) has no answer:
+        its vector would be the towers' bias alone."""
         k = min(self.k, len(self.corpus))
         scores, ids = self.index.search(self.encode_queries(queries), k)
         if hybrid:
             scores, ids = fused((scores, ids), self.corpus, queries, k, hybrid, weight)
         return [[(float(s), int(i)) for s, i in zip(row_s, row_i) if i >= 0]
-                for row_s, row_i in zip(scores, ids)]
+                if tokenizers.gives_tokens(self.tokenizer, query) else []
+                for query, row_s, row_i in zip(queries, scores, ids)]
 
     def search(self, queries: Sequence[str], hybrid: str = "",
                weight: float | None = None) -> Results:
@@ -126,21 +130,29 @@ def from_workdir(workdir: str, split: str = "test", k: int = 10, task: str = "")
     tasks = {t.name: t for t in tasks_lib.make_tasks(config, workdir)}
     name = task or next(iter(tasks))
     if name not in tasks:
+        if list(tasks) == [""]:
+            raise ValueError(f"--task={task!r}: this run has a single task, which has no "
+                             "name; leave --task out")
         raise ValueError(f"--task={task!r} is not one of this run's tasks: {', '.join(tasks)}")
     data = tasks[name].eval_task(split)
+    dense = evaluate.DenseCorpus.of(data, inputs.document.tokenizer, k)  # as evaluated
+    texts, keys = list(dense.texts), data.corpus_keys
+    if keys is not None and dense.rows is not None:
+        keys = [keys[i] for i in dense.rows]
     corpus_emb = evaluate.encode_texts(
-        lambda x: encode_documents(params, x), data.corpus, inputs.document,
-        config.eval.batch_size, mesh, desc="encode corpus", fields=data.corpus_fields)
+        lambda x: encode_documents(params, x), texts, inputs.document,
+        config.eval.batch_size, mesh, desc="encode corpus", fields=dense.fields)
     searcher, info = ann.make_index(
-        config.eval.index, corpus_emb, config.eval, min(k, len(data.corpus)),
+        config.eval.index, corpus_emb, config.eval, min(k, len(texts)),
         directory=os.path.join(workdir, "index", *([name] if name else []), split),
         extra=f"step {step}")
-    logging.info("%s index over %d candidates (%s)", config.eval.index, len(data.corpus),
+    logging.info("%s index over %d candidates (%s)", config.eval.index, len(texts),
                  "built" if info["built"] else "loaded")
     encode = lambda texts: evaluate.encode_texts(
         lambda x: encode_queries(params, x), texts, inputs.query, max(len(texts), 1), mesh,
         desc="encode queries")
-    return Searcher(data.corpus, searcher, encode, inputs.query.tokenizer, k, info)
+    return Searcher(texts, searcher, encode, inputs.query.tokenizer, k, info,
+                    keys)  # a BEIR corpus' own ids (None: positions)
 
 
 def read_queries(given: Sequence[str], path: str | None) -> list[str]:
@@ -204,11 +216,13 @@ def main(argv: list[str]) -> None:
         searcher = (from_bundle(_ENCODER.value, _INDEX.value, _K.value) if _ENCODER.value else
                     from_workdir(_WORKDIR.value, _SPLIT.value, _K.value, _TASK.value))
         answers = searcher.ranked(queries, _HYBRID.value, _HYBRID_WEIGHT.value)
-    except (FileNotFoundError, ImportError, ValueError) as e:
+    except (FileNotFoundError, ImportError, ValueError, WorkdirError) as e:
         sys.exit(f"dualjax.search: {e}")
     for query, results in zip(queries, answers):
         print(f"\n> {query}")
-        if searcher.unknown(query):
+        if not tokenizers.gives_tokens(searcher.tokenizer, query):
+            print("  (no letter or digit the model reads: nothing to search for)")
+        elif searcher.unknown(query):
             print("  (no token of this query is in the model's vocabulary: its vector "
                   "means little" + ("; the lexical ranking still counts)" if _HYBRID.value
                                     else ")"))

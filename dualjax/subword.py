@@ -16,11 +16,11 @@ from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from dualjax.text import (FORMAT_VERSION as _FORMAT_VERSION, WordTokenizer,
-                          check_header as _check_header, normalize, read_tokenizer_json,
-                          write_json as _write_json)
+                          check_header as _check_header, check_normalizer, normalize,
+                          read_tokenizer_json, saved_normalizer, write_json as _write_json)
 
-_SP_REQUIRED_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789"  # every normalised char
-_SP_MAX_SENTENCE_CHARS = 4192  # sentencepiece's max_sentence_length (bytes = chars here)
+_SP_REQUIRED_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789"  # always pieces
+_SP_MAX_SENTENCE_BYTES = 4192  # sentencepiece's max_sentence_length, in UTF-8 bytes
 _SP_SEED = 0
 
 
@@ -30,12 +30,17 @@ class SentencePieceTokenizer:
 
     Id layout: 0 padding; SentencePiece id i -> i + 1. Models from
     `build_sentencepiece` have no pad/bos/eos pieces and <unk> at sp id 0 (our id 1);
-    every a-z0-9 character is a piece, so no normalised text ever produces <unk>.
-    `vocab_size` = pieces + 1. There are no hashed buckets.
+    every a-z0-9 character and every character of the training texts is a piece, so
+    only a character never seen in training gives <unk>. `vocab_size` = pieces + 1.
+    There are no hashed buckets.
     """
 
     TYPE: ClassVar[str] = "sentencepiece"
     model_proto: bytes = dataclasses.field(repr=False)
+    normalizer: str = "unicode"  # `text.normalize`'s form
+
+    def __post_init__(self) -> None:
+        check_normalizer(self.normalizer)
 
     @functools.cached_property
     def _processor(self):
@@ -43,7 +48,7 @@ class SentencePieceTokenizer:
         return sentencepiece.SentencePieceProcessor(model_proto=self.model_proto)
 
     def __getstate__(self) -> dict[str, Any]:  # pickle the bytes, not the C++ processor
-        return {"model_proto": self.model_proto}
+        return {"model_proto": self.model_proto, "normalizer": self.normalizer}
 
     @property
     def vocab_size(self) -> int:
@@ -52,25 +57,25 @@ class SentencePieceTokenizer:
 
     def pieces(self, text: str) -> list[str]:
         """The pieces of `normalize(text)` (for inspection)."""
-        return self._processor.encode(normalize(text), out_type=str)
+        return self._processor.encode(normalize(text, self.normalizer), out_type=str)
 
     def token_ids(self, text: str) -> list[int]:
         """Unpadded ids (each in [1, vocab_size)) of the pieces of `normalize(text)`."""
-        return [i + 1 for i in self._processor.encode(normalize(text))]
+        return [i + 1 for i in self._processor.encode(normalize(text, self.normalizer))]
 
     encode = WordTokenizer.encode  # same contract; only calls self.token_ids
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the model next to `path` as <stem>.sentencepiece.model and a JSON
         {"type", "model_file" (that name, relative to the JSON's folder),
-        "model_sha256", "version"} at `path`."""
+        "model_sha256", "normalizer", "version"} at `path`."""
         path = os.fspath(path)
         model_file = os.path.splitext(os.path.basename(path))[0] + ".sentencepiece.model"
         with open(os.path.join(os.path.dirname(path), model_file), "wb") as f:
             f.write(self.model_proto)
         _write_json(path, {"type": self.TYPE, "model_file": model_file,
                            "model_sha256": hashlib.sha256(self.model_proto).hexdigest(),
-                           "version": _FORMAT_VERSION})
+                           "normalizer": self.normalizer, "version": _FORMAT_VERSION})
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> SentencePieceTokenizer:
@@ -82,6 +87,7 @@ class SentencePieceTokenizer:
             model_file, digest = payload["model_file"], payload["model_sha256"]
             if not (isinstance(model_file, str) and isinstance(digest, str)):
                 raise ValueError("bad model_file or model_sha256")
+            normalizer = saved_normalizer(payload)
         except (KeyError, ValueError) as e:
             raise ValueError(f"corrupt tokenizer file {os.fspath(path)}: {e}") from e
         model_path = os.path.join(os.path.dirname(os.path.abspath(path)), model_file)
@@ -93,7 +99,7 @@ class SentencePieceTokenizer:
         if hashlib.sha256(proto).hexdigest() != digest:
             raise ValueError(f"sentencepiece model {model_path} does not match the sha256 "
                              f"recorded in {os.fspath(path)}")
-        tok = cls(model_proto=proto)
+        tok = cls(model_proto=proto, normalizer=normalizer)
         try:
             _ = tok.vocab_size  # parse now, so a corrupt model fails here, not in a worker
         except RuntimeError as e:
@@ -123,6 +129,8 @@ def build_sentencepiece(texts: Iterable[str], vocab_size: int, model_type: str =
     differs from process to process even after `set_random_generator_seed`. The trained
     model also depends on `num_threads` (fixed, not the machine's core count). Texts are
     cut to sentencepiece's 4192-byte sentence limit at a space instead of being dropped.
+    Texts in any script train: `character_coverage=1.0` makes each of their characters
+    a piece.
     `vocab_size` is a target: `hard_vocab_limit=False` lets a small corpus give fewer
     pieces instead of failing; it must still cover <unk> and the 37 required characters
     (a-z, 0-9 and the word-boundary mark), i.e. be >= 38.
@@ -134,8 +142,9 @@ def build_sentencepiece(texts: Iterable[str], vocab_size: int, model_type: str =
     def clipped() -> Iterable[str]:
         for t in texts:
             s = normalize(t)
-            if len(s) > _SP_MAX_SENTENCE_CHARS:
-                s = s[:_SP_MAX_SENTENCE_CHARS + 1].rsplit(" ", 1)[0][:_SP_MAX_SENTENCE_CHARS]
+            if len(s.encode()) > _SP_MAX_SENTENCE_BYTES:
+                cut = s.encode()[:_SP_MAX_SENTENCE_BYTES + 1].decode(errors="ignore")
+                s = cut.rsplit(" ", 1)[0] if " " in cut else cut[:-1]
             if s:
                 yield s
 

@@ -23,6 +23,7 @@ import numpy as np
 from absl import logging
 
 from dualjax import features, specs
+from dualjax import workdir as workdir_lib
 from dualjax.data import builders, documents, pipeline, pretraining
 from dualjax.data.clusters import RetrievalTask
 
@@ -156,6 +157,40 @@ def task_configs(config: ml_collections.ConfigDict
     if not tasks:
         return [("", config.data, 1.0)]
     return [(name, t.data, float(t.get("weight", 1.0))) for name, t in tasks.items()]
+
+
+def data_files(config: ml_collections.ConfigDict) -> list[workdir_lib.DataFile]:
+    """Every input file the run's data groups read, as the workdir records them
+    (`workdir.check_data`): a group's data.path (quora's and reqa_squad's default file
+    when empty; for a BEIR folder, its corpus.jsonl, queries.jsonl and qrels/*.tsv) and
+    its pseudo_label_queries (read with pseudo_labels). A group's changed files are
+    accepted with its own `rebuild` or the run's `data.rebuild`."""
+    defaults = {"quora": specs.QUORA_PATH, "reqa_squad": specs.SQUAD_PATH}
+    out = []
+    for name, data, _ in task_configs(config):
+        group = f"tasks.{name}.data" if name else "data"
+        rebuild = bool(data.get("rebuild", False) or config.data.get("rebuild", False))
+        named = [("path", data.get("path", "") or defaults.get(data.name, ""))]
+        if data.get("pseudo_labels", 0):
+            named.append(("pseudo_label_queries", data.get("pseudo_label_queries", "")))
+        for key, path in named:
+            if not path or data.name == "synthetic_paraphrase":
+                continue
+            full = os.path.abspath(os.path.expanduser(path))
+            out += [workdir_lib.DataFile(f"{group}.{key}", f, rebuild)
+                    for f in _files_at(full)]
+    return out
+
+
+def _files_at(path: str) -> list[str]:
+    """The files a data path stands for: itself, or a BEIR folder's that are read."""
+    if not os.path.isdir(path):
+        return [path]
+    qrels = os.path.join(path, "qrels")
+    judged = os.listdir(qrels) if os.path.isdir(qrels) else []
+    return ([os.path.join(path, n) for n in ("corpus.jsonl", "queries.jsonl")
+             if os.path.isfile(os.path.join(path, n))]
+            + sorted(os.path.join(qrels, n) for n in judged if n.endswith(".tsv")))
 
 
 def make_tasks(config: ml_collections.ConfigDict, workdir: str) -> list[Task]:

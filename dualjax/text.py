@@ -21,25 +21,67 @@ from dualjax.workdir import atomic_write
 
 PAD_ID = 0
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
-# Combining marks (Unicode category Mn in these blocks: accents, diacritics).
-_COMBINING = re.compile("[\u0300-\u036f\u0483-\u0489\u0591-\u05c7\u0610-\u061a\u064b-\u065f"
-                        "\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
+# Combining marks folded away with the accents (Unicode category Mn in these blocks:
+# Latin/Greek/Cyrillic accents, Hebrew points, Arabic harakat: marks a word is also
+# written without). Other scripts' marks (Devanagari's vowel signs...) stay in the word.
+_FOLDED = "\u0300-\u036f\u0483-\u0489\u0591-\u05c7\u0610-\u061a\u064b-\u065f" \
+          "\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f"
+_COMBINING = re.compile(f"[{_FOLDED}]")
+# CJK ideographs and kana: each is a word alone (no spaces between words in those
+# scripts), as BERT's BasicTokenizer and Lucene's StandardTokenizer cut them.
+CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f"
+_CJK_CHAR = re.compile(f"[{CJK}]")
 FORMAT_VERSION = 1  # of every saved tokenizer JSON
+# The forms of `normalize`: "unicode" (letters, digits and marks of every script) and
+# "ascii" (a-z0-9 only: every tokenizer saved before "normalizer" was recorded).
+NORMALIZERS = ("unicode", "ascii")
 
 
-def normalize(text: str) -> str:
+class _Separators(dict):
+    """A `str.translate` table: every character that is not a word character -> a space.
+    Word characters are Unicode letters and digits (categories L, N; "_" is not one)
+    and the marks (M) that are not folded away (Devanagari's vowel signs are part of its
+    words); `keep` are kept as they are too. Filled as characters are first met."""
+
+    def __init__(self, keep: str = ""):
+        super().__init__()
+        self.keep = keep
+
+    def __missing__(self, code: int) -> int:
+        c = chr(code)
+        word = c != "_" and (c.isalnum() or c in self.keep or (
+            unicodedata.category(c)[0] == "M" and not _COMBINING.match(c)))
+        self[code] = code if word else 32
+        return self[code]
+
+
+@functools.cache
+def separators(keep: str = "") -> _Separators:
+    """The `_Separators` table that also keeps the characters of `keep`."""
+    return _Separators(keep)
+
+
+def normalize(text: str, form: str = "unicode") -> str:
     """Canonical form of `text` used before splitting into words.
 
-    Steps: casefold (lowercase, also "ß" -> "ss"); Unicode NFKD and drop combining
-    marks; replace every run of characters outside [a-z0-9] (punctuation, whitespace,
-    any other non-ASCII character) by a single space; strip. Punctuation becomes a word
-    boundary, e.g. "What's up?" -> "what s up", "CD33’s" -> "cd33 s", "motif‐bearing"
-    (a Unicode hyphen) -> "motif bearing", "Café Über" -> "cafe uber".
+    form="unicode": casefold (lowercase, also "ß" -> "ss"); Unicode NFKD, accents and
+    the other optional marks dropped (`_FOLDED`), then NFC; each CJK ideograph or kana
+    spaced as a word of its own; every run of characters that are not letters, digits
+    or marks of any script (punctuation, whitespace, symbols, emoji) becomes one space;
+    stripped. "What's up?" -> "what s up", "Café Über" -> "cafe uber", "Москва, 2024"
+    -> "москва 2024", "北京大学" -> "北 京 大 学", "हिन्दी!" -> "हिन्दी", "🙂?!" -> "".
+    form="ascii": the same on a-z0-9, every other character a space ("Москва" -> "");
+    the form of tokenizers saved before the form was recorded.
     """
     folded = text.casefold()
-    if not folded.isascii():  # accents off ("é" -> "e"); other non-ASCII split words
-        folded = _COMBINING.sub("", unicodedata.normalize("NFKD", folded))
-    return _NON_ALNUM.sub(" ", folded.lower()).strip()
+    if folded.isascii():  # the fast path, the same in both forms
+        return _NON_ALNUM.sub(" ", folded).strip()
+    folded = _COMBINING.sub("", unicodedata.normalize("NFKD", folded)).lower()
+    if form == "ascii":
+        return _NON_ALNUM.sub(" ", folded).strip()
+    check_normalizer(form)
+    folded = _CJK_CHAR.sub(r" \g<0> ", unicodedata.normalize("NFC", folded))
+    return " ".join(folded.translate(separators()).split())
 
 
 _MARKER = re.compile(r"\[[^\]]*\]")  # Wikipedia's "[citation needed]", "[note 1]", "[3]"
@@ -71,9 +113,9 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
-def words(text: str) -> list[str]:
-    """The normalised words of `text` (`normalize(text).split()`); may be empty."""
-    return normalize(text).split()
+def words(text: str, form: str = "unicode") -> list[str]:
+    """The normalised words of `text` (`normalize(text, form).split()`); may be empty."""
+    return normalize(text, form).split()
 
 
 def _stable_hash(word: str) -> int:
@@ -102,6 +144,19 @@ def check_header(payload: dict[str, Any], kind: str) -> None:
                          f"{payload.get('type')!r}/{payload.get('version')!r}")
 
 
+def check_normalizer(form: str) -> None:
+    if form not in NORMALIZERS:
+        raise ValueError(f"unknown normalizer {form!r}; known: {', '.join(NORMALIZERS)}")
+
+
+def saved_normalizer(payload: dict[str, Any]) -> str:
+    """A saved tokenizer's `normalize` form: "ascii" for files from before it was
+    recorded, so their texts still split as they were trained."""
+    form = payload.get("normalizer", "ascii")
+    check_normalizer(form)
+    return form
+
+
 def str_list(value: Any, key: str) -> tuple[str, ...]:
     if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
         raise ValueError(f"{key!r} is not a list of strings")
@@ -128,9 +183,11 @@ class WordTokenizer:
 
     vocab: tuple[str, ...]
     num_oov_buckets: int
+    normalizer: str = "unicode"  # `normalize`'s form
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "vocab", tuple(self.vocab))
+        check_normalizer(self.normalizer)
         if self.num_oov_buckets < 0:
             raise ValueError(f"num_oov_buckets must be >= 0, got {self.num_oov_buckets}")
         if len(set(self.vocab)) != len(self.vocab):
@@ -154,7 +211,7 @@ class WordTokenizer:
     def token_ids(self, text: str) -> list[int]:
         """Unpadded ids (each in [1, vocab_size)) of the normalised words of `text`."""
         table = self._word_to_id
-        return [table.get(w) or self._oov_id(w) for w in words(text)]
+        return [table.get(w) or self._oov_id(w) for w in words(text, self.normalizer)]
 
     def encode(self, texts: Sequence[str], max_len: int) -> tuple[np.ndarray, np.ndarray]:
         """Batch-encode `texts` to fixed length.
@@ -172,9 +229,11 @@ class WordTokenizer:
         return ids, ids != PAD_ID
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the tokenizer as JSON: {"type", "vocab", "num_oov_buckets", "version"}."""
+        """Write the tokenizer as JSON: {"type", "vocab", "num_oov_buckets",
+        "normalizer", "version"}."""
         write_json(path, {"type": "word", "vocab": list(self.vocab),
-                          "num_oov_buckets": self.num_oov_buckets, "version": FORMAT_VERSION})
+                          "num_oov_buckets": self.num_oov_buckets,
+                          "normalizer": self.normalizer, "version": FORMAT_VERSION})
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> WordTokenizer:
@@ -185,7 +244,8 @@ class WordTokenizer:
             m = payload["num_oov_buckets"]
             if not isinstance(m, int):
                 raise ValueError("bad num_oov_buckets")
-            return cls(vocab=str_list(payload["vocab"], "vocab"), num_oov_buckets=m)
+            return cls(vocab=str_list(payload["vocab"], "vocab"), num_oov_buckets=m,
+                       normalizer=saved_normalizer(payload))
         except (AttributeError, KeyError, ValueError) as e:
             raise ValueError(f"corrupt tokenizer file {os.fspath(path)}: {e}") from e
 

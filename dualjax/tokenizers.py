@@ -6,8 +6,8 @@ Interface shared by every kind (see `Tokenizer`): `vocab_size` (embedding rows),
 `token_ids(text)` (unpadded ids, each in [1, vocab_size)), `encode(texts, max_len)`
 (int32 ids and bool mask [n, max_len], right-padded with 0 and truncated), `save(path)`
 (JSON with a "type" field). Everything works on `text.normalize`d text (lowercase
-a-z0-9 words separated by single spaces), so "Silver-Fork!" and "silver fork" are one
-input. Pure Python + numpy (sentencepiece is imported only by the sentencepiece kind),
+words of letters, digits and marks of any script, separated by single spaces; each
+tokenizer records its form), so "Silver-Fork!" and "silver fork" are one input. Pure Python + numpy (sentencepiece is imported only by the sentencepiece kind),
 and every tokenizer pickles, so it can run inside data-loading workers.
 
 Vocabulary kinds (char_trigram, word+char_trigram, bigram) subclass `WordTokenizer`
@@ -27,7 +27,7 @@ import numpy as np
 from dualjax.subword import SentencePieceTokenizer, build_sentencepiece
 from dualjax.text import (FORMAT_VERSION as _FORMAT_VERSION, WordTokenizer, build_word_tokenizer,
                           check_header as _check_header, normalize, read_tokenizer_json,
-                          str_list as _str_list, write_json as _write_json)
+                          saved_normalizer, str_list as _str_list, write_json as _write_json)
 
 _WORD_KEY, _TRIGRAM_KEY = "w:", "t:"  # ":" never occurs in normalised text
 
@@ -52,7 +52,7 @@ def _trigrams(normalised: str) -> list[str]:
     return [normalised[i:i + 3] for i in range(len(normalised) - 2)]
 
 
-def char_trigrams(text: str) -> list[str]:
+def char_trigrams(text: str, form: str = "unicode") -> list[str]:
     """Character trigrams of `normalize(text)`, sliding one character at a time over the
     whole string, the single spaces between words included (Moscicki 2022, Table 4.7).
 
@@ -62,20 +62,20 @@ def char_trigrams(text: str) -> list[str]:
     No boundary markers are added. A normalised text of 1-2 characters is its own single
     token ("ab" -> ["ab"]); an empty one has no tokens.
     """
-    return _trigrams(normalize(text))
+    return _trigrams(normalize(text, form))
 
 
 def _bigram_tokens(ws: list[str]) -> list[str]:
     return ws + [f"{a} {b}" for a, b in zip(ws, ws[1:])]
 
 
-def word_bigrams(text: str) -> list[str]:
+def word_bigrams(text: str, form: str = "unicode") -> list[str]:
     """The normalised words of `text` followed by its adjacent word pairs "w1 w2".
 
     "new york city" -> new york city "new york" "york city". A bigram contains a space
     and a word never does, so the two cannot be confused in one vocabulary.
     """
-    return _bigram_tokens(normalize(text).split())
+    return _bigram_tokens(normalize(text, form).split())
 
 
 # ----------------------------------------------------------------------------- vocab kinds
@@ -103,12 +103,14 @@ class _TokenVocabTokenizer(WordTokenizer):
 
     @classmethod
     def _from_payload(cls, payload: dict[str, Any], num_oov_buckets: int) -> _TokenVocabTokenizer:
-        return cls(vocab=_str_list(payload["vocab"], "vocab"), num_oov_buckets=num_oov_buckets)
+        return cls(vocab=_str_list(payload["vocab"], "vocab"), num_oov_buckets=num_oov_buckets,
+                   normalizer=saved_normalizer(payload))
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write JSON: {"type", <vocab lists>, "num_oov_buckets", "version"}."""
+        """Write JSON: {"type", <vocab lists>, "num_oov_buckets", "normalizer", "version"}."""
         _write_json(path, {"type": self.TYPE, **self._payload(),
-                           "num_oov_buckets": self.num_oov_buckets, "version": _FORMAT_VERSION})
+                           "num_oov_buckets": self.num_oov_buckets,
+                           "normalizer": self.normalizer, "version": _FORMAT_VERSION})
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> _TokenVocabTokenizer:
@@ -136,7 +138,7 @@ class CharTrigramTokenizer(_TokenVocabTokenizer):
     TYPE: ClassVar[str] = "char_trigram"
 
     def tokens(self, text: str) -> list[str]:
-        return char_trigrams(text)
+        return char_trigrams(text, self.normalizer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +154,7 @@ class BigramTokenizer(_TokenVocabTokenizer):
     TYPE: ClassVar[str] = "bigram"
 
     def tokens(self, text: str) -> list[str]:
-        return word_bigrams(text)
+        return word_bigrams(text, self.normalizer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,10 +185,11 @@ class WordTrigramTokenizer(_TokenVocabTokenizer):
 
     @classmethod
     def from_vocabs(cls, word_vocab: Sequence[str], trigram_vocab: Sequence[str],
-                    num_oov_buckets: int) -> WordTrigramTokenizer:
+                    num_oov_buckets: int, normalizer: str = "unicode") -> WordTrigramTokenizer:
         """The tokenizer for unprefixed word and trigram lists."""
         keys = [_WORD_KEY + w for w in word_vocab] + [_TRIGRAM_KEY + t for t in trigram_vocab]
-        return cls(vocab=tuple(keys), num_oov_buckets=num_oov_buckets, num_words=len(word_vocab))
+        return cls(vocab=tuple(keys), num_oov_buckets=num_oov_buckets,
+                   normalizer=normalizer, num_words=len(word_vocab))
 
     @property
     def word_vocab(self) -> tuple[str, ...]:
@@ -199,7 +202,7 @@ class WordTrigramTokenizer(_TokenVocabTokenizer):
         return tuple(k[2:] for k in self.vocab[self.num_words:])
 
     def tokens(self, text: str) -> list[str]:
-        s = normalize(text)
+        s = normalize(text, self.normalizer)
         return ([_WORD_KEY + w for w in s.split()]
                 + [_TRIGRAM_KEY + t for t in _trigrams(s)])
 
@@ -210,7 +213,7 @@ class WordTrigramTokenizer(_TokenVocabTokenizer):
     def _from_payload(cls, payload: dict[str, Any], num_oov_buckets: int) -> WordTrigramTokenizer:
         return cls.from_vocabs(_str_list(payload["word_vocab"], "word_vocab"),
                                _str_list(payload["trigram_vocab"], "trigram_vocab"),
-                               num_oov_buckets)
+                               num_oov_buckets, saved_normalizer(payload))
 
 
 # ----------------------------------------------------------------------------- registries
@@ -329,6 +332,20 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
         raise ValueError(f"corrupt tokenizer file {os.fspath(path)}: unknown type {kind!r}; "
                          f"known: {', '.join(_LOADERS)}")
     return _LOADERS[kind](path)
+
+
+def gives_tokens(tokenizer: Tokenizer, text: str) -> bool:
+    """Whether `text` gives the tokenizer any token of its own (special tokens aside).
+    A text that gives none is encoded as the towers' bias alone: one vector shared by
+    every such text, so it is skipped (an index, an evaluation corpus) or refused."""
+    if hasattr(tokenizer, "content_ids"):  # hf: [CLS] and [SEP] are always there
+        return bool(tokenizer.content_ids(text))
+    return bool(tokenizer.token_ids(text))
+
+
+def without_tokens(tokenizer: Tokenizer, texts: Sequence[str]) -> list[int]:
+    """The positions of the `texts` that give the tokenizer no token (`gives_tokens`)."""
+    return [i for i, t in enumerate(texts) if not gives_tokens(tokenizer, t)]
 
 
 def known_tokens(tokenizer: Tokenizer, text: str) -> int:

@@ -55,11 +55,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         mesh = sharding.make_mesh(config.mesh.num_devices)
     except ValueError as e:
         raise config_lib.ConfigError(f"config.{e}") from None
-    config_lib.validate(config, mesh.devices.size)
+    config_lib.validate(config, mesh.devices.size, workdir)
     malloc.for_tower(config.model.tower)  # before the state is allocated
-    with (workdir_lib.guard(workdir, config), Signals() as signals,  # one run per workdir
+    with (workdir_lib.guard(workdir, config, tasks_lib.data_files(config)) as rebuilt,
+          Signals() as signals,  # one run per workdir, on the data it was made from
           MetricsLog(workdir, tensorboard=True, writer=workdir_lib.is_main()) as log):
-        return _train_and_evaluate(config, workdir, mesh, hooks, signals, log)
+        return _train_and_evaluate(config, workdir, mesh, hooks, signals, log, rebuilt)
 
 
 @dataclasses.dataclass
@@ -112,9 +113,10 @@ class Run:
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
                         hooks: Sequence[Hook], signals: Signals,
-                        log: MetricsLog) -> dict[str, dict]:
+                        log: MetricsLog, rebuilt: Sequence[str] = ()) -> dict[str, dict]:
     tasks = tasks_lib.make_tasks(config, workdir)
-    prepared = workdir_lib.main_first(functools.partial(_prepare_input, config, workdir, tasks))
+    prepared = workdir_lib.main_first(functools.partial(_prepare_input, config, workdir, tasks,
+                                                        rebuilt))
     config = capped_steps(config, tasks)
     run = _build(config, workdir, mesh, log, signals, tasks, *prepared)
     if config.num_train_steps:
@@ -165,13 +167,20 @@ def capped_steps(config: ml_collections.ConfigDict, tasks: Sequence[tasks_lib.Ta
 
 
 def _prepare_input(config: ml_collections.ConfigDict, workdir: str,
-                   tasks: Sequence[tasks_lib.Task]
+                   tasks: Sequence[tasks_lib.Task], rebuilt: Sequence[str] = ()
                    ) -> tuple[dict[str, tuple[str, ...]], features.Inputs,
                               pretrained.Pretrained | None]:
     """The datasets' tables and one vocabulary over all tasks: (splits, inputs, start).
     With num_train_steps = 0 (evaluation only) no training pairs are needed and the
-    vocabularies come from the test splits. Process 0 runs it (`main_first`); the other
-    processes of a multi-host run then read what it wrote."""
+    vocabularies come from the test splits. `rebuilt`: input files that changed, accepted
+    by data.rebuild (`workdir.check_data`): the pseudo-labelled pairs are made again, and
+    a warning says how much of the new training text the kept vocabulary does not know.
+    Process 0 runs it (`main_first`); the other processes of a multi-host run then read
+    what it wrote."""
+    if rebuilt and workdir_lib.is_main():
+        for t in tasks:
+            if t.needs_pseudo_labels and os.path.exists(weak_labels.pairs_path(workdir, t.name)):
+                os.remove(weak_labels.pairs_path(workdir, t.name))
     splits = {t.name: t.splits() for t in tasks}
     for t in tasks:
         for split in splits[t.name]:
@@ -180,11 +189,18 @@ def _prepare_input(config: ml_collections.ConfigDict, workdir: str,
         warm_start.copy_vocabularies(config.init_from, workdir, config.model)
     start = warm_start.resolve_start(config, workdir)  # model.pretrained's, recorded
     if config.num_train_steps:
-        return splits, inputs_lib.load_inputs(
-            config, workdir,
-            lambda: itertools.chain.from_iterable(t.train_texts() for t in tasks),
-            lambda: itertools.chain.from_iterable(t.train_fields() for t in tasks),
-            start), start
+        texts = lambda: itertools.chain.from_iterable(t.train_texts() for t in tasks)
+        inputs = inputs_lib.load_inputs(
+            config, workdir, texts,
+            lambda: itertools.chain.from_iterable(t.train_fields() for t in tasks), start)
+        if rebuilt and workdir_lib.is_main() and config.model.tokenizer != "hf":  # (hf's
+            # vocabulary is not made from the data)
+            unknown, total = inputs_lib.unknown_tokens(inputs.query.tokenizer, texts())
+            logging.warning("data.rebuild: %d of the %d tokens (%.1f%%) of the new training "
+                            "texts are out of the kept vocabulary (%s); a new --workdir "
+                            "builds one from the new data", unknown, total,
+                            100 * unknown / max(total, 1), os.path.join(workdir, "vocab.json"))
+        return splits, inputs, start
     tests = [t.eval_task(splits[t.name][-1]) for t in tasks]
     return splits, inputs_lib.load_inputs(
         config, workdir, lambda: [x for e in tests for x in e.corpus + e.queries],
@@ -389,7 +405,11 @@ def _final_evaluation(run: Run, evaluators, selection: Selection) -> dict[str, d
                          f"step {step}, and running again evaluates it")
     systems = {system: run.state["params"]}
     if config.eval.untrained:  # "start": init_from's or model.pretrained's towers as is
-        systems["start" if config.init_from or run.origin else "untrained"] = run.first_params()
+        name = "start" if config.init_from or run.origin else "untrained"
+        try:
+            systems[name] = run.first_params()
+        except pretrained.PretrainedError as e:  # resumed without the start's folder
+            logging.warning("the final evaluation has no %r row: %s", name, e)
     row_fields: dict[str, dict] = {}  # {"<system>_best": {"selected_step": its step}}
     out = {}
     for ev in evaluators:

@@ -65,13 +65,18 @@ def hybrid_pairs(queries: list[str], documents: list[str], encode_queries: Encod
     return [(q, documents[int(j)]) for q, j in zip(queries, first) if j >= 0]
 
 
+def pairs_path(workdir: str, name: str = "") -> str:
+    """WORKDIR/pseudo_pairs.jsonl, or task `name`'s pseudo_pairs_<name>.jsonl."""
+    return os.path.join(workdir, FILE if not name else FILE.replace(".jsonl", f"_{name}.jsonl"))
+
+
 def load_or_make(workdir: str, collection: Collection, seed: int, min_query_words: int,
                  weight: float, encode_queries: Encode, encode_documents: Encode,
                  main: bool = True, name: str = "", bm25: dict | None = None
                  ) -> list[tuple[str, str]]:
     """WORKDIR/pseudo_pairs.jsonl (task `name`'s: pseudo_pairs_<name>.jsonl) if it
     exists, else the pairs made (and, by the main process, written there)."""
-    path = os.path.join(workdir, FILE if not name else FILE.replace(".jsonl", f"_{name}.jsonl"))
+    path = pairs_path(workdir, name)
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             return [tuple(json.loads(line)) for line in f if line.strip()]

@@ -10,11 +10,16 @@ keeps its config: keys that shape the run (model, tokenizer, data, batch, loss,
 optimizer, seed) cannot change on resume, and a difference is refused before any file
 is touched, listing old and new values. Cadences, the number of steps, the mesh and
 `eval.*` may change; the changes are logged and config.json records the new values.
+
+It also records the identity of the run's input files (`check_data`, WORKDIR/data.json:
+each file's path, size, modification time and sha256), and refuses to resume on files
+whose content changed since, unless the run's `data.rebuild` says to.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -38,7 +43,8 @@ T = TypeVar("T")
 RESUMABLE = ("num_train_steps", "checkpoint_every_steps", "keep_checkpoints",
              "eval_every_steps", "log_every_steps", "init_from", "mesh.", "eval.",
              "loss.column_block", "train.encode_chunks",  # memory only: the same loss and gradients
-             "data.worker_count", "data.prefetch_batches", "data.tfds_dir")
+             "data.worker_count", "data.prefetch_batches", "data.tfds_dir",
+             "data.rebuild")  # accepts changed input files once (check_data)
 
 
 # A full disk, a quota, a read-only or unwritable file system: Python's errnos, and how
@@ -93,11 +99,14 @@ class OutputError(ValueError):
 
 
 def check_output(out: str, marker: str, what: str, inputs: Sequence[str] = (),
-                 overwrite: bool = False) -> None:
+                 overwrite: bool = False, not_inside: Sequence[str] = ()) -> None:
     """Refuses, before any work, an `out` folder that would lose something: one that is
-    or holds one of `inputs` (a new folder inside one is fine); an existing file; a
-    folder that is not already a `what` (it has no `marker` file); and an existing
-    `what` unless `overwrite`."""
+    or holds one of `inputs` (a new folder inside one is fine); one inside a folder of
+    a kind in `not_inside` (`folder_kind`: a bundle or an index, which an --overwrite
+    replaces whole, or a run's workdir); an existing file; a folder that is not already
+    a `what` (it has no `marker` file); a `what` holding a file its `marker` does not
+    record (an index put inside a bundle, a user's file), which replacing the folder
+    would delete; and an existing `what` unless `overwrite`."""
     if not out:
         raise OutputError(f"--out is empty: name the {what}'s folder")
     full = os.path.realpath(out)
@@ -106,18 +115,69 @@ def check_output(out: str, marker: str, what: str, inputs: Sequence[str] = (),
         if full == source or source.startswith(full + os.sep):
             raise OutputError(f"--out={out} would write over its own input {given}: choose "
                               "another folder")
+    folder = os.path.dirname(full)
+    while not_inside:
+        kind = folder_kind(folder)
+        if kind in not_inside:
+            why = ("a run's folder holds what the run writes" if kind == "workdir" else
+                   f"replacing that {kind} (--overwrite) would delete it")
+            raise OutputError(f"--out={out} is inside the {kind} {folder}: {why}; choose a "
+                              "folder outside it")
+        if folder == os.path.dirname(folder):
+            break
+        folder = os.path.dirname(folder)
     if os.path.lexists(full) and not os.path.isdir(full):
         raise OutputError(f"--out={out} is a file, not a folder")
     if os.path.isdir(full) and os.listdir(full):
         if not os.path.isfile(os.path.join(full, marker)):
             raise OutputError(f"--out={out} exists and is not a {what} (no {marker}): "
                               "choose an empty or new folder")
+        foreign = _unrecorded(full, marker)
+        if foreign is None:
+            raise OutputError(f"--out={out}: its {marker} does not list the {what}'s files "
+                              "(unreadable, or an older format), so replacing the folder "
+                              f"could delete files that are not the {what}'s: remove it "
+                              "yourself, or choose another folder")
+        if foreign:
+            more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+            raise OutputError(f"--out={out} holds {foreign[0]}{more}, which is not the "
+                              f"{what}'s ({marker} does not record it): replacing the folder "
+                              "would delete it; move it out, or choose another folder")
         if not overwrite:
             raise OutputError(f"--out={out} already holds a {what}: pass --overwrite to "
                               "replace it")
     parent = os.path.dirname(full)
     if not os.path.isdir(parent):
         raise OutputError(f"--out={out}: its parent folder {parent} does not exist")
+
+
+# The files that mark a command's output folder; each records the others it wrote.
+OUTPUT_MARKERS = {"bundle": "encoder.json", "corpus index": "index.json"}
+
+
+def folder_kind(folder: str) -> str:
+    """What `folder` is, by the file that marks it: "bundle", "corpus index", "workdir"
+    (MARKER, or a config.json beside a run's vocabulary or checkpoint), else ""."""
+    for kind, marker in OUTPUT_MARKERS.items():
+        if os.path.isfile(os.path.join(folder, marker)):
+            return kind
+    if os.path.exists(os.path.join(folder, MARKER)) or (
+            os.path.isfile(os.path.join(folder, "config.json")) and has_state(folder)):
+        return "workdir"
+    return ""
+
+
+def _unrecorded(folder: str, marker: str) -> list[str] | None:
+    """The files under `folder` (relative paths, sorted) that its `marker` JSON does not
+    record in its "files", nor is it; None when it records no files."""
+    try:
+        with open(os.path.join(folder, marker), encoding="utf-8") as f:
+            recorded = json.load(f).get("files")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if not isinstance(recorded, dict):
+        return None
+    return [name for name in files_under(folder) if name != marker and name not in recorded]
 
 
 @contextlib.contextmanager
@@ -326,16 +386,19 @@ def check_is_workdir(workdir: str) -> None:
 
 
 @contextlib.contextmanager
-def guard(workdir: str, config: ml_collections.ConfigDict) -> Iterator[None]:
-    """Creates and locks the workdir, checks and writes its config; releases the lock
-    however the body ends. Of several processes (a multi-host run), process 0 does this;
-    the others then check the config it wrote, read-only."""
+def guard(workdir: str, config: ml_collections.ConfigDict,
+          data_files: Sequence[DataFile] = ()) -> Iterator[list[str]]:
+    """Creates and locks the workdir, checks its config and the identity of its input
+    files (`data_files`, `check_data`), then writes both; releases the lock however the
+    body ends. Yields the input files accepted as changed (data.rebuild), [] mostly. Of
+    several processes (a multi-host run), process 0 does this; the others then check the
+    config it wrote, read-only (and yield [])."""
     lock = Lock(workdir)
 
-    def take() -> None:
+    def take() -> list[str]:
         if not is_main():
             check_and_write_config(workdir, config, write=False)
-            return
+            return []
         check_is_workdir(workdir)
         try:
             os.makedirs(workdir, exist_ok=True)
@@ -344,18 +407,154 @@ def guard(workdir: str, config: ml_collections.ConfigDict) -> Iterator[None]:
             raise WorkdirError(f"{workdir}: cannot use it as a workdir: {e.strerror or e}"
                                ) from None
         try:
+            check_and_write_config(workdir, config, write=False)  # refusals before writes
+            changed = check_data(workdir, data_files)
             check_and_write_config(workdir, config)
             if not os.path.exists(os.path.join(workdir, MARKER)):  # once the config holds
                 atomic_write(os.path.join(workdir, MARKER), "a dualjax workdir\n")
         except BaseException:
             lock.release()
             raise
+        return changed
 
-    main_first(take)
+    changed = main_first(take)
     try:
-        yield
+        yield changed
     finally:
         lock.release()
+
+
+# ----------------------------------------------------------------------------- data identity
+# A workdir's vocabulary, tables and checkpoints are made from its input files. The tables'
+# names carry their content's digest (data/builders.py), but the vocabulary is built once:
+# a file rewritten at the same path and resumed would train on words the vocabulary has
+# never seen. So the workdir records what it was made from, and a resume checks it.
+
+DATA_RECORD = "data.json"  # WORKDIR/data.json: {"files": {path: {key, size, mtime_ns, sha256}}}
+
+
+@dataclasses.dataclass(frozen=True)
+class DataFile:
+    """An input file a run reads: the config key that names it ("data.path",
+    "tasks.quora.data.pseudo_label_queries"; each file of a BEIR folder under the
+    folder's key), its absolute path, and whether its data group's `rebuild` is set."""
+    key: str
+    path: str
+    rebuild: bool = False
+
+    @property
+    def rebuild_key(self) -> str:
+        return _rebuild_key(self.key)
+
+
+def _rebuild_key(key: str) -> str:
+    """The key that accepts a change of the file `key` names: its data group's `rebuild`
+    ("tasks.quora.data.path" -> "tasks.quora.data.rebuild")."""
+    return key.rsplit(".", 1)[0] + ".rebuild"
+
+
+def _identity(path: str, key: str) -> dict[str, Any] | None:
+    """{key, size, mtime_ns, sha256} of the file at `path`, None when it is not there."""
+    try:
+        st = os.stat(path)
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    return {"key": key, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+
+
+def _unchanged_stat(path: str, recorded: dict) -> bool:
+    """Whether the file's size and modification time are still the recorded ones (then
+    its content is taken as unchanged, without reading it)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (st.st_size, st.st_mtime_ns) == (recorded.get("size"), recorded.get("mtime_ns"))
+
+
+def check_data(workdir: str, files: Sequence[DataFile]) -> list[str]:
+    """Compares the run's input files with WORKDIR/data.json and records them there.
+
+    A workdir without trained state (no vocabulary, no checkpoint) records the files as
+    they are; so does one that has state but no record (made before data.json: its data
+    is taken as found, and it resumes). Otherwise each file is compared with its record:
+    the same size and modification time are taken as the same file, without reading it;
+    else its sha256 decides (a `touch`, or a rewrite with the same bytes, is accepted and
+    its new time recorded). A file whose content changed, that is gone, or that is new
+    (a BEIR folder's) is refused with a WorkdirError before anything is written, naming
+    the file and the two ways out: a new --workdir, or `data.rebuild=True`.
+
+    `data.rebuild=True` accepts the change and records the new identity. The tables are
+    then built from the new files (their names carry the content's digest; the old ones
+    stay under WORKDIR/tfds), and what the workdir derived from the data is made again
+    (pseudo-labelled pairs). The vocabulary (vocab.json, features.json) is kept: the
+    checkpoints' embedding rows are tied to its ids, so a new one would change their shape
+    or give each row another word; the run says how many of the new training tokens the
+    kept vocabulary does not know. Training resumes from the checkpoint (step, optimizer,
+    data position, now over the new table); for a vocabulary of the new data, use a new
+    --workdir (`init_from` carries the towers with the old vocabulary, too).
+
+    Args:
+        workdir: the run's workdir (process 0's: it writes the record).
+        files: every input file the run reads (`tasks.data_files`).
+
+    Returns:
+        The paths accepted as changed (only with data.rebuild), in path order.
+    """
+    path = os.path.join(workdir, DATA_RECORD)
+    current = {f.path: f for f in files}
+    if not has_state(workdir) or not os.path.exists(path):
+        if has_state(workdir):
+            logging.info("%s: no record of its input files (a workdir from before %s): "
+                         "recording them as they are now", workdir, DATA_RECORD)
+        record = {p: _identity(p, f.key) for p, f in sorted(current.items())}
+        atomic_json(path, {"files": {p: r for p, r in record.items() if r}}, indent=2)
+        return []
+    try:
+        with open(path) as f:
+            saved = json.load(f)["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise WorkdirError(f"{path}: unreadable ({e}); it records the input files this "
+                           f"workdir was made from: remove it to record them as they are "
+                           "now") from None
+    rebuild = {f.rebuild_key: f.rebuild for f in files}
+    files_now: dict[str, dict] = {}
+    changed: list[tuple[str, str, str]] = []  # (path, key, what happened)
+    for p in sorted(set(saved) | set(current)):
+        old, key = saved.get(p), (current[p].key if p in current else saved[p]["key"])
+        if old is not None and _unchanged_stat(p, old):
+            files_now[p] = old
+            continue
+        new = _identity(p, key)
+        if old is None and new is None:
+            continue  # named but absent: the data builders say so, naming the key
+        if old is None:
+            changed.append((p, key, "is new"))
+        elif new is None:
+            changed.append((p, key, "is gone"))
+        elif new["sha256"] != old["sha256"]:
+            changed.append((p, key, f"changed (sha256 {old['sha256'][:12]} -> "
+                                    f"{new['sha256'][:12]})"))
+        if new is not None:
+            files_now[p] = new
+    refused = [c for c in changed if not rebuild.get(_rebuild_key(c[1]), False)]
+    if refused:
+        p, key, what = refused[0]
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        raise WorkdirError(
+            f"{p} ({key}) {what}{more} since {workdir} built its vocabulary, tables and "
+            f"checkpoints from it: use a new --workdir, or --config.{_rebuild_key(key)}=True "
+            "to rebuild the tables from the new data and train on with the old vocabulary "
+            "(docs/training.md)")
+    for p, key, what in changed:
+        logging.warning("%s (%s) %s: %s=True: the tables are built from it again and "
+                        "the vocabulary of %s is kept", p, key, what, _rebuild_key(key),
+                        workdir)
+    if files_now != saved:
+        atomic_json(path, {"files": files_now}, indent=2)
+    return [p for p, _, _ in changed]
 
 
 # ----------------------------------------------------------------------------- processes

@@ -4,11 +4,12 @@ reports.
 
     python scripts/drill.py --out=runs/drill [--kills=20] [--terms=5] [--concurrent=5]
         [--full_disk] [--seed=0] [--json=out.json]
-    python scripts/drill.py --serving --out=runs/drill_serving [--json=out.json]
+    python scripts/drill.py --serving --out=runs/drill_serving [--json=out.json] [--only=RE]
 
---serving runs the serving drill instead (scripts/serving_drill.py): export, index and
-search broken and misused as a user might, each case refused in one line or answered
-correctly.
+--serving runs the serving drill instead (scripts/serving_drill.py, and issue 30's cases
+in scripts/odd_input_drill.py): export, index, search and training given odd input,
+damaged files, races and signals, each case refused in one line or answered correctly
+(--only: the cases whose name matches RE).
 
 Every run is `python -m dualjax.main --config=configs/tiny.py` with 40 steps, a checkpoint
 every 5 and no evaluation before the last step (the issue's drill). One uninterrupted
@@ -34,6 +35,7 @@ import collections
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -155,6 +157,7 @@ def main() -> None:
                    help="also fill a 700 KB tmpfs at a checkpoint (needs root)")
     p.add_argument("--json", default="")
     p.add_argument("--serving", action="store_true", help="the serving drill instead")
+    p.add_argument("--only", default="", help="--serving: the cases whose name matches")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.serving:
@@ -209,10 +212,13 @@ def main() -> None:
 
 
 def serving(args) -> None:
+    import odd_input_drill
     import serving_drill
     t0 = time.time()
     setup = serving_drill.prepare(os.path.abspath(args.out))
-    results = serving_drill.run_cases(setup)
+    cases = [c for c in serving_drill.CASES + odd_input_drill.cases()
+             if re.search(args.only, c.name)]
+    results = serving_drill.run_cases(setup, cases)
     print(serving_drill.table(results))
     bad = [r["case"] for r in results if not r["ok"]]
     print(f"\n{len(results) - len(bad)} of {len(results)} cases refused in one line or "

@@ -117,6 +117,48 @@ def test_changed_setting_makes_new_config_dir(tiny_data, tmp_path):
     assert builders.prepare(spec(tiny_data, SEED), tfds_dir, "pairs").data_dir == first.data_dir
 
 
+@pytest.mark.parametrize("error", ["array_record", "os"])
+def test_a_full_disk_while_writing_the_tables_is_one_line_and_leaves_nothing(
+        tiny_data, tmp_path, monkeypatch, error):
+    """The disk fills while TFDS writes a table: one WorkdirError line naming the folder,
+    saying nothing was lost and how to go on; no half-written table is left (TFDS writes
+    into incomplete.* and removes it), and the next run prepares the table whole.
+    array_record raises riegeli's status as a RuntimeError, an OSError comes from TFDS's
+    own files; TFDS re-raises either with its prefix (the OSError without its errno)."""
+    import errno
+    import types
+    from tensorflow_datasets.core import file_adapters
+    from dualjax.workdir import WorkdirError
+
+    class FullDisk:  # array_record_module.ArrayRecordWriter, on a full disk
+        def __init__(self, path, options=""):
+            open(path, "wb").close()  # FdWriter opens (creates) the file first
+            self.path = path
+
+        def write(self, record):
+            if error == "array_record":  # array_record_module.cc: status().message()
+                raise RuntimeError(f"write() failed: {os.strerror(errno.ENOSPC)}; writing "
+                                   f"{self.path}")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.path)
+
+    tfds_dir = str(tmp_path / "tfds")
+    with monkeypatch.context() as m:
+        m.setattr(file_adapters, "array_record_module",
+                  types.SimpleNamespace(ArrayRecordWriter=FullDisk))
+        with pytest.raises(WorkdirError) as err:
+            builders.prepare(spec(tiny_data, SEED), tfds_dir, "pairs")
+    assert str(err.value) == (
+        f"{tfds_dir}: cannot write the data tables (no space left on the device); nothing "
+        "was lost (TFDS writes a table into a temporary folder and renames it only when "
+        "whole, and removed this one): free some space and run the same command again to "
+        "resume")
+    left = [os.path.join(root, n) for root, dirs, files in os.walk(tfds_dir)
+            for n in dirs + files]
+    assert not [p for p in left if "incomplete" in p or p.endswith(VERSION)], left
+    again = builders.prepare(spec(tiny_data, SEED), tfds_dir, "pairs")
+    assert len(again.as_data_source("train")) == len(_generate(tiny_data).train_pairs)
+
+
 # --- pairs file ----------------------------------------------------------------------------
 
 NUM_CLUSTERS = 20

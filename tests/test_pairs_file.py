@@ -123,13 +123,13 @@ def test_json_not_an_object(tmp_path):
 
 def test_only_punctuation_is_empty_after_normalize(tmp_path):
     path = _write(tmp_path / "p.tsv", b"a\tb\nreal text\t?!\n")
-    _assert_error(path, 2, "document is empty after normalisation")
+    _assert_error(path, 2, "document has no letter or digit")
 
 
 def test_only_punctuation_jsonl(tmp_path):
     path = _write(tmp_path / "p.jsonl",
                   _jsonl({"query": "q", "document": "d"}, {"query": "?!", "document": "d"}))
-    _assert_error(path, 2, "query is empty after normalisation")
+    _assert_error(path, 2, "query has no letter or digit")
 
 
 def test_skip_bad_lines_returns_good_pairs_and_logs(tmp_path, monkeypatch):

@@ -195,6 +195,26 @@ def test_config_refusals_without_a_start(tmp_path):
             os.environ["DUALJAX_PRETRAINED_DIR"] = old
 
 
+def test_a_weights_file_cut_short_is_one_line_naming_it(tmp_path):
+    """A local folder whose model.safetensors was cut short (an interrupted copy) is
+    refused when the config is checked, before any work: one PretrainedError naming the
+    file, not safetensors' traceback; the same when the run reads the weights."""
+    import shutil
+    folder = tmp_path / "bert"
+    shutil.copytree(TINY, folder)
+    weights = folder / "model.safetensors"
+    start = pretrained.resolve(str(folder))
+    weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
+    message = f"{weights}: not a whole safetensors file .*; copy or download it again"
+    with pytest.raises(pretrained.PretrainedError, match=message):
+        pretrained.resolve(str(folder))
+    with pytest.raises(config_lib.ConfigError, match=message):
+        config_lib.validate(model_config(str(folder)), 8)
+    start = dataclass_replace(start, sha256=sources.sha256_file(str(weights)))
+    with pytest.raises(pretrained.PretrainedError, match=message):
+        start.tower_params()
+
+
 def test_fetch_checks_the_digest(tmp_path, monkeypatch, minilm):
     """A fetched file that changed is refused by name, with what to run."""
     monkeypatch.setenv("DUALJAX_PRETRAINED_DIR", str(tmp_path))
@@ -340,3 +360,33 @@ def test_adapting_with_pseudo_labels_on_a_beir_folder(tmp_path, monkeypatch):
     assert {"dual_encoder [exact]", "start [exact]", "bm25 [exact]",
             "dual_encoder+bm25_interp [exact]"} <= set(rows)
     assert rows["dual_encoder+bm25_interp [exact]"]["hybrid_weight"] == 0.5
+
+
+def test_a_wordllama_run_resumes_without_the_pretrained_cache(tmp_path, monkeypatch,
+                                                              wordllama):
+    """The run records its start (pretrained.json): resuming from a checkpoint needs
+    neither the cache nor the weights (the towers are the checkpoint's, the tokenizer is
+    WORKDIR/vocab.json). Only the final evaluation's "start" row reads the weights: it is
+    left out, with a warning saying what to fetch."""
+    import shutil
+    from absl import logging as absl_logging
+    from dualjax import train
+    monkeypatch.setenv("DUALJAX_PRETRAINED_DIR", str(tmp_path / "cache"))
+    shutil.copytree(wordllama, sources.folder_of("wordllama"))
+    cfg = model_config("wordllama", tower="bow", max_len=16, embed_dim=256, output_dim=256)
+    cfg.update(num_train_steps=3, checkpoint_every_steps=1)
+    cfg.eval.update(index="exact", baselines="")
+    workdir = str(tmp_path / "run")
+
+    def stop_at_2(step, metrics):
+        if step == 2:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        train.train_and_evaluate(cfg, workdir, hooks=[stop_at_2])
+    shutil.rmtree(tmp_path / "cache")
+    warnings = []
+    monkeypatch.setattr(absl_logging, "warning", lambda msg, *a: warnings.append(msg % a))
+    rows = train.train_and_evaluate(cfg, workdir)
+    assert set(rows) == {"dual_encoder [exact]"}
+    assert any("no 'start' row" in w and "python -m dualjax.pretrained fetch "
+               "wordllama:l2_supercat_256" in w for w in warnings), warnings

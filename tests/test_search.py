@@ -213,6 +213,62 @@ def test_outputs_never_replace_their_inputs_or_other_folders(workdir, bundle, tm
     assert sorted(os.listdir(beir)) == ["corpus.jsonl", "idx", "qrels"]
 
 
+def test_an_index_and_a_bundle_never_live_inside_each_other(workdir, bundle, tmp_path):
+    """An index inside a bundle, an index or a workdir, and a bundle inside an index or a
+    bundle, are refused before any work, naming the folder (a later --overwrite of the
+    outer one would delete the inner one); --overwrite refuses a bundle or an index
+    holding a file it did not write (an index put there before, a user's notes), naming
+    the file, which is kept; without them it replaces as before."""
+    import re
+    import shutil
+    import dualjax
+    from dualjax import export, index as corpus_index
+    from dualjax.workdir import OutputError
+    encoder = dualjax.Encoder.load(bundle)
+    index = lambda out, **kw: corpus_index.build(encoder, ["a"], ["how do i fix my bike"],
+                                                 str(out), kind="exact", **kw)
+    idx, mine = tmp_path / "idx", tmp_path / "mine"
+    index(idx)
+    shutil.copytree(bundle, mine)  # a bundle of our own, to replace
+    before = sorted(os.listdir(tmp_path))
+    for call, message in [
+            (lambda: index(mine / "idx"), f"--out={mine / 'idx'} is inside the bundle {mine}: "
+                                          "replacing that bundle (--overwrite) would delete it"),
+            (lambda: index(idx / "idx"), f"is inside the corpus index {idx}: replacing"),
+            (lambda: index(workdir / "idx"), f"is inside the workdir {workdir}: a run's folder"),
+            (lambda: export.export(str(workdir), str(idx / "b")),
+             f"is inside the corpus index {idx}"),
+            (lambda: export.export(str(workdir), str(mine / "b")), f"is inside the bundle {mine}")]:
+        with pytest.raises(OutputError, match=re.escape(message)):
+            call()
+    assert sorted(os.listdir(tmp_path)) == before
+    assert sorted(os.listdir(idx)) == ["corpus.jsonl", "embeddings.npy", "index.json"]
+    assert "idx" not in os.listdir(mine) and "idx" not in os.listdir(workdir)
+
+    shutil.copytree(idx, mine / "idx")  # as an older dualjax let it be made
+    (idx / "notes.txt").write_text("mine")
+    for call, message in [
+            (lambda: export.export(str(workdir), str(mine), platforms=("cpu",), overwrite=True),
+             f"--out={mine} holds idx/corpus.jsonl (and 2 more), which is not the bundle's "
+             "(encoder.json does not record it): replacing the folder would delete it"),
+            (lambda: index(idx, overwrite=True), f"--out={idx} holds notes.txt, which is not "
+                                                 "the corpus index's (index.json")]:
+        with pytest.raises(OutputError, match=re.escape(message)):
+            call()
+    assert (mine / "idx" / "index.json").is_file() and (idx / "notes.txt").read_text() == "mine"
+    out = subprocess.run([sys.executable, "-m", "dualjax.index", f"--encoder={bundle}",
+                          f"--corpus={idx / 'corpus.jsonl'}", f"--out={bundle}/idx"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and out.stderr.strip().splitlines()[-1] == (
+        f"dualjax.index: --out={bundle}/idx is inside the bundle {bundle}: replacing that "
+        "bundle (--overwrite) would delete it; choose a folder outside it")
+    shutil.rmtree(mine / "idx")
+    (idx / "notes.txt").unlink()
+    index(idx, overwrite=True)
+    export.export(str(workdir), str(mine), platforms=("cpu",), overwrite=True)
+    assert sorted(os.listdir(mine)) == sorted(os.listdir(bundle))
+
+
 def test_one_writer_per_output_and_what_dead_writers_left_is_removed(bundle, tmp_path):
     """A second build into an --out that a running one holds is refused in one line
     naming the holder; a kill -9 leaves out.tmp<pid>, which the next build removes (its
@@ -403,7 +459,7 @@ def test_bundle_and_index_metadata_errors_name_the_file(workdir, bundle, tmp_pat
     encoder = dualjax.Encoder.load(bundle)
     with pytest.raises(ValueError, match="--batch_size=0"):
         corpus_index.build(encoder, ["a"], ["x"], str(tmp_path / "i0"), batch_size=0)
-    with pytest.raises(ValueError, match="no document with text"):
+    with pytest.raises(ValueError, match="no document that gives the encoder a token"):
         corpus_index.build(encoder, ["a", "b"], ["", " \n"], str(tmp_path / "i1"))
     built = corpus_index.build(encoder, ["a", "e", "b"], ["fix my bike", "  ", "cook rice"],
                                str(tmp_path / "idx"), kind="exact")
@@ -448,3 +504,60 @@ def test_a_bundle_encodes_each_batch_at_its_own_length(bundle, tmp_path):
     assert lengths == sorted(lengths, reverse=True) and lengths[-1] == 2, seen
     np.testing.assert_allclose(np.load(tmp_path / "idx" / "embeddings.npy"), full, atol=1e-6)
     assert built.texts == texts
+
+
+def test_a_task_the_run_does_not_have_is_refused_saying_what_it_has(workdir):
+    """A one-task run's task has no name: --task is refused saying so, not with an
+    empty list of tasks."""
+    with pytest.raises(ValueError, match=r"^--task='nope': this run has a single task, "
+                                         r"which has no name; leave --task out$"):
+        search.from_workdir(str(workdir), "test", k=3, task="nope")
+
+
+def test_a_beir_run_is_searched_by_its_document_ids(tmp_path):
+    """search --workdir over a run trained on a BEIR folder prints each hit's corpus id
+    (the folder's _id), not its row number."""
+    from test_beir import CORPUS, _folder
+    cfg = load_config("tiny")
+    cfg.data.update(name="beir", path=_folder(tmp_path), ignore_identical_ids=False)
+    cfg.update(num_train_steps=2, checkpoint_every_steps=2, global_batch_size=8)
+    cfg.eval.update(index="exact", baselines="", untrained=False)
+    workdir = tmp_path / "run"
+    train.train_and_evaluate(cfg, str(workdir))
+    searcher = search.from_workdir(str(workdir), "test", k=5)
+    by_text = {t: searcher.doc_id(i) for i, t in enumerate(searcher.corpus)}
+    assert by_text == {"Jax. Jax is a library.": "d1", "Flax builds on jax.": "d2",
+                       "How do I learn jax?": "q3", "Optax has optimizers.": "d4",
+                       "Orbax. Checkpoints.": "d5"}
+    out = subprocess.run([sys.executable, "-m", "dualjax.search", f"--workdir={workdir}",
+                          "--k=5", "--query=what is jax"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    hits = [line.split("]")[0].split("[")[1] for line in out.stdout.splitlines()
+            if line[:5].strip().endswith(".")]
+    assert sorted(hits) == sorted(d["_id"] for d in CORPUS)
+
+
+def test_a_corpus_in_every_script_is_searched_and_no_text_shares_a_vector(bundle, tmp_path):
+    """Documents in six scripts are indexed (the ones without a letter or digit skipped)
+    and each verbatim query finds its own first; "?!" and emoji are not answered with
+    the documents that had no token, which once all had the towers' bias as vector."""
+    import dualjax
+    from dualjax import index as corpus_index
+    texts = {"zh": "北京大学的图书馆很大", "ar": "مكتبة الجامعة كبيرة جدا",
+             "ru": "Библиотека университета очень большая", "el": "Η βιβλιοθήκη είναι μεγάλη",
+             "hi": "विश्वविद्यालय का पुस्तकालय बहुत बड़ा है", "en": "how do i fix my bike",
+             "e1": "🙂🎉", "e2": "?!", "e3": "👍 ..."}
+    built = corpus_index.build(dualjax.Encoder.load(bundle), list(texts), list(texts.values()),
+                               str(tmp_path / "idx"), kind="exact")
+    assert sorted(built.ids) == ["ar", "el", "en", "hi", "ru", "zh"]
+    searcher = search.from_bundle(bundle, str(tmp_path / "idx"), k=3)
+    scripts = [key for key in texts if not key.startswith("e")]
+    answers = searcher.ranked([texts[key] for key in scripts] + ["?!", "🙂"])
+    assert [searcher.doc_id(a[0][1]) for a in answers[:len(scripts)]] == scripts
+    assert answers[-2:] == [[], []]
+    out = subprocess.run([sys.executable, "-m", "dualjax.search", f"--encoder={bundle}",
+                          f"--index={tmp_path / 'idx'}", "--query=?!"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "nothing to search for" in out.stdout and "1. " not in out.stdout

@@ -18,7 +18,7 @@ from dualjax.text import WordTokenizer, build_word_tokenizer, normalize, words
     ("What's up?!", "what s up"),
     ("  many \t\n  spaces  ", "many spaces"),
     ("a-b_c.d,e", "a b c d e"),
-    ("日本 tokyo", "tokyo"),
+    ("日本 tokyo", "日 本 tokyo"),  # a CJK ideograph is a word alone
     ("Straße", "strasse"),
     ("R2-D2 & C3PO", "r2 d2 c3po"),
     # Non-ASCII characters other than accents split words instead of vanishing inside them.
@@ -30,6 +30,43 @@ from dualjax.text import WordTokenizer, build_word_tokenizer, normalize, words
 ])
 def test_normalize(raw, expected):
     assert normalize(raw) == expected
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("北京大学的图书馆 2024", "北 京 大 学 的 图 书 馆 2024"),                  # Chinese
+    ("東京タワー", "東 京 タ ワ ー"),                                           # Japanese
+    ("مرحبا بالعالم!", "مرحبا بالعالم"),                                       # Arabic
+    ("مَرْحَبًا", "مرحبا"),                       # Arabic's optional vowel marks fold away
+    ("Привет, Мир 3", "привет мир 3"),                                         # Cyrillic
+    ("Ελληνικά: Αθήνα", "ελληνικα αθηνα"),              # Greek, its tonos folded as accents
+    ("हिन्दी भाषा।", "हिन्दी भाषा"),      # Devanagari: the vowel signs stay in the word
+    ("한국어 텍스트", "한국어 텍스트"),                       # Hangul, recomposed after NFKD
+    ("Tokyo 🗼🙂 is fun 🎉", "tokyo is fun"),                                 # emoji
+    ("🙂🎉?!", ""),
+])
+def test_every_script_keeps_its_letters_and_digits(raw, expected):
+    assert normalize(raw) == expected
+
+
+def test_the_ascii_form_is_the_one_tokenizers_were_saved_with_before(tmp_path):
+    """A vocab.json without "normalizer" (every one written before it was recorded) keeps
+    splitting texts as it was trained: non-ASCII letters are spaces."""
+    assert normalize("Привет, Мир 3 Café", "ascii") == "3 cafe"
+    assert normalize("日本 tokyo", "ascii") == "tokyo"
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"type": "word", "vocab": ["tokyo", "cafe"],
+                                "num_oov_buckets": 2, "version": 1}))
+    old = WordTokenizer.load(str(path))
+    assert old.normalizer == "ascii"
+    assert old.token_ids("日本 tokyo café") == [1, 2]
+    new = WordTokenizer(vocab=("tokyo", "cafe"), num_oov_buckets=2)
+    assert len(new.token_ids("日本 tokyo café")) == 4  # 日, 本 hash into buckets
+    with pytest.raises(ValueError, match="unknown normalizer 'nfc'"):
+        WordTokenizer(vocab=(), num_oov_buckets=1, normalizer="nfc")
+    path.write_text(json.dumps({"type": "word", "vocab": [], "num_oov_buckets": 2,
+                                "version": 1, "normalizer": "nfc"}))
+    with pytest.raises(ValueError, match="old.json: unknown normalizer"):
+        WordTokenizer.load(str(path))
 
 
 def test_words():
@@ -119,7 +156,7 @@ def test_save_load_round_trip(tmp_path):
     tok.save(path)
     payload = json.loads(path.read_text())
     assert payload == {"type": "word", "vocab": list(tok.vocab), "num_oov_buckets": 3,
-                       "version": 1}
+                       "normalizer": "unicode", "version": 1}
     loaded = WordTokenizer.load(str(path))
     assert loaded == tok
     probe = texts + ["unseen words everywhere", ""]

@@ -19,6 +19,7 @@ source for grain.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -32,6 +33,7 @@ from dualjax.data import beir, clusters, mining, pairs_file, reqa, synthetic
 from dualjax.data.clusters import RawData, RetrievalTask
 from dualjax.data.pairs_file import DataError
 from dualjax.text import normalize, words
+from dualjax.workdir import DISK_ERRNOS, WorkdirError
 
 EVAL_SPLITS = ("val", "test")
 CANDIDATES = ("split", "all")
@@ -350,8 +352,32 @@ def prepare(spec: DatasetSpec, tfds_dir: str, table: str) -> tfds.core.DatasetBu
     config = TableConfig(name=f"{_TABLE_NAMES[table]}-{digest}", table=table,
                          settings=spec.settings)
     builder = BUILDERS[spec.name](config=config, data_dir=tfds_dir)
-    builder.download_and_prepare(file_format="array_record")
+    try:
+        builder.download_and_prepare(file_format="array_record")
+    except (OSError, RuntimeError) as e:
+        trouble = _disk_trouble(e)
+        if not trouble:
+            raise
+        hint = ("free some space" if trouble == errno.ENOSPC or trouble == errno.EDQUOT else
+                "make it writable (or set data.tfds_dir to a folder that is)")
+        reason = ("no space left on the device" if trouble == errno.ENOSPC
+                  else os.strerror(trouble).lower())
+        raise WorkdirError(f"{tfds_dir}: cannot write the data tables ({reason}); nothing was "
+                           "lost (TFDS writes a table into a temporary folder and renames it "
+                           f"only when whole, and removed this one): {hint} and run the same "
+                           "command again to resume") from None
     return builder
+
+
+def _disk_trouble(e: BaseException) -> int:
+    """The errno of a write that the machine refused (a full disk, a quota, a read-only or
+    unwritable folder), else 0. array_record raises RuntimeError with riegeli's message
+    ("write() failed: No space left on device; writing FILE"), and TFDS re-raises errors
+    of finishing a split with a prefix (an OSError as a new one, without its errno), so
+    the message is read when there is no errno."""
+    if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
+        return e.errno
+    return next((n for n in DISK_ERRNOS if os.strerror(n) in str(e)), 0)
 
 
 def train_source(spec: DatasetSpec, tfds_dir: str):

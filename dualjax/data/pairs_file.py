@@ -121,7 +121,7 @@ def _parse_line(raw: bytes, lineno: int, parse) -> PairRecord:
     record = parse(line)
     for side, value in (("query", record.query), ("document", record.document)):
         if not text_lib.normalize(value):
-            raise ValueError(f"{side} is empty after normalisation: {value!r}")
+            raise ValueError(f"{side} has no letter or digit (of any script): {value!r}")
     return record
 
 

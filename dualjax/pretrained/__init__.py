@@ -19,10 +19,11 @@ same towers without the folder.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -67,14 +68,18 @@ class Pretrained:
 
     def weights(self) -> dict[str, np.ndarray]:
         """The weights file's tensors, after checking it is the file that was resolved."""
-        path = os.path.join(self.folder, WEIGHTS)
+        path, name = os.path.join(self.folder, WEIGHTS), canonical(self.source)
+        if not os.path.isfile(path) and name in SOURCES:  # fetched again, into another cache
+            path = os.path.join(folder_of(name), WEIGHTS)
         if not os.path.isfile(path):
-            raise PretrainedError(f"{path}: missing (model.pretrained={self.source!r})")
+            fetch = f"; run: python -m dualjax.pretrained fetch {name}" if name in SOURCES else ""
+            raise PretrainedError(f"{path}: missing (model.pretrained={self.source!r}){fetch}")
         if sha256_file(path) != self.sha256:
             raise PretrainedError(f"{path}: changed since this run started from it (sha256 "
                                   f"{self.sha256[:12]}... recorded in {RECORD})")
         from safetensors.numpy import load_file
-        return load_file(path)
+        with _readable(path):
+            return load_file(path)
 
     def tower_params(self) -> dict[str, Any]:
         """float32 numpy arrays: for "bert" a `BertTower`'s whole parameter tree; for
@@ -94,6 +99,26 @@ class Pretrained:
         data = dict(data)
         data["bert"] = BertConfig.from_json(data["bert"]) if data.get("bert") else None
         return cls(**data)
+
+
+@contextlib.contextmanager
+def _readable(path: str) -> Iterator[None]:
+    """A weights file safetensors cannot read (cut short by an interrupted copy or
+    download, or not safetensors at all) as one PretrainedError naming it."""
+    from safetensors import SafetensorError
+    try:
+        yield
+    except SafetensorError as e:
+        raise PretrainedError(f"{path}: not a whole safetensors file ({e}); copy or download "
+                              "it again") from None
+
+
+def _header(path: str) -> dict[str, list[int]]:
+    """{tensor name: shape} of a safetensors file, from its header (no weights read);
+    PretrainedError if safetensors cannot read it (`_readable`)."""
+    from safetensors import safe_open
+    with _readable(path), safe_open(path, "numpy") as f:
+        return {name: f.get_slice(name).get_shape() for name in f.keys()}
 
 
 def _read_json(path: str) -> dict:
@@ -158,10 +183,11 @@ def resolve(value: str, pooling: str = "") -> Pretrained:
     pooling when it has no sentence-transformers Pooling module ("" there: "cls"); given
     with one, it must agree."""
     folder, marker, sha = _folder(value)
+    header = _header(os.path.join(folder, WEIGHTS))  # a file cut short is refused here
     config_path = os.path.join(folder, "config.json")
     hf = _read_json(config_path) if os.path.isfile(config_path) else {}
     if marker.get("kind") == "static" or hf.get("model_type") == "model2vec":
-        return _static(value, folder, marker, sha)
+        return _static(value, folder, marker, sha, header)
     if hf.get("model_type") != "bert":
         raise PretrainedError(f"{config_path}: model_type {hf.get('model_type')!r}; "
                               f"model.pretrained reads BERT folders and static tables")
@@ -183,16 +209,14 @@ def resolve(value: str, pooling: str = "") -> Pretrained:
                       sha, bert=bert, max_seq_length=int(max_len))
 
 
-def _static(value: str, folder: str, marker: dict, sha: str) -> Pretrained:
-    from safetensors import safe_open
+def _static(value: str, folder: str, marker: dict, sha: str,
+            header: dict[str, list[int]]) -> Pretrained:
     path = os.path.join(folder, WEIGHTS)
-    with safe_open(path, "numpy") as f:
-        names = list(f.keys())
-        table = marker.get("tensor") or ("embeddings" if "embeddings" in names else "")
-        if table not in names:
-            raise PretrainedError(f"{path}: no token table (tensor 'embeddings'); has "
-                                  f"{', '.join(names[:5])}")
-        shape = f.get_slice(table).get_shape()
+    table = marker.get("tensor") or ("embeddings" if "embeddings" in header else "")
+    if table not in header:
+        raise PretrainedError(f"{path}: no token table (tensor 'embeddings'); has "
+                              f"{', '.join(list(header)[:5])}")
+    shape = header[table]
     if len(shape) != 2:
         raise PretrainedError(f"{path}: {table} has shape {shape}, not [rows, dim]")
     # model2vec: the tokenizer's own normaliser; pieces alone, the unknown one dropped.

@@ -108,6 +108,12 @@ class HFTokenizer:
             mask[row, :len(seq)] = True
         return ids, mask
 
+    def content_ids(self, text: str) -> list[int]:
+        """The ids of `text`'s own pieces: no special token, and no unknown token where
+        the tokenizer drops it."""
+        ids = self._tok.encode(self._prepare(text), add_special_tokens=False).ids
+        return [i for i in ids if not (self.drop_unknown and i == self.unknown_id)]
+
     def known(self, text: str) -> int:
         """How many of `text`'s pieces are known (not the unknown token, not special)."""
         enc = self._tok.encode(self._prepare(text), add_special_tokens=False)
