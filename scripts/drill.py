@@ -23,7 +23,8 @@ reference run gives the final parameters and the metrics rows; then:
 - concurrent: two runs on one new workdir at the same moment; one must be refused with
   one line (exit 1) while the other finishes;
 - full disk (--full_disk, root only): the workdir on a 700 KB tmpfs that fills at a
-  checkpoint; one line and exit 1, then, with the file system grown, a resume.
+  checkpoint, and on a 64 KB one that fills while the data tables are written; one line
+  and exit 1, then, with the file system grown, a resume.
 
 Each drilled workdir must end with parameters bit-equal to the reference's and with each
 (step, split, system, index, task) row once in metrics.jsonl.
@@ -121,24 +122,27 @@ def concurrent(args, name: str, reference) -> dict:
             "traceback": any("Traceback" in err for _, err in outs), **check(workdir, reference)}
 
 
-def full_disk(args, reference) -> dict | None:
-    """A workdir on a 700 KB tmpfs (the data prepared elsewhere) fills at the fifth
-    checkpoint: the run must end with one line and exit 1; with the file system grown,
-    the same command resumes. Needs root to mount; None (skipped) otherwise."""
-    mount = os.path.join(os.path.abspath(args.out), "full_disk_fs")
+def full_disk(args, reference, size: str = "700k", tables_elsewhere: bool = True
+              ) -> dict | None:
+    """A workdir on a `size` tmpfs fills: at the fifth checkpoint (700 KB, the data
+    prepared elsewhere), or while TFDS writes the data tables into it (64 KB). The run
+    must end with one line and exit 1; with the file system grown, the same command
+    resumes. Needs root to mount; None (skipped) otherwise."""
+    mount = os.path.join(os.path.abspath(args.out), f"full_disk_{size}")
     os.makedirs(mount, exist_ok=True)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700k", "tmpfs", mount],
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", mount],
                       capture_output=True).returncode:
         return None
     try:
         workdir = os.path.join(mount, "w")
-        cmd = command(workdir) + ["--config.keep_checkpoints=20",
-                                  f"--config.data.tfds_dir={os.path.join(args.out, 'full_tfds')}"]
+        cmd = command(workdir) + ["--config.keep_checkpoints=20"]
+        if tables_elsewhere:
+            cmd.append(f"--config.data.tfds_dir={os.path.join(args.out, 'full_tfds')}")
         first = subprocess.run(cmd, capture_output=True, text=True)
         said = [line for line in first.stderr.splitlines() if not line.startswith("I")]
         subprocess.run(["mount", "-o", "remount,size=8m", mount], check=True)
         second = subprocess.run(cmd, capture_output=True, text=True)
-        return {"name": "full_disk", "exit": first.returncode, "lines": len(said),
+        return {"name": f"full_disk_{size}", "exit": first.returncode, "lines": len(said),
                 "message": said[-1] if said else "", "resume_exit": second.returncode,
                 "traceback": "Traceback" in first.stderr + second.stderr,
                 **check(workdir, reference)}
@@ -183,8 +187,9 @@ def main() -> None:
         print(json.dumps(r), flush=True)
         results.append(r)
 
-    disk = full_disk(args, reference) if args.full_disk else None
-    if disk:
+    disks = [full_disk(args, reference), full_disk(args, reference, "64k", False)
+             ] if args.full_disk else []
+    for disk in filter(None, disks):
         print(json.dumps(disk), flush=True)
         results.append(disk)
 
@@ -201,9 +206,10 @@ def main() -> None:
         "concurrent_bit_equal": sum(r["bit_equal"] for r in pairs),
         "duplicated_rows": sum(r["duplicated_rows"] for r in results),
         "tracebacks": sum(r["traceback"] for r in results),
-        "full_disk": ("skipped (needs root to mount a tmpfs)" if disk is None else
-                      f"exit {disk['exit']}, {disk['lines']} line(s), resumed "
-                      f"{'bit-equal' if disk['bit_equal'] else 'DIFFERENT'}"),
+        **{f"full_disk_{where}": ("skipped (needs root to mount a tmpfs)" if disk is None
+                                  else f"exit {disk['exit']}, {disk['lines']} line(s), resumed "
+                                  f"{'bit-equal' if disk['bit_equal'] else 'DIFFERENT'}")
+           for where, disk in zip(("checkpoint", "tables"), disks or [None, None])},
     }
     print(json.dumps(summary, indent=1))
     if args.json:

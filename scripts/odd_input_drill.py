@@ -11,9 +11,10 @@ import json
 import os
 import re
 import shlex
+import shutil
 import sys
 
-from serving_drill import Case, Setup, _copy, _hits, _module, _python, _run
+from serving_drill import ROOT, Case, Setup, _copy, _edit, _hits, _module, _python, _run
 
 SCRIPTS = {"zh": "北京大学的图书馆很大", "ar": "مكتبة الجامعة كبيرة جدا",
            "ru": "Библиотека университета очень большая", "el": "Η βιβλιοθήκη είναι μεγάλη",
@@ -75,7 +76,30 @@ def _vocab_has_scripts(s: Setup, stdout: str) -> bool:
         {"自", "велосипед", "साइकिल", "ποδηλατο", "دراجة"} <= set(vocab[0].split())
 
 
-# ----------------------------------------------------------------------------- class 4-6
+# ----------------------------------------------------------------------------- class 3-6
+def _rewritten_under_its_workdir(s: Setup, d: str) -> None:
+    """A run of 5 steps on a pairs file, then the file rewritten with other words."""
+    _pairs(SCRIPT_PAIRS)(s, d)
+    done = _run(_main(f"{d}/w", "--config.data.name=pairs", f"--config.data.path={d}/pairs.tsv",
+                      "--config.data.test_fraction=0.2", "--config.num_train_steps=5"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    _pairs([f"how do i fix my {w} {i}?\thow can i repair my {w} {i}"
+            for i in range(12) for w in ("lamp", "door", "sink")])(s, d)
+
+
+def _index_in_a_bundle_copy(s: Setup, d: str) -> None:
+    """A copy of the bundle with an index folder put inside it by hand."""
+    bundle = _copy(s.bundle, d, "bundle")
+    shutil.copytree(s.indexes["exact"], os.path.join(bundle, "idx"))
+
+
+def _cut_weights(s: Setup, d: str) -> None:
+    bert = os.path.join(d, "bert")
+    shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "pretrained", "tiny_bert"), bert)
+    _edit(os.path.join(bert, "model.safetensors"), lambda b: b[:len(b) // 2])
+
+
+
 def _foreign_workdir(s: Setup, d: str) -> None:
     os.makedirs(os.path.join(d, "mine"))
     for name, text in (("config.json", '{"lr": 3}\n'), ("metrics.jsonl", '{"acc": 1}\n')):
@@ -207,7 +231,19 @@ def cases() -> list[Case]:
         # 2. a metric's cutoff
         Case("--config.eval.top_k=5 (below recall@100's cutoff)", lambda s, d: _main(
             f"{d}/w", "--config.eval.top_k=5"), "refused", "eval.top_k", slow=True),
-        # 4. a folder that is not a workdir
+        # 3. data changed under a workdir
+        Case("a pairs file rewritten under its workdir, then more steps", lambda s, d: _main(
+            f"{d}/w", "--config.data.name=pairs", f"--config.data.path={d}/pairs.tsv",
+            "--config.data.test_fraction=0.2", "--config.num_train_steps=10"), "refused",
+             r"pairs\.tsv \(data\.path\) changed .*--config\.data\.rebuild=True",
+             mutate=_rewritten_under_its_workdir, slow=True),
+        # 4. a folder that is not a workdir; outputs inside each other
+        Case("index --out=<a folder inside its bundle>", lambda s, d: _module(
+            "index", f"--encoder={s.bundle}", f"--corpus={s.corpus}",
+            f"--out={s.bundle}/idx"), "refused", "inside the bundle"),
+        Case("export --overwrite of a bundle holding an index", lambda s, d: _module(
+            "export", f"--workdir={s.workdir}", f"--out={d}/bundle", "--overwrite"),
+             "refused", r"holds idx/.*not the bundle's", mutate=_index_in_a_bundle_copy),
         Case("--workdir holding a user's config.json and metrics.jsonl", lambda s, d: _main(
             f"{d}/mine"), "refused", "not a dualjax run's", mutate=_foreign_workdir, slow=True),
         # 5. every file of an index
@@ -235,6 +271,11 @@ def cases() -> list[Case]:
           for arg, names in (("[1, 2]", "text 0 is int 1, not str"),
                              ("[b'x']", "text 0 is bytes b'x', not str"),
                              ("None", "not NoneType"))],
+        Case("model.pretrained=<a BERT folder whose model.safetensors is cut short>",
+             lambda s, d: _main(f"{d}/w", f"--config.model.pretrained={d}/bert",
+                                "--config.model.tower=bert", "--config.model.tokenizer=hf"),
+             "refused", r"bert/model\.safetensors: not a whole safetensors file",
+             mutate=_cut_weights, slow=True),
         # 9. the smaller items
         Case("search --workdir --task=nope on a one-task run", lambda s, d: _module(
             "search", f"--workdir={s.workdir}", "--task=nope", "--query=bike"), "refused",
