@@ -374,7 +374,8 @@ def test_a_wordllama_run_resumes_without_the_pretrained_cache(tmp_path, monkeypa
     monkeypatch.setenv("DUALJAX_PRETRAINED_DIR", str(tmp_path / "cache"))
     shutil.copytree(wordllama, sources.folder_of("wordllama"))
     cfg = model_config("wordllama", tower="bow", max_len=16, embed_dim=256, output_dim=256)
-    cfg.update(num_train_steps=3, checkpoint_every_steps=1)
+    cfg.update(num_train_steps=2, checkpoint_every_steps=1)
+    cfg.optimizer.table_updates = "lazy"  # not Adam over all 32k x 256 rows each step
     cfg.eval.update(index="exact", baselines="")
     workdir = str(tmp_path / "run")
 
