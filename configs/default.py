@@ -6,7 +6,7 @@ Any field can be overridden: --config.model.tower=bow --config.num_train_steps=1
 """
 import ml_collections
 
-from dualjax import ann
+from dualjax.retrieval import ann
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -259,7 +259,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.optimizer.table_updates = "dense"  # "lazy": a step updates only the token-table rows its
                                     # batch reads (their moments too): faster, but not Adam's
                                     # semantics for the other rows (docs/training.md,
-                                    # dualjax/tables.py)
+                                    # dualjax/train/lazy_rows.py)
 
     c.eval = ml_collections.ConfigDict()
     c.eval.index = "scann"          # "scann": ScaNN index (also searched exactly, to report

@@ -22,6 +22,8 @@ from typing import Callable
 
 from absl import app, flags
 
+from dualjax.errors import Terminated  # noqa: F401 (raised here)
+
 
 def run(main: Callable[[list[str]], None], module: str, **kwargs) -> None:
     """`app.run(main, **kwargs)`, with `module` (the command's `__name__`) standing in for
@@ -35,10 +37,6 @@ def run(main: Callable[[list[str]], None], module: str, **kwargs) -> None:
         app.usage(shorthelp=True, writeto_stdout=True, exitcode=0)
     spec = getattr(sys.modules.get(module), "__spec__", None)  # -m: "__main__" is the module
     app.run(_stoppable(main, spec.name if spec else module), **kwargs)
-
-
-class Terminated(BaseException):
-    """SIGTERM, raised where the command is, so that its cleanup runs."""
 
 
 def _terminate(signum, frame) -> None:

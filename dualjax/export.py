@@ -22,11 +22,10 @@ from absl import flags
 from flax import serialization
 
 from dualjax import cli
-from dualjax import trained as trained_lib
-from dualjax.encoder import FORMAT, SIDES, Encoder, bundle_id
-from dualjax.metrics_log import setup_logging
-from dualjax.workdir import atomic_write, check_output, file_digests, staged_output
-
+from dualjax.eval.metrics_log import setup_logging
+from dualjax.runtime.files import atomic_write, check_output, file_digests, staged_output
+from dualjax.serve.encoder import FORMAT, SIDES, Encoder, bundle_id
+from dualjax.train import trained as trained_lib
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # what jax.export lowers for
 # A bundle never lies inside another bundle or an index, whose --overwrite would delete

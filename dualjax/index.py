@@ -20,12 +20,20 @@ import time
 import numpy as np
 from absl import flags, logging
 
-from dualjax import ann, cli, features, tokenizers
+from dualjax import cli
 from dualjax.data.corpus_file import read_corpus
-from dualjax.encoder import Encoder
-from dualjax.progress import Progress
-from dualjax.workdir import (atomic_write, check_output, file_digests, files_under,
-                             staged_output, verify_digests)
+from dualjax.retrieval import ann
+from dualjax.runtime.files import (
+    atomic_write,
+    check_output,
+    file_digests,
+    files_under,
+    staged_output,
+    verify_digests,
+)
+from dualjax.runtime.progress import Progress
+from dualjax.serve.encoder import Encoder
+from dualjax.text import features, tokenizers
 
 META = "index.json"
 FORMAT = 2  # 2: index.json records its files' digests
@@ -174,7 +182,7 @@ class CorpusIndex:
 def main(argv: list[str]) -> None:
     del argv
     from dualjax.data.pairs_file import DataError
-    from dualjax.metrics_log import setup_logging
+    from dualjax.eval.metrics_log import setup_logging
     setup_logging()
     f = flags.FLAGS
     try:
@@ -189,7 +197,8 @@ def main(argv: list[str]) -> None:
         sys.exit(f"dualjax.index: {e}")
     m = built.meta
     logging.info("encoded in %.1fs, index built in %.1fs", m["encode_seconds"], m["build_seconds"])
-    print(f"{f.out}: {m['n']} documents, {m['dim']}-d, {m['kind']} index, encoder {m['encoder_id']}")
+    print(f"{f.out}: {m['n']} documents, {m['dim']}-d, {m['kind']} index, "
+          f"encoder {m['encoder_id']}")
 
 
 def run() -> None:

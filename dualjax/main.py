@@ -29,16 +29,19 @@ if __name__ == "__main__":  # before the slow imports below
     for _sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(_sig, _stopped_while_starting)
 
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app, flags
+from ml_collections import config_flags
 
-from dualjax import cli, config_keys, train  # noqa: E402
-from dualjax import step as step_lib  # noqa: E402
-from dualjax.metrics_log import setup_logging  # noqa: E402
-from dualjax.config_lib import ConfigError  # noqa: E402
-from dualjax.data.pairs_file import DataError  # noqa: E402
-from dualjax.pretrained import PretrainedError  # noqa: E402
-from dualjax.workdir import DISK_ERRNOS, Preempted, WorkdirError  # noqa: E402
+from dualjax import cli
+from dualjax.config import keys as config_keys
+from dualjax.config.validation import ConfigError
+from dualjax.data.pairs_file import DataError
+from dualjax.errors import Preempted, WorkdirError
+from dualjax.eval.metrics_log import setup_logging
+from dualjax.pretrained import PretrainedError
+from dualjax.runtime.files import DISK_ERRNOS
+from dualjax.train import loop as train
+from dualjax.train import step as step_lib
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, as a process killed by it (also after SIGINT)
 

@@ -25,11 +25,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from absl import flags, logging
 
-from dualjax import baselines, cli, hybrid, tokenizers
-from dualjax.encoder import Encoder
+from dualjax import cli
+from dualjax.errors import WorkdirError
+from dualjax.eval.metrics_log import setup_logging
 from dualjax.index import CorpusIndex
-from dualjax.metrics_log import setup_logging
-from dualjax.workdir import WorkdirError
+from dualjax.retrieval import baselines, hybrid
+from dualjax.serve.encoder import Encoder
+from dualjax.text import tokenizers
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A trained dualjax workdir.")
 _ENCODER = flags.DEFINE_string("encoder", None, "An exported encoder (python -m dualjax.export).")
@@ -121,9 +123,12 @@ def from_workdir(workdir: str, split: str = "test", k: int = 10, task: str = "")
     """A training workdir's latest checkpoint over the corpus of an evaluation split of its
     dataset, with the index its final evaluation saved (rebuilt if stale)."""
     # The training stack is imported only here: serving a bundle needs none of it.
-    from dualjax import ann, evaluate, sharding, train
-    from dualjax import tasks as tasks_lib
-    from dualjax.trained import load_trained
+    from dualjax.eval import evaluate
+    from dualjax.retrieval import ann
+    from dualjax.runtime import sharding
+    from dualjax.train import loop as train
+    from dualjax.train import tasks as tasks_lib
+    from dualjax.train.trained import load_trained
     config, inputs, model, params, step = load_trained(workdir)
     mesh = sharding.make_mesh()
     encode_queries, encode_documents = train.make_encoders(model)

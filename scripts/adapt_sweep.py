@@ -31,9 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dualjax import baselines, hybrid, losses, metrics, pretrained
+from dualjax import losses, pretrained
+from dualjax.retrieval import baselines
+from dualjax.retrieval import hybrid
+from dualjax.retrieval import metrics
 from dualjax.data import beir, documents, pretraining
-from dualjax.features import length_bucket
+from dualjax.text.features import length_bucket
 from dualjax.models.bert import BertTower
 
 SHARED = [f"../shared/data/{c}" for c in ("npl", "med", "time", "adi")]

@@ -100,7 +100,7 @@ def st_pairs(collection: str, count: int, seed: int = 0) -> list[tuple[str, str]
     """(a sentence of a document, the document) for `count` documents of the collection."""
     sys.path.insert(0, REPO)
     from dualjax.data.beir import document_text
-    from dualjax.text import sentence_spans
+    from dualjax.text.words import sentence_spans
     path = os.path.join(collection, "corpus.jsonl") if os.path.isdir(collection) else collection
     rng, out = __import__("random").Random(seed), []
     with open(path, encoding="utf-8") as f:
@@ -137,8 +137,10 @@ import json, resource, sys, time
 sys.path.insert(0, sys.argv[1] + "/scripts"); sys.path.insert(0, sys.argv[1])
 import jax, numpy as np
 from bench_train import MINILM, default_config
-from dualjax import losses, objectives, sharding, specs
-from dualjax import step as step_lib
+from dualjax import losses, objectives
+from dualjax.runtime import sharding
+from dualjax.config import specs
+from dualjax.train import step as step_lib
 from dualjax.models import dual_encoder
 from dualjax.models.bert import BertConfig
 q_len, d_len, chunks, steps = map(int, sys.argv[2:6])

@@ -1,7 +1,7 @@
 """ANN speed and quality on a trained dual encoder's own corpus embeddings: ScaNN vs faiss,
 each swept down to its fastest setting.
 
-Loads a workdir's latest checkpoint (`dualjax.trained.load_trained`, without
+Loads a workdir's latest checkpoint (`dualjax.train.trained.load_trained`, without
 building or saving an index under the workdir: this script writes nothing there),
 encodes the corpus and the queries of an evaluation split, and measures, all with the
 same number of threads:
@@ -172,9 +172,13 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench_train import cpu_model  # noqa: E402  (this folder is on sys.path when run)
-from dualjax import ann, evaluate, sharding, specs, train  # noqa: E402
+from dualjax.retrieval import ann  # noqa: E402
+from dualjax.eval import evaluate
+from dualjax.runtime import sharding
+from dualjax.config import specs
+from dualjax.train import loop as train
 from dualjax.data import builders  # noqa: E402
-from dualjax.trained import load_trained  # noqa: E402
+from dualjax.train.trained import load_trained  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- embeddings

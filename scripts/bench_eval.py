@@ -29,8 +29,12 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
 
-    from dualjax import ann, evaluate, sharding, tasks, train
-    from dualjax.trained import load_trained
+    from dualjax.retrieval import ann
+    from dualjax.eval import evaluate
+    from dualjax.runtime import sharding
+    from dualjax.train import tasks
+    from dualjax.train import loop as train
+    from dualjax.train.trained import load_trained
 
     trained = load_trained(args.workdir)
     config, inputs = trained.config, trained.inputs

@@ -21,8 +21,10 @@ import time
 import jax
 import numpy as np
 
-from dualjax import export, train, trained as trained_lib
-from dualjax import tasks as tasks_lib
+from dualjax import export
+from dualjax.train import loop as train
+from dualjax.train import trained as trained_lib
+from dualjax.train import tasks as tasks_lib
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ The training pairs are those the `quora` dataset trains on (configs/quora_gillic
 the cluster split of ../shared/data/quora/pairs.tsv, read by the Quora builder's own
 loader); --limit keeps the first N of them. The old implementation is
 `git show OLD_REV:dualjax/data/mining.py`, imported from a temporary file; both use this
-tree's BM25 (`dualjax.baselines`). Runs alternate (old, new, old, new, ...) on the same
+tree's BM25 (`dualjax.retrieval.baselines`). Runs alternate (old, new, old, new, ...) on the same
 pairs, k and seed, and must return the same negatives.
 
 Two timings:
@@ -41,10 +41,11 @@ from absl import logging as absl_logging
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dualjax import baselines, specs  # noqa: E402
+from dualjax.retrieval import baselines  # noqa: E402
+from dualjax.config import specs
 from dualjax.data import builders, mining  # noqa: E402
 from dualjax.data.clusters import RetrievalTask  # noqa: E402
-from dualjax.text import normalize  # noqa: E402
+from dualjax.text.words import normalize  # noqa: E402
 
 
 def quora_train_pairs(config: str, seed: int) -> list[tuple[str, str]]:

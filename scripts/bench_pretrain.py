@@ -41,7 +41,7 @@ import time
 
 from bench_variants import read_rows, slug  # scripts/ is on the path of a script
 
-from dualjax.workdir import flatten
+from dualjax.config.keys import flatten
 
 RECALL = ("recall@1", "recall@5", "recall@10", "recall@50", "recall@100")
 FRACTIONS = (0.01, 0.05, 0.8)

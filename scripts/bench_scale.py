@@ -59,7 +59,8 @@ def child(batch: int, block: int, dim: int, steps: int) -> dict:
     import jax.numpy as jnp
 
     sys.path.insert(0, REPO)
-    from dualjax import losses, sharding
+    from dualjax import losses
+    from dualjax.runtime import sharding
 
     mesh = sharding.make_mesh(DEVICES)
     shard = sharding.batch_sharding(mesh)
@@ -123,8 +124,10 @@ def towers_child(batch: int, chunks: int, layers: int, width: int, max_len: int,
     import optax
 
     sys.path.insert(0, REPO)
-    from dualjax import losses, sharding, specs
-    from dualjax import step as step_lib
+    from dualjax import losses
+    from dualjax.runtime import sharding
+    from dualjax.config import specs
+    from dualjax.train import step as step_lib
     from dualjax.models import dual_encoder
     from dualjax.objectives import dual_encoder as objective_lib
 
@@ -230,8 +233,10 @@ def bert_memory_child(batch: int, chunks: int, block: int, max_len: int) -> dict
     import optax
 
     sys.path.insert(0, REPO)
-    from dualjax import losses, sharding, specs
-    from dualjax import step as step_lib
+    from dualjax import losses
+    from dualjax.runtime import sharding
+    from dualjax.config import specs
+    from dualjax.train import step as step_lib
     from dualjax.models import dual_encoder
     from dualjax.models.bert import BertConfig
     from dualjax.objectives import dual_encoder as objective_lib

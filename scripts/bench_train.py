@@ -1,6 +1,6 @@
 """Training-step and input-pipeline throughput on this machine's CPU.
 
-Measures pairs/second of the real jitted update (`dualjax.step.make_train_step`, with
+Measures pairs/second of the real jitted update (`dualjax.train.step.make_train_step`, with
 `step.make_optimizer`, `losses.sharded` and the `bow_mlp` dual encoder of
 configs/default.py, resized) on random token ids, once per device count. Each device
 count runs in its own subprocess, because the number of fake CPU devices
@@ -166,14 +166,17 @@ def random_batch(rng, batch: int, seq_len: int, vocab: int) -> dict[str, Any]:
 
 def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
     """Times the real train step on `args.devices` CPU devices (run in a subprocess), with
-    malloc set as training sets it for the tower (dualjax/malloc.py)."""
-    from dualjax import malloc
+    malloc set as training sets it for the tower (dualjax/runtime/malloc.py)."""
+    from dualjax.runtime import malloc
     malloc.for_tower(COMPARE_WORKLOADS[args.workload]["tower"] if args.workload else "bow_mlp")
     import jax
     import numpy as np
 
-    from dualjax import losses, objectives, sharding, specs, tables
-    from dualjax import step as step_lib
+    from dualjax import losses, objectives
+    from dualjax.runtime import sharding
+    from dualjax.config import specs
+    from dualjax.train import lazy_rows as tables
+    from dualjax.train import step as step_lib
     from dualjax.models import dual_encoder
 
     (devices,) = args.devices
@@ -376,7 +379,7 @@ def bench_torch_step(args: argparse.Namespace) -> dict[str, Any]:
     PyTorch's CPU tensors come from the same malloc, set as dualjax's training sets it for
     the workload's tower (docs/training.md, "Memory on Linux"): where dualjax's steps are
     spared the page faults, so are PyTorch's."""
-    from dualjax import malloc
+    from dualjax.runtime import malloc
     malloc.for_tower(COMPARE_WORKLOADS[args.workload]["tower"])  # before torch allocates
     import numpy as np
     import torch
@@ -446,7 +449,9 @@ def bench_torch_step(args: argparse.Namespace) -> dict[str, Any]:
 
 def bench_input(args: argparse.Namespace) -> dict[str, Any]:
     """Times `pipeline.train_iterator` over the synthetic dataset (run in a subprocess)."""
-    from dualjax import features, specs, text
+    from dualjax.text import features
+    from dualjax.config import specs
+    from dualjax.text import words as text
     from dualjax.data import builders, pipeline
 
     config = default_config()

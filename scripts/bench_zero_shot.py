@@ -82,7 +82,7 @@ def load_task(workdir: str):
     """The test split's RetrievalTask of a dualjax workdir, as its run read it."""
     import ml_collections
 
-    from dualjax import tasks as tasks_lib
+    from dualjax.train import tasks as tasks_lib
     with open(os.path.join(workdir, "config.json")) as f:
         config = ml_collections.ConfigDict(json.load(f))
     return tasks_lib.make_tasks(config, workdir)[0].eval_task("test")
@@ -90,7 +90,8 @@ def load_task(workdir: str):
 
 def lexical_rows(task) -> dict[str, dict]:
     """Each LEXICAL row's metrics on `task`, and BEST."""
-    from dualjax import baselines, metrics
+    from dualjax.retrieval import baselines
+    from dualjax.retrieval import metrics
     k = min(100, len(task.corpus))
     rows = {}
     for name, options in LEXICAL.items():
@@ -118,7 +119,8 @@ def read_run(path: str, task) -> tuple[np.ndarray, np.ndarray]:
 def weight_sweep(workdirs: dict[str, str], best: dict[str, float]) -> dict[float, float]:
     """{w: mean over collections of nDCG@10(w * dense + (1 - w) * bm25) / best[c]}, from
     each collection's as-is MiniLM run files."""
-    from dualjax import hybrid, metrics
+    from dualjax.retrieval import hybrid
+    from dualjax.retrieval import metrics
     runs = {}  # collection -> (task, dense run, BM25 run), read once
     for c, workdir in workdirs.items():
         task = load_task(workdir)
@@ -146,7 +148,9 @@ def sentence_transformers_rows(workdir: str, folder: str, weight: float) -> dict
     split (as dualjax read them), searched exactly; alone and fused with BM25."""
     from sentence_transformers import SentenceTransformer
 
-    from dualjax import baselines, hybrid, metrics
+    from dualjax.retrieval import baselines
+    from dualjax.retrieval import hybrid
+    from dualjax.retrieval import metrics
     task = load_task(workdir)
     model = SentenceTransformer(folder, device="cpu")
     start = time.time()

@@ -46,8 +46,8 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from dualjax import checkpoints  # noqa: E402
-from dualjax.metrics_log import row_key  # noqa: E402
+from dualjax.train import checkpoints  # noqa: E402
+from dualjax.eval.metrics_log import row_key  # noqa: E402
 
 FLAGS = ("--config=configs/tiny.py", "--config.num_train_steps=40",
          "--config.checkpoint_every_steps=5", "--config.eval_every_steps=1000",

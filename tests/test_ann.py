@@ -1,8 +1,8 @@
-"""Tests for dualjax.ann.exact_search against a numpy brute-force reference."""
+"""Tests for dualjax.retrieval.ann.exact_search against a numpy brute-force reference."""
 import numpy as np
 import pytest
 
-from dualjax import ann
+from dualjax.retrieval import ann
 
 NQ, NC, DIM = 13, 37, 8
 # (query_chunk, corpus_chunk): defaults, chunk=1, non-dividing, exact, larger than sizes.

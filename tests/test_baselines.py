@@ -1,13 +1,13 @@
-"""Hand-computed checks for dualjax.baselines (identity / TF-IDF cosine and BM25)."""
+"""Hand-computed checks for dualjax.retrieval.baselines (identity / TF-IDF cosine and BM25)."""
 import math
 
 import numpy as np
 import pytest
 
-from dualjax import baselines
+from dualjax.retrieval import baselines
 from dualjax.data.clusters import RetrievalTask, task_from_clusters
-from dualjax.metrics import retrieval_metrics
-from dualjax.text import words
+from dualjax.retrieval.metrics import retrieval_metrics
+from dualjax.text.words import words
 
 # Query "the cat" against a corpus where the common word "the" and the rare word "cat"
 # pull in different directions.

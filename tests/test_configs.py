@@ -2,7 +2,9 @@
 import pytest
 
 from conftest import CONFIGS, load_config
-from dualjax import config_keys, config_lib, tasks
+from dualjax.config import keys as config_keys
+from dualjax.config import validation as config_lib
+from dualjax.train import tasks
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in CONFIGS.glob("*.py")))

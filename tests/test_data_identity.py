@@ -8,8 +8,10 @@ import os
 import pytest
 
 from conftest import load_config
-from dualjax import tasks, train, workdir
-from dualjax.workdir import WorkdirError
+from dualjax.train import tasks
+from dualjax.train import loop as train
+from dualjax.train import workdir
+from dualjax.errors import WorkdirError
 
 OLD = ("bike", "car", "phone")
 NEW = ("kettle", "oven", "fridge")

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from conftest import load_config
-from dualjax import features as feature_lib
-from dualjax.features import Inputs, Side, SideFeatures
+from dualjax.text import features as feature_lib
+from dualjax.text.features import Inputs, Side, SideFeatures
 from dualjax.data import builders, pipeline, synthetic
 from dualjax.data.pairs_file import DataError
-from dualjax.specs import dataset_spec as spec
-from dualjax.text import WordTokenizer, build_word_tokenizer, normalize
+from dualjax.config.specs import dataset_spec as spec
+from dualjax.text.words import WordTokenizer, build_word_tokenizer, normalize
 
 VERSION = str(builders._RetrievalBuilder.VERSION)
 
@@ -128,7 +128,7 @@ def test_a_full_disk_while_writing_the_tables_is_one_line_and_leaves_nothing(
     import errno
     import types
     from tensorflow_datasets.core import file_adapters
-    from dualjax.workdir import WorkdirError
+    from dualjax.errors import WorkdirError
 
     class FullDisk:  # array_record_module.ArrayRecordWriter, on a full disk
         def __init__(self, path, options=""):

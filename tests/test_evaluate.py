@@ -1,4 +1,4 @@
-"""Tests for dualjax.evaluate: sharded encoding, hand-computed task metrics, tables."""
+"""Tests for dualjax.eval.evaluate: sharded encoding, hand-computed task metrics, tables."""
 import math
 
 import jax
@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 
 from conftest import load_config
-from dualjax import evaluate, hybrid, sharding
-from dualjax.data.clusters import RetrievalTask
-from dualjax.features import Inputs, Side
+from dualjax.eval import evaluate
+from dualjax.retrieval import hybrid
+from dualjax.runtime import sharding
+from dualjax.retrieval.task import RetrievalTask
+from dualjax.text.features import Inputs, Side
 from dualjax.models import dual_encoder
-from dualjax.text import WordTokenizer, build_word_tokenizer
-from dualjax.specs import model_spec
+from dualjax.text.words import WordTokenizer, build_word_tokenizer
+from dualjax.config.specs import model_spec
 
 
 @pytest.fixture(scope="module")
@@ -279,7 +281,7 @@ def test_batches_are_cut_to_a_power_of_two_length():
     cuts each text field of a training batch longer than 128 tokens to its own bucket (of
     half steps; hard negatives [b, k, len] too) and leaves fields of at most 128 tokens as
     they are."""
-    from dualjax import features
+    from dualjax.text import features
     assert [features.length_bucket(n, 256) for n in (0, 1, 32, 33, 64, 65, 200, 256)] == \
         [32, 32, 32, 64, 64, 128, 256, 256]
     assert features.length_bucket(300, 288) == 288

@@ -1,4 +1,4 @@
-"""Evaluators built from the config (`dualjax.evaluators`): given encode functions (never
+"""Evaluators built from the config (`dualjax.eval.evaluators`): given encode functions (never
 params or the trainer), they write their rows and return them."""
 
 import dataclasses
@@ -10,11 +10,13 @@ import ml_collections
 import pytest
 
 from conftest import load_config
-from dualjax import evaluate, evaluators, sharding
+from dualjax.eval import evaluate
+from dualjax.eval import evaluators
+from dualjax.runtime import sharding
 from dualjax.data.clusters import RetrievalTask, task_from_clusters
-from dualjax.features import Inputs, Side
-from dualjax.metrics_log import MetricsLog
-from dualjax.text import build_word_tokenizer
+from dualjax.text.features import Inputs, Side
+from dualjax.eval.metrics_log import MetricsLog
+from dualjax.text.words import build_word_tokenizer
 
 # Pairs of paraphrases sharing rare words, and distractors: BM25 finds the partners.
 TEXTS = ["cheap flights paris", "cheap flights today", "bake sourdough bread",

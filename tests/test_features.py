@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from conftest import load_config
-from dualjax import config_lib, features
+from dualjax.config import validation as config_lib
+from dualjax.text import features
 from dualjax.models import dual_encoder
-from dualjax.specs import model_spec
+from dualjax.config.specs import model_spec
 
 
 def test_parse_spec():
@@ -46,7 +47,7 @@ def test_ids_vocabulary_buckets_and_missing():
 def test_bucket_ids_are_the_same_in_another_process():
     side = features.build_side([("shop", 4)], [{"shop": "known"}], 10, 1000)
     here = side.encode([{"shop": v} for v in ("unseen-1", "unseen-2", "ünïcode")])[:, 0]
-    code = ("from dualjax import features as f;"
+    code = ("from dualjax.text import features as f;"
             "s = f.build_side([('shop', 4)], [{'shop': 'known'}], 10, 1000);"
             "print(s.encode([{'shop': v} for v in ('unseen-1', 'unseen-2', 'ünïcode')])[:, 0]"
             ".tolist())")
@@ -122,7 +123,7 @@ def test_max_lens_default_to_max_len():
 
 
 def test_a_text_far_over_max_len_is_warned_about_once(monkeypatch, caplog):
-    from dualjax import text
+    from dualjax.text import words as text
     tok = text.build_word_tokenizer(["a b c"], 10, 2)
     side = features.Side(tok, max_len=4)
     monkeypatch.setattr(features, "_warned_long", [False])

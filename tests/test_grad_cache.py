@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 
 from conftest import load_config
-from dualjax import config_lib, losses, objectives, sharding
+from dualjax import losses, objectives
+from dualjax.config import validation as config_lib
+from dualjax.runtime import sharding
 from dualjax.models import dual_encoder, towers
 from dualjax.objectives import dual_encoder as de_objective
-from dualjax.specs import model_spec
+from dualjax.config.specs import model_spec
 
 VOCAB, B, L, K_HARD, U = 60, 32, 11, 2, 32  # 32 mixed negatives: a multiple of 4 x 8 devices
 MLP_DIM = 48  # the transformer's MLP width, found by it in the compiled program

@@ -1,17 +1,33 @@
-"""The shape of the code: the lower layers (models, losses, data, indexes) take plain
-values and typed specs, never the ConfigDict (issue 22). `specs.py` and `config_lib.py`
-resolve the config at the top, once."""
+"""The shape of the code: the package's folders are the stages of the flow, and imports
+point one way, from a layer to the layers below it (docs/design.md draws the map). The
+lower layers take plain values and typed specs, never the ConfigDict: `config/`
+resolves it at the top, once."""
 import ast
 import pathlib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "dualjax"
-LOWER = [*sorted((ROOT / "models").glob("*.py")), *sorted((ROOT / "losses").glob("*.py")),
-         *sorted((ROOT / "data").glob("*.py")), ROOT / "index.py", ROOT / "ann.py"]
-FORBIDDEN = ("ml_collections", "dualjax.config_lib", "dualjax.specs")
+# Bottom first. A package may import the packages of the layers below its own, never
+# one of its own layer or above: serve/ never reaches the training loop, eval/ never
+# train/, the lower stages never config/.
+LAYERS = [
+    ("errors",),
+    ("runtime",),                   # meshes, files, processes, signals, progress
+    ("text", "models", "losses"),   # tokens; towers; in-batch losses
+    ("retrieval", "pretrained"),    # search and its scores; pretrained starts
+    ("data",),                      # the TFDS tables and retrieval tasks
+    ("config",),                    # validation, resolution into specs
+    ("objectives", "eval"),         # what a step learns; evaluation and its log
+    ("train", "serve"),             # the loop and its workdir; the exported bundle
+]
+COMMANDS = ("__init__", "main", "export", "index", "search", "cli")  # may import any
+CONFIG_FREE = ("runtime", "text", "models", "losses", "retrieval", "pretrained", "data")
+MAX_TOP_LEVEL = 10
 
 
 def imports(path: pathlib.Path) -> set[str]:
-    """Every module `path` imports (`from dualjax import config_lib` as dualjax.config_lib)."""
+    """Every module `path` imports (`from dualjax import x` as dualjax.x)."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -21,23 +37,67 @@ def imports(path: pathlib.Path) -> set[str]:
     return out
 
 
-def offends(path: pathlib.Path) -> bool:
-    return any(m == f or m.startswith(f + ".") for m in imports(path) for f in FORBIDDEN)
+def package_of(path: pathlib.Path) -> str:
+    rel = path.relative_to(ROOT)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def reached(path: pathlib.Path) -> set[str]:
+    """The dualjax packages (or top-level modules) `path` imports, its own left out."""
+    own = package_of(path)
+    return {m.split(".")[1] for m in imports(path)
+            if m.startswith("dualjax.") and m.split(".")[1] != own}
+
+
+def offences() -> list[str]:
+    rank = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
+    out = []
+    for path in sorted(ROOT.rglob("*.py")):
+        pkg = package_of(path)
+        if pkg in COMMANDS:
+            continue
+        for other in sorted(reached(path)):
+            if other in COMMANDS or rank.get(other, 99) >= rank[pkg]:
+                out.append(f"{path.relative_to(ROOT)} imports dualjax.{other}")
+    return out
+
+
+def test_every_package_is_on_the_map_and_few_modules_lie_on_top():
+    packages = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    modules = {p.stem for p in ROOT.glob("*.py")}
+    assert packages == {pkg for layer in LAYERS for pkg in layer} - {"errors"}
+    assert modules == set(COMMANDS) | {"errors"}
+    assert len(modules) <= MAX_TOP_LEVEL
+
+
+def test_imports_point_down_the_layers():
+    assert offences() == [], "an import that points up or sideways (see LAYERS)"
 
 
 def test_lower_layers_never_read_the_config():
-    assert len(LOWER) > 20
-    offenders = [str(p.relative_to(ROOT)) for p in LOWER if offends(p)]
+    lower = [p for pkg in CONFIG_FREE for p in sorted((ROOT / pkg).rglob("*.py"))]
+    assert len(lower) > 30
+    offenders = [str(p.relative_to(ROOT)) for p in lower
+                 if any(m == f or m.startswith(f + ".") for m in imports(p)
+                        for f in ("ml_collections", "dualjax.config"))]
     assert offenders == [], "these read the config: give them plain values or a spec"
 
 
-def test_the_guard_sees_an_import(tmp_path):
-    for line in ("import ml_collections", "from dualjax import config_lib",
-                 "from dualjax.config_lib import validate", "from dualjax import specs"):
-        (tmp_path / "m.py").write_text(line + "\n")
-        assert offends(tmp_path / "m.py"), line
-    (tmp_path / "m.py").write_text("from dualjax import sharding\n")
-    assert not offends(tmp_path / "m.py")
+@pytest.mark.parametrize("line, where, offends", [
+    ("from dualjax.train import loop", "serve/x.py", True),      # serve never trains
+    ("from dualjax import train", "eval/x.py", True),            # eval below train
+    ("from dualjax.config import specs", "data/x.py", True),     # up a layer
+    ("from dualjax.retrieval import ann", "pretrained/x.py", True),  # sideways
+    ("from dualjax.runtime import files", "text/x.py", False),
+    ("from dualjax.eval import evaluate", "train/x.py", False),
+    ("from dualjax.text import words", "text/x.py", False),      # its own package
+])
+def test_the_guard_sees_an_import(tmp_path, monkeypatch, line, where, offends):
+    fake = tmp_path / "dualjax"
+    (fake / where).parent.mkdir(parents=True)
+    (fake / where).write_text(line + "\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", fake)
+    assert bool(offences()) == offends
 
 
 def test_a_saved_config_without_newer_keys_still_makes_its_model_spec():
@@ -45,7 +105,7 @@ def test_a_saved_config_without_newer_keys_still_makes_its_model_spec():
     the Transformer preset: the spec of its bow_mlp model is read all the same."""
     import ml_collections
     from conftest import load_config
-    from dualjax import specs
+    from dualjax.config import specs
     model = load_config("tiny").model.to_dict()
     for key in ("cnn_filters", "cnn_windows", "dtype", "query_tower", "doc_tower",
                 "shared_embedding", "pses", "transformer", "name"):

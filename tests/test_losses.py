@@ -12,9 +12,12 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from conftest import load_config
-from dualjax import config_lib, frequency, losses, objectives, sharding
+from dualjax import losses, objectives
+from dualjax.config import validation as config_lib
+from dualjax.losses import frequency
+from dualjax.runtime import sharding
 from dualjax.models import dual_encoder
-from dualjax.specs import model_spec
+from dualjax.config.specs import model_spec
 
 
 def sigmoid(x):

@@ -1,5 +1,5 @@
 """dualjax sets glibc's malloc so that large freed buffers are reused, not handed back to
-the kernel and faulted in again, for the towers where that pays (dualjax/malloc.py)."""
+the kernel and faulted in again, for the towers where that pays (dualjax/runtime/malloc.py)."""
 
 import os
 import subprocess
@@ -13,7 +13,7 @@ PROGRAM = """
 import ctypes
 import resource
 import sys
-from dualjax import malloc
+from dualjax.runtime import malloc
 malloc.for_tower(sys.argv[1])
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]

@@ -1,11 +1,11 @@
-"""Hand-computed checks for dualjax.metrics."""
+"""Hand-computed checks for dualjax.retrieval.metrics."""
 import math
 import os
 
 import numpy as np
 import pytest
 
-from dualjax.metrics import recall_curve, retrieval_metrics
+from dualjax.retrieval.metrics import recall_curve, retrieval_metrics
 
 KEYS = {"map@100", "recall@1", "recall@5", "recall@10", "recall@50", "recall@100", "mrr@10",
         "success@1", "success@10", "ndcg@10", "ndcg@20", "p@10", "p@20", "num_queries"}
@@ -154,8 +154,8 @@ def test_graded_metrics_and_run_files_equal_pytrec_eval(tmp_path):
     (pytrec_eval) on graded qrels, scored from the TREC run file `report.write_runs`
     writes; with the grades dropped, nDCG differs (the binary gains of before)."""
     pytrec_eval = pytest.importorskip("pytrec_eval")
-    from dualjax import report
-    from dualjax.evaluate import Ranking
+    from dualjax.eval import report
+    from dualjax.eval.evaluate import Ranking
 
     rng = np.random.default_rng(0)
     nq, n, k = 40, 60, 30

@@ -112,10 +112,10 @@ def test_other_clusters_index_without_listing():
 
 def _whole_corpus_reference(pairs, k, seed, depth):
     """The scan this module replaced: per query, lists every other-cluster document."""
-    from dualjax import baselines
+    from dualjax.retrieval import baselines
     from dualjax.data import clusters
-    from dualjax.data.clusters import RetrievalTask
-    from dualjax.text import normalize
+    from dualjax.retrieval.task import RetrievalTask
+    from dualjax.text.words import normalize
     cluster_of = clusters.cluster_pairs([(normalize(q), normalize(d)) for q, d in pairs])
     docs, doc_cluster, seen = [], [], set()
     for _, d in pairs:

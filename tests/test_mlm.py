@@ -12,10 +12,13 @@ import numpy as np
 import pytest
 
 from conftest import load_config
-from dualjax import checkpoints, config_lib, objectives, train
-from dualjax.config_lib import ConfigError
+from dualjax import objectives
+from dualjax.train import checkpoints
+from dualjax.config import validation as config_lib
+from dualjax.train import loop as train
+from dualjax.config.validation import ConfigError
 from dualjax.models import dual_encoder
-from dualjax.specs import model_spec
+from dualjax.config.specs import model_spec
 from test_pretraining import ARTICLES
 
 TRANSFORMER = {"model.tower": "transformer", "model.transformer.num_layers": 1,

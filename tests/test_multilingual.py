@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 
 from conftest import load_config
-from dualjax import evaluate, sharding, tokenizers
-from dualjax.data.clusters import RetrievalTask
+from dualjax.eval import evaluate
+from dualjax.runtime import sharding
+from dualjax.text import tokenizers
+from dualjax.retrieval.task import RetrievalTask
 from dualjax.data.pairs_file import DataError, read_pairs
-from dualjax.features import Inputs, Side
-from dualjax.text import build_word_tokenizer
+from dualjax.text.features import Inputs, Side
+from dualjax.text.words import build_word_tokenizer
 
 SCRIPTS = {
     "chinese": "北京大学的图书馆很大 2024",
@@ -56,7 +58,7 @@ def test_an_hf_tokenizer_sees_the_text_as_given():
     """dualjax's normalisation is not applied before a Hugging Face tokenizer: its own
     normaliser decides (the tiny BERT's lowercases and splits CJK characters)."""
     from tokenizers import Tokenizer
-    from dualjax.pretrained.tokenizer import HFTokenizer
+    from dualjax.text.hf import HFTokenizer
     path = TINY_BERT / "tokenizer.json"
     hf, raw = HFTokenizer.from_file(path), Tokenizer.from_file(str(path))
     raw.no_padding()
@@ -131,8 +133,8 @@ def test_a_run_on_pairs_in_every_script_trains_and_evaluates(tmp_path):
     """Questions and answers in six scripts, with digits: the run builds its tables (the
     digits alone once made data preparation yield no example), trains, and its
     vocabulary holds the scripts' words."""
-    from dualjax import train
-    from dualjax.text import WordTokenizer
+    from dualjax.train import loop as train
+    from dualjax.text.words import WordTokenizer
     objects = {"chinese": ("自行车", "修理"), "arabic": ("دراجة", "إصلاح"),
                "cyrillic": ("велосипед", "ремонт"), "greek": ("ποδήλατο", "επισκευή"),
                "devanagari": ("साइकिल", "मरम्मत"), "english": ("bicycle", "repair")}

@@ -13,7 +13,8 @@ import jax
 import numpy as np
 
 from conftest import COMPILE_FLAGS, load_config
-from dualjax import checkpoints, train
+from dualjax.train import checkpoints
+from dualjax.train import loop as train
 
 OVERRIDES = {
     "num_train_steps": 60, "checkpoint_every_steps": 0, "log_every_steps": 5,

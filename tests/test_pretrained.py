@@ -16,11 +16,14 @@ import numpy as np
 import pytest
 
 from conftest import load_config
-from dualjax import config_lib, features, pretrained, warm_start
+from dualjax import pretrained
+from dualjax.config import validation as config_lib
+from dualjax.text import features
+from dualjax.train import warm_start
 from dualjax.models import dual_encoder
 from dualjax.models.bert import BertTower
 from dualjax.pretrained import sources
-from dualjax.specs import model_spec
+from dualjax.config.specs import model_spec
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "pretrained"
 TINY = str(FIXTURES / "tiny_bert")
@@ -82,7 +85,7 @@ def test_hf_tokenizer_saves_loads_and_pickles(tmp_path):
     import pickle
     tok = pretrained.resolve(TINY).tokenizer()
     tok.save(tmp_path / "vocab.json")
-    from dualjax import tokenizers
+    from dualjax.text import tokenizers
     for other in (tokenizers.load_tokenizer(tmp_path / "vocab.json"), pickle.loads(pickle.dumps(tok))):
         assert other.vocab_size == tok.vocab_size
         np.testing.assert_array_equal(other.encode(["Hello World of Fluids"], 8)[0],
@@ -235,7 +238,10 @@ def test_a_run_from_the_tiny_bert_trains_exports_and_warm_starts(tmp_path):
     FSDP on 8 devices: the "start" row is the folder's model as is; training moves the
     towers; the bundle encodes as the workdir's model; init_from takes the towers and the
     recorded start; a corpus index serves the bundle."""
-    from dualjax import checkpoints, export, train, trained
+    from dualjax import export
+    from dualjax.train import checkpoints
+    from dualjax.train import loop as train
+    from dualjax.train import trained
     cfg = model_config(TINY, max_len=24)
     cfg.num_train_steps, cfg.checkpoint_every_steps = 4, 4
     cfg.train.encode_chunks, cfg.loss.column_block = 2, 8
@@ -284,7 +290,7 @@ def test_a_run_from_the_tiny_bert_trains_exports_and_warm_starts(tmp_path):
 def test_pseudo_pairs_are_the_hybrids_first_other_document():
     """Query i was cut from document i: never its own label; the label is the fused
     first: the dense one at weight 1, BM25's at weight 0."""
-    from dualjax import weak_labels
+    from dualjax.train import weak_labels
     docs = ["alpha beta gamma", "delta epsilon zeta", "alpha delta omega", "rho sigma tau"]
     queries = ["alpha beta", "delta epsilon", "alpha delta", "rho"]
     # Dense: every query points at the next document (3 -> 0).
@@ -317,7 +323,9 @@ def beir_folder(tmp_path) -> tuple[pathlib.Path, list[str]]:
 def test_an_evaluation_only_run_of_a_start_exports_the_start(tmp_path):
     """num_train_steps=0 with model.pretrained leaves no checkpoint; its bundle is the
     start as the run evaluated it: the pretrained folder's own vectors."""
-    from dualjax import checkpoints, export, train
+    from dualjax import export
+    from dualjax.train import checkpoints
+    from dualjax.train import loop as train
     folder, texts = beir_folder(tmp_path)
     cfg = model_config(TINY, max_len=48)
     cfg.data.update(name="beir", path=str(folder), ignore_identical_ids=False)
@@ -336,7 +344,8 @@ def test_adapting_with_pseudo_labels_on_a_beir_folder(tmp_path, monkeypatch):
     """data.name=pretrain on a BEIR folder with qrels: the start labels one sentence of
     each document (kept in pseudo_pairs.jsonl and reused on resume), trains on them and
     is evaluated on the folder's queries, beside the start as is."""
-    from dualjax import train, weak_labels
+    from dualjax.train import loop as train
+    from dualjax.train import weak_labels
     folder, texts = beir_folder(tmp_path)
     cfg = model_config(TINY, max_len=48)
     cfg.data.update(name="pretrain", path=str(folder), tasks="pseudo",
@@ -370,7 +379,7 @@ def test_a_wordllama_run_resumes_without_the_pretrained_cache(tmp_path, monkeypa
     left out, with a warning saying what to fetch."""
     import shutil
     from absl import logging as absl_logging
-    from dualjax import train
+    from dualjax.train import loop as train
     monkeypatch.setenv("DUALJAX_PRETRAINED_DIR", str(tmp_path / "cache"))
     shutil.copytree(wordllama, sources.folder_of("wordllama"))
     cfg = model_config("wordllama", tower="bow", max_len=16, embed_dim=256, output_dim=256)

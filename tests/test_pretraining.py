@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from dualjax import features, text
+from dualjax.text import features
+from dualjax.text import words as text
 from dualjax.data import documents, pipeline, pretraining
 from dualjax.data.pairs_file import DataError
 
@@ -311,7 +312,8 @@ def test_plain_text_pretraining_as_the_readme_says(tmp_path):
     """configs/pretrain.py on plain "text" lines: its default tasks need links (WLP),
     and the error says which tasks the collection does have pairs for."""
     from conftest import load_config
-    from dualjax import config_lib, tasks as tasks_lib
+    from dualjax.config import validation as config_lib
+    from dualjax.train import tasks as tasks_lib
     cfg = load_config("pretrain")
     cfg.data.path = _plain_text_file(tmp_path, PLAIN)
     cfg.data.passage_words = 20

@@ -1,7 +1,7 @@
-"""dualjax.progress: off a terminal, a long stage logs its count and rate."""
+"""dualjax.runtime.progress: off a terminal, a long stage logs its count and rate."""
 import logging
 
-from dualjax.progress import Progress
+from dualjax.runtime.progress import Progress
 
 
 def test_progress_logs_count_and_rate_off_a_terminal(caplog):

@@ -16,12 +16,15 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from dualjax import config_lib, models, objectives, sharding, train
-from dualjax import tasks as tasks_lib
+from dualjax import models, objectives
+from dualjax.config import validation as config_lib
+from dualjax.runtime import sharding
+from dualjax.train import loop as train
+from dualjax.train import tasks as tasks_lib
 from dualjax.data import builders, mining, reqa
 from dualjax.models import pses as pses_model
 from dualjax.objectives import pses
-from dualjax.specs import dataset_spec, model_spec
+from dualjax.config.specs import dataset_spec, model_spec
 from test_train import preempt_at, tiny, train_rows  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -386,7 +389,8 @@ def test_pses_trains_both_players_and_resumes_exactly(tmp_path, trained):
 
 
 def test_exported_pses_encodes_as_the_model(tmp_path, trained):
-    from dualjax import export, trained as trained_lib
+    from dualjax import export
+    from dualjax.train import trained as trained_lib
     encoder = export.export(trained[0], str(tmp_path / "bundle"), platforms=("cpu",))
     assert encoder.meta["model"] == "pses" and encoder.dim == 8 + 4  # [z_s; z_q]
     model = trained_lib.load_trained(trained[0])

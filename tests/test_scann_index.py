@@ -11,7 +11,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from dualjax import ann
+from dualjax.retrieval import ann
 
 N, DIM, NQ, K = 3000, 32, 200, 10
 

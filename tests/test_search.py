@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from conftest import load_config
-from dualjax import search, train
+from dualjax import search
+from dualjax.train import loop as train
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def test_searcher_reuses_the_saved_index_and_ranks_by_score(workdir):
 
 
 def test_a_changed_corpus_fingerprint_rebuilds(workdir, monkeypatch):
-    from dualjax import ann
+    from dualjax.retrieval import ann
     real = ann.corpus_fingerprint
     monkeypatch.setattr(ann, "corpus_fingerprint", lambda c, extra="": real(c, extra + "x"))
     assert search.from_workdir(str(workdir), "test", k=5).info["built"] is True
@@ -145,7 +146,8 @@ def test_search_command_line_from_a_bundle_says_when_no_token_is_known(bundle, w
 def test_an_hnsw_corpus_index_is_built_saved_and_loaded(bundle, tmp_path):
     pytest.importorskip("faiss", reason="eval.index=hnsw needs faiss-cpu (the test extra)")
     import dualjax
-    from dualjax import ann, index as corpus_index
+    from dualjax import index as corpus_index
+    from dualjax.retrieval import ann
     encoder = dualjax.Encoder.load(bundle)
     texts = [f"how do i fix my {w} {i} ?" for i in range(30) for w in ("car", "bike")]
     built = corpus_index.build(encoder, [str(i) for i in range(60)], texts,
@@ -184,7 +186,7 @@ def test_outputs_never_replace_their_inputs_or_other_folders(workdir, bundle, tm
     On the command line the refusal is one line with exit 1."""
     import dualjax
     from dualjax import export, index as corpus_index
-    from dualjax.workdir import OutputError
+    from dualjax.errors import OutputError
     beir = tmp_path / "beir"
     (beir / "qrels").mkdir(parents=True)
     (beir / "corpus.jsonl").write_text('{"_id": "a", "text": "how do i fix my bike"}\n')
@@ -223,7 +225,7 @@ def test_an_index_and_a_bundle_never_live_inside_each_other(workdir, bundle, tmp
     import shutil
     import dualjax
     from dualjax import export, index as corpus_index
-    from dualjax.workdir import OutputError
+    from dualjax.errors import OutputError
     encoder = dualjax.Encoder.load(bundle)
     index = lambda out, **kw: corpus_index.build(encoder, ["a"], ["how do i fix my bike"],
                                                  str(out), kind="exact", **kw)
@@ -275,7 +277,8 @@ def test_one_writer_per_output_and_what_dead_writers_left_is_removed(bundle, tmp
     process is gone); the lock file beside --out is not left behind."""
     import dualjax
     from dualjax import index as corpus_index
-    from dualjax.workdir import Lock, OutputError
+    from dualjax.runtime.files import Lock
+    from dualjax.errors import OutputError
     encoder = dualjax.Encoder.load(bundle)
     out = tmp_path / "idx"
     build = lambda: corpus_index.build(encoder, ["a"], ["how do i fix my bike"], str(out),
@@ -335,7 +338,7 @@ def test_a_changed_bundle_or_index_is_refused_naming_the_file(bundle, tmp_path):
     import shutil
     import dualjax
     from dualjax import index as corpus_index
-    from dualjax.workdir import files_under
+    from dualjax.runtime.files import files_under
     texts = [f"document number {i} about bikes and rice" for i in range(12)]
     encoder = dualjax.Encoder.load(bundle)
     corpus_index.build(encoder, [str(i) for i in range(12)], texts, str(tmp_path / "idx"),
@@ -437,8 +440,9 @@ def test_bundle_and_index_metadata_errors_name_the_file(workdir, bundle, tmp_pat
     import json
     import shutil
     import dualjax
-    from dualjax import encoder as encoder_lib, export, index as corpus_index
-    from dualjax.workdir import file_digests
+    from dualjax import export, index as corpus_index
+    from dualjax.serve import encoder as encoder_lib
+    from dualjax.runtime.files import file_digests
     copy = shutil.copytree(bundle, tmp_path / "b")
     meta = json.loads((copy / "encoder.json").read_text())
     (copy / "encoder.json").write_text(json.dumps({k: v for k, v in meta.items()

@@ -13,10 +13,12 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from conftest import load_config
-from dualjax import checkpoints, sharding, train
-from dualjax import step as step_lib
+from dualjax.train import checkpoints
+from dualjax.runtime import sharding
+from dualjax.train import loop as train
+from dualjax.train import step as step_lib
 from dualjax.models import dual_encoder
-from dualjax.specs import model_spec
+from dualjax.config.specs import model_spec
 
 
 def test_fsdp_spec_by_hand():

@@ -4,7 +4,7 @@ import collections
 import pytest
 
 from dualjax.data import synthetic
-from dualjax.text import normalize
+from dualjax.text.words import normalize
 
 
 @pytest.fixture(scope="module")

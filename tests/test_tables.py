@@ -1,4 +1,4 @@
-"""optimizer.table_updates="lazy" (dualjax/tables.py): a step updates only the token-table
+"""optimizer.table_updates="lazy" (dualjax/train/lazy_rows.py): a step updates only the token-table
 rows its batch reads, with every other param and the step count as dense Adam has them."""
 
 import jax
@@ -7,11 +7,14 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from conftest import load_config
-from dualjax import config_lib, losses, sharding, tables
-from dualjax import step as step_lib
+from dualjax import losses
+from dualjax.config import validation as config_lib
+from dualjax.runtime import sharding
+from dualjax.train import lazy_rows as tables
+from dualjax.train import step as step_lib
 from dualjax.models import dual_encoder
 from dualjax.objectives import dual_encoder as de_objective
-from dualjax.specs import model_spec
+from dualjax.config.specs import model_spec
 
 # Tables of 4,096 x 8, twice sharding.FSDP_MIN_SIZE elements: "fsdp" splits their rows over
 # the devices. At most 96 rows read per side and step: most untouched.

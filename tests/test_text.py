@@ -1,4 +1,4 @@
-"""Tests for dualjax.text: normalisation, word tokenizer, OOV hashing, save/load."""
+"""Tests for dualjax.text.words: normalisation, word tokenizer, OOV hashing, save/load."""
 import json
 import os
 import subprocess
@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from dualjax import text
-from dualjax.text import WordTokenizer, build_word_tokenizer, normalize, words
+from dualjax.text import words as text
+from dualjax.text.words import WordTokenizer, build_word_tokenizer, normalize, words
 
 
 @pytest.mark.parametrize("raw, expected", [
@@ -114,7 +114,7 @@ def test_invalid_construction():
 
 _CHILD = """
 import json, sys
-from dualjax.text import WordTokenizer
+from dualjax.text.words import WordTokenizer
 tok = WordTokenizer(vocab=("a",), num_oov_buckets=1000)
 print(json.dumps(tok.token_ids(sys.argv[1])))
 """

@@ -1,4 +1,4 @@
-"""Tests for dualjax.tokenizers: trigram/bigram/word+trigram/sentencepiece tokenizers,
+"""Tests for dualjax.text.tokenizers: trigram/bigram/word+trigram/sentencepiece tokenizers,
 their id layouts, cross-process hashing, save/load and build determinism."""
 import hashlib
 import json
@@ -12,9 +12,9 @@ import zlib
 import numpy as np
 import pytest
 
-from dualjax import tokenizers
-from dualjax.text import WordTokenizer, build_word_tokenizer
-from dualjax.tokenizers import (BigramTokenizer, CharTrigramTokenizer, WordTrigramTokenizer,
+from dualjax.text import tokenizers
+from dualjax.text.words import WordTokenizer, build_word_tokenizer
+from dualjax.text.tokenizers import (BigramTokenizer, CharTrigramTokenizer, WordTrigramTokenizer,
                                 build_sentencepiece, build_tokenizer, char_trigrams,
                                 load_tokenizer, word_bigrams)
 
@@ -268,7 +268,7 @@ def test_build_is_deterministic(built, kind):
 
 _CHILD = """
 import hashlib, json, sys
-from dualjax import tokenizers
+from dualjax.text import tokenizers
 texts, probe = json.loads(sys.argv[1]), sys.argv[2]
 out = {}
 for kind in tokenizers.TOKENIZERS:

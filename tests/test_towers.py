@@ -15,9 +15,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from conftest import load_config
-from dualjax import config_lib, train
+from dualjax.config import validation as config_lib
+from dualjax.train import loop as train
 from dualjax.models import dual_encoder, layers, pses, towers
-from dualjax.specs import model_spec
+from dualjax.config.specs import model_spec
 
 VOCAB = 50
 KINDS = ("bow", "bow_mlp", "cnn", "transformer_cls", "transformer_mean")

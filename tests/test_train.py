@@ -14,10 +14,12 @@ import orbax.checkpoint as ocp
 import pytest
 
 from conftest import CONFIGS, load_config
-from dualjax import config_lib, tasks, train
-from dualjax import step as step_lib
+from dualjax.config import validation as config_lib
+from dualjax.train import tasks
+from dualjax.train import loop as train
+from dualjax.train import step as step_lib
 from dualjax.data.pairs_file import DataError
-from dualjax.specs import dataset_spec
+from dualjax.config.specs import dataset_spec
 
 
 def tiny(**overrides):
@@ -125,7 +127,7 @@ def read_events(workdir) -> tuple[dict[str, dict[int, float]], list[str]]:
 def test_a_run_resumed_within_the_same_second_keeps_the_earlier_events(tmp_path, monkeypatch):
     # tensorboardX names event files by the second only; CI once resumed within it and
     # the resumed run's file replaced the killed one's.
-    from dualjax.metrics_log import MetricsLog
+    from dualjax.eval.metrics_log import MetricsLog
     from tensorboardX import event_file_writer
     monkeypatch.setattr(event_file_writer.time, "time", lambda: 1_700_000_000.0)
     for first, steps in [(0, [5, 7, 9]), (8, [10])]:  # killed after its checkpoint at 7
@@ -269,8 +271,9 @@ def test_categorical_fields_and_side_lengths_train_evaluate_and_search(tmp_path,
     results = train.train_and_evaluate(cfg, workdir)
     assert step_options == ["lazy"]
     assert results["dual_encoder [exact]"]["num_queries"] > 10
-    from dualjax import features, search
-    from dualjax import trained as trained_lib
+    from dualjax import search
+    from dualjax.text import features
+    from dualjax.train import trained as trained_lib
     _, doc_side = features.load(os.path.join(workdir, "features.json"))
     assert sorted(doc_side.fields[0].vocab) == ["bike", "car", "phone"]
     assert final_params(workdir, cfg.num_train_steps)["doc_feature_0"]["embedding"].shape == (
@@ -550,7 +553,7 @@ def test_early_stopping_ends_training_once_val_stops_improving(tmp_path, capsys)
     assert f"finished at step {stop}" in capsys.readouterr().out
     # Killed during the evaluation of the best step (its checkpoint is saved first): the
     # same command evaluates that step again, so it is still the best, and stops as above.
-    from dualjax import evaluate
+    from dualjax.eval import evaluate
     real, calls = evaluate.evaluate_split, []
 
     def dies(task, *args, **kwargs):
@@ -576,7 +579,7 @@ def test_max_epochs_caps_the_steps_by_the_training_items():
     passages), rounded up, when that is fewer than num_train_steps; resuming computes the
     same. A workdir saved before the key existed resumes (absent = off)."""
     import types
-    from dualjax import workdir as workdir_lib
+    from dualjax.train import workdir as workdir_lib
     cfg = tiny(**{"num_train_steps": 300, "global_batch_size": 64, "max_epochs": 2.0})
     pairs = types.SimpleNamespace(pretraining=False, train_source=[None] * 100)
     docs = types.SimpleNamespace(pretraining=True,

@@ -11,10 +11,15 @@ import numpy as np
 import pytest
 
 from conftest import load_config
-from dualjax import config_lib, evaluate, report, sharding, train, typos
+from dualjax.config import validation as config_lib
+from dualjax.eval import evaluate
+from dualjax.eval import report
+from dualjax.runtime import sharding
+from dualjax.train import loop as train
+from dualjax.text import typos
 from dualjax.data.clusters import task_from_clusters
-from dualjax.features import Inputs, Side
-from dualjax.text import build_word_tokenizer
+from dualjax.text.features import Inputs, Side
+from dualjax.text.words import build_word_tokenizer
 
 # A small hand-made task: each pair of paraphrases shares two rare words and differs in a
 # common one; the singletons are distractors sharing one rare word with a pair. Clean,

@@ -1,4 +1,4 @@
-"""Tests for dualjax.typos: the QWERTY map and the statistics of Algorithm 2."""
+"""Tests for dualjax.text.typos: the QWERTY map and the statistics of Algorithm 2."""
 import collections
 import math
 import random
@@ -6,8 +6,8 @@ import random
 import numpy as np
 import pytest
 
-from dualjax.text import normalize
-from dualjax.typos import QWERTY_NEIGHBOURS, add_typos, typo_texts, typo_word
+from dualjax.text.words import normalize
+from dualjax.text.typos import QWERTY_NEIGHBOURS, add_typos, typo_texts, typo_word
 
 
 def classify(orig: str, new: str) -> str:

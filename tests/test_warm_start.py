@@ -9,10 +9,13 @@ import numpy as np
 import pytest
 
 from conftest import load_config
-from dualjax import checkpoints, config_lib, train, warm_start
-from dualjax.config_lib import ConfigError
+from dualjax.train import checkpoints
+from dualjax.config import validation as config_lib
+from dualjax.train import loop as train
+from dualjax.train import warm_start
+from dualjax.config.validation import ConfigError
 from dualjax.models import dual_encoder
-from dualjax.specs import model_spec
+from dualjax.config.specs import model_spec
 from test_pretraining import ARTICLES
 
 

@@ -10,9 +10,10 @@ import time
 import pytest
 
 from conftest import load_config
-from dualjax import train, workdir
-from dualjax.metrics_log import MetricsLog
-from dualjax.workdir import WorkdirError
+from dualjax.train import loop as train
+from dualjax.train import workdir
+from dualjax.eval.metrics_log import MetricsLog
+from dualjax.errors import WorkdirError
 
 
 def tiny(**overrides):
@@ -94,7 +95,7 @@ def test_a_second_run_on_a_workdir_is_refused(tmp_path):
 
 def test_the_lock_of_a_killed_run_is_free(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from dualjax import workdir; "
+        [sys.executable, "-c", "import sys, time; from dualjax.train import workdir; "
          f"workdir.Lock({str(tmp_path)!r}).acquire(); print('locked', flush=True); "
          "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"
@@ -234,7 +235,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_earlier_ones_resume(tmp
                                                                                monkeypatch):
     """Orbax reports a full disk as a ValueError carrying TensorStore's status (seen on a
     full tmpfs); the run ends with one SaveError line naming the kept checkpoints."""
-    from dualjax import checkpoints
+    from dualjax.train import checkpoints
     cfg = tiny(**{"num_train_steps": 6, "checkpoint_every_steps": 2, "keep_checkpoints": 5,
                   "eval.index": "exact", "eval.untrained": False, "eval.baselines": ""})
     save = checkpoints.ocp.CheckpointManager.save

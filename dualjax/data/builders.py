@@ -32,8 +32,9 @@ from absl import logging
 from dualjax.data import beir, clusters, mining, pairs_file, reqa, synthetic
 from dualjax.data.clusters import RawData, RetrievalTask
 from dualjax.data.pairs_file import DataError
-from dualjax.text import normalize, words
-from dualjax.workdir import DISK_ERRNOS, WorkdirError
+from dualjax.errors import WorkdirError
+from dualjax.runtime.files import DISK_ERRNOS
+from dualjax.text.words import normalize, words
 
 EVAL_SPLITS = ("val", "test")
 CANDIDATES = ("split", "all")
@@ -262,7 +263,8 @@ class PairsFile(_RetrievalBuilder):
         cluster_of = clusters.cluster_pairs([(normalize(q), normalize(d)) for q, d in pairs])
         fractions = {"train": 1.0 - settings["val_fraction"] - settings["test_fraction"],
                      "val": settings["val_fraction"], "test": settings["test_fraction"]}
-        split_of = clusters.split_clusters(max(cluster_of.values()) + 1, fractions, settings["seed"])
+        split_of = clusters.split_clusters(max(cluster_of.values()) + 1, fractions,
+                                           settings["seed"])
         names = list(fractions)
         counts = {name: int((split_of == i).sum()) for i, name in enumerate(names)}
         for name in names:

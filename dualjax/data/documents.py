@@ -35,7 +35,7 @@ from absl import logging
 
 from dualjax.data import beir, reqa
 from dualjax.data.pairs_file import DataError
-from dualjax.text import sentence_spans, words
+from dualjax.text.words import sentence_spans, words
 
 FORMAT = 2  # of the cache file; bump when reading or splitting changes
 

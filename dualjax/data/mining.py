@@ -18,10 +18,10 @@ from typing import Sequence
 import numpy as np
 from absl import logging
 
-from dualjax import baselines
 from dualjax.data import clusters
-from dualjax.data.clusters import RetrievalTask
-from dualjax.text import normalize
+from dualjax.retrieval import baselines
+from dualjax.retrieval.task import RetrievalTask
+from dualjax.text.words import normalize
 
 
 class _OtherClusters:

@@ -22,16 +22,13 @@ from typing import NamedTuple
 
 from absl import logging
 
-from dualjax import text as text_lib
+from dualjax.errors import DataError  # noqa: F401 (raised here)
+from dualjax.text import words as text_lib
 
 _TSV_SUFFIXES = (".tsv", ".txt")
 _JSONL_SUFFIXES = (".jsonl", ".json")
 # How many bad line numbers the skip warning lists.
 _MAX_REPORTED_LINES = 10
-
-
-class DataError(ValueError):
-    """Bad input data; the message names the file and line."""
 
 
 class PairRecord(NamedTuple):

@@ -18,8 +18,8 @@ import jax
 import numpy as np
 
 from dualjax.data import shuffle
-from dualjax.features import Inputs, Side
-from dualjax.text import normalize
+from dualjax.text.features import Inputs, Side
+from dualjax.text.words import normalize
 
 
 def read_records(source, indices: Sequence[int]) -> list:

@@ -14,7 +14,7 @@ Three paragraph-level tasks, each making (query, document) pairs from a `Collect
   document are two spans of one passage ("title. passage" as words), each of a length
   drawn uniformly from CROP_RATIO of its words and placed uniformly, independently (they
   may overlap). No sentence structure is needed, so it applies to any collection.
-- PSEUDO, weak supervision from a model (`dualjax.weak_labels`): (query, document)
+- PSEUDO, weak supervision from a model (`dualjax.train.weak_labels`): (query, document)
   pairs made before training, e.g. a sentence of each passage labelled with the
   document the start's hybrid with BM25 ranks first among the others; given to the
   generator as `pseudo_pairs`.
@@ -191,5 +191,5 @@ _NEEDS = {"ict": "passages of two or more sentences",
           "bfs": "articles with a lead and passages after it",
           "wlp": "links between articles, or titles mentioned in other articles",
           "crop": f"passages of {CROP_MIN_WORDS} or more words",
-          "pseudo": "pseudo-labelled pairs (dualjax.weak_labels)",
+          "pseudo": "pseudo-labelled pairs (dualjax.train.weak_labels)",
           "mlm": "passages"}

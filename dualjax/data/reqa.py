@@ -5,7 +5,7 @@ comprehension set into retrieval: every sentence of every paragraph is a
 candidate answer and a question must retrieve the sentence that holds its
 answer. Choices made here:
 
-* Sentences come from :func:`dualjax.text.sentence_spans` (sentencex).
+* Sentences come from :func:`dualjax.text.words.sentence_spans` (sentencex).
 * A question's relevant candidates are the sentences holding each of its
   distinct ``answer_start``\\ s (SQuAD dev has up to 3 answers per question); its
   training pair uses the sentence of its first answer only, so that a question
@@ -36,7 +36,7 @@ from absl import logging
 from dualjax.data import clusters
 from dualjax.data.clusters import RawData, RetrievalTask
 from dualjax.data.pairs_file import DataError, _read_bytes
-from dualjax.text import sentence_spans
+from dualjax.text.words import sentence_spans
 
 CANDIDATES = ("split", "all")
 SPLIT_BY = ("article", "question")
@@ -178,7 +178,8 @@ def load_reqa_squad(settings: dict) -> RawData:
         settings: ``{"path": the SQuAD JSON file, "seed": int, "val_fraction":
             float, "test_fraction": float, "candidates": "split" | "all",
             "context": bool, "split_by": "article" | "question",
-            "train_fraction": float, "unit": "sentence" | "paragraph"}``; all but the path default to `DEFAULTS`.
+            "train_fraction": float, "unit": "sentence" | "paragraph"}``; all but the path
+            default to `DEFAULTS`.
             Articles (or questions) are split by ``clusters.split_clusters``; a
             zero val_fraction gives no "val" task. Each split's questions are its
             queries; its corpus is the candidates of its own articles ("split")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from dualjax.text import normalize
+from dualjax.text.words import normalize
 
 
 def _groups(spec: str) -> tuple[tuple[str, ...], ...]:
@@ -31,10 +31,14 @@ def _groups(spec: str) -> tuple[tuple[str, ...], ...]:
 
 ACTIONS = _groups("""
     fix/repair/mend/sort out; clean/wash/scrub/cleanse; buy/purchase/acquire/pick up;
-    sell/resell/offload/trade in; paint/repaint/colour/apply paint to; store/stow/put away/keep safe;
-    move/relocate/transport/shift; build/construct/assemble/put together; install/set up/mount/fit;
-    remove/take off/detach/pull off; choose/pick/select/decide on; maintain/look after/care for/service;
-    insure/get insurance for/get coverage for; rent/hire/lease/borrow; decorate/style/adorn/dress up;
+    sell/resell/offload/trade in; paint/repaint/colour/apply paint to;
+    store/stow/put away/keep safe;
+    move/relocate/transport/shift; build/construct/assemble/put together;
+    install/set up/mount/fit;
+    remove/take off/detach/pull off; choose/pick/select/decide on;
+    maintain/look after/care for/service;
+    insure/get insurance for/get coverage for; rent/hire/lease/borrow;
+    decorate/style/adorn/dress up;
     protect/shield/safeguard/guard; measure/size up/gauge/take measurements of;
     throw away/discard/dispose of/get rid of; upgrade/improve/enhance/modernize;
     inspect/check/examine/look over; heat/warm up/heat up; cool/chill/cool down;
@@ -242,7 +246,8 @@ class _Generator:
         pairs = []
         for intent in self._intents(n):
             texts = [t for _, t in self._cluster(intent)]
-            pairs += [(texts[i], texts[j]) for i in range(len(texts)) for j in range(i + 1, len(texts))]
+            pairs += [(texts[i], texts[j])
+                      for i in range(len(texts)) for j in range(i + 1, len(texts))]
             self._new_id()
         self.rng.shuffle(pairs)
         return pairs

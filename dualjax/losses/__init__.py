@@ -65,15 +65,28 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from dualjax.losses import streaming
+
 # Re-exported: the package's names as they were when it was one module.
-from dualjax.losses.reference import (DEFAULT_MARGINS, DISTANCES, EXTRAS,  # noqa: F401
-                                      REPLICATED_EXTRAS, SHARDED_EXTRAS, TRIPLET_HARDEST_MARGIN,
-                                      Extras, LossFn, Metrics, in_batch_sigmoid,
-                                      in_batch_softmax, in_batch_triplet_hardest,
-                                      pointwise_logistic, reference_columns, sdml,
-                                      triplet_margin)
+from dualjax.losses.reference import (  # noqa: F401
+    DEFAULT_MARGINS,
+    DISTANCES,
+    EXTRAS,
+    REPLICATED_EXTRAS,
+    SHARDED_EXTRAS,
+    TRIPLET_HARDEST_MARGIN,
+    Extras,
+    LossFn,
+    Metrics,
+    in_batch_sigmoid,
+    in_batch_softmax,
+    in_batch_triplet_hardest,
+    pointwise_logistic,
+    reference_columns,
+    sdml,
+    triplet_margin,
+)
 from dualjax.losses.streaming import CORES, Sums, gather_columns  # noqa: F401
-from dualjax.sharding import DATA_AXIS
+from dualjax.runtime.sharding import DATA_AXIS
 
 
 # ----------------------------------------------------------------------------- registry

@@ -13,9 +13,15 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import xlogy
 
-from dualjax.losses.reference import (Extras, _distance, _masked, _softplus,
-                                      _sq_dist_from_dots, other_hits)
-from dualjax.sharding import DATA_AXIS
+from dualjax.losses.reference import (
+    Extras,
+    _distance,
+    _masked,
+    _softplus,
+    _sq_dist_from_dots,
+    other_hits,
+)
+from dualjax.runtime.sharding import DATA_AXIS
 
 
 # ----------------------------------------------------------------------------- the core

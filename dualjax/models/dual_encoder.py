@@ -2,7 +2,7 @@
 normalised outputs, and the similarity's scale and bias that turn cosines into logits.
 
 Pure-functional: build the module with `make_model(spec, vocab_size, feature_sizes)` (a
-`ModelSpec`: `dualjax.specs.model_spec(config.model)`), get the params pytree (plain
+`ModelSpec`: `dualjax.config.specs.model_spec(config.model)`), get the params pytree (plain
 arrays) from `init_params`, and call `model.apply({"params": p}, ids, mask, cats,
 method="encode_queries")` and friends (cats: the side's categorical feature ids [batch,
 num_fields], when it has any). `logical_axes` gives every param's logical axis names (a
@@ -161,7 +161,7 @@ TABLE_READERS = {"tower": ("q", "d", "m", "n"), "embed": ("q", "d", "m", "n"),
 
 def token_tables(params: dict) -> dict[tuple[str, ...], tuple[str, ...]]:
     """{module path of a token table (towers.TokenTable): the batch fields that index it},
-    for `dualjax.tables` (the categorical feature tables are not token tables)."""
+    for `dualjax.train.lazy_rows` (the categorical feature tables are not token tables)."""
     out = {}
     for keypath, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
         keys = tuple(k.key for k in keypath)

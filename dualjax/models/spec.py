@@ -1,5 +1,5 @@
 """What the models are built from: `ModelSpec`, the `model` config group resolved once
-(`dualjax.specs.model_spec`), with the per-side towers named and the Transformer's preset
+(`dualjax.config.specs.model_spec`), with the per-side towers named and the Transformer's preset
 applied. A frozen dataclass, so a module holds it as a field and never reads a config."""
 
 from __future__ import annotations

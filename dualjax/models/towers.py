@@ -3,7 +3,8 @@
 Each tower takes `ids` int32 [batch, len] and `mask` bool [batch, len] (True on real
 tokens), and optionally `extra` float [batch, e] (categorical feature vectors, appended
 to the text vector before the tower's dense layers: bow_mlp's MLP, cnn's and the
-transformer's output layer), and returns float32 [batch, dim]. Towers are looked up by name in `TOWERS`
+transformer's output layer), and returns float32 [batch, dim]. Towers are looked up by
+name in `TOWERS`
 (`model.tower`, or `model.query_tower` / `model.doc_tower` per side); each constructor
 takes the `ModelSpec` (models/spec.py), the vocabulary size, the module name and optionally a
 token-embedding module to use instead of its own table (`model.shared_embedding`: one
@@ -118,9 +119,9 @@ def bag_sum(table: jnp.ndarray, ids: jnp.ndarray, mask: jnp.ndarray,
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _bag_sum(table, ids, mask, dtype):
-    def add(l, total):
-        rows = table[ids[:, l]].astype(dtype).astype(jnp.float32)
-        return total + jnp.where(mask[:, l, None], rows, 0.0)
+    def add(pos, total):
+        rows = table[ids[:, pos]].astype(dtype).astype(jnp.float32)
+        return total + jnp.where(mask[:, pos, None], rows, 0.0)
     return jax.lax.fori_loop(0, ids.shape[1], add,
                              jnp.zeros((ids.shape[0], table.shape[1]), jnp.float32))
 
@@ -136,8 +137,8 @@ def _bag_sum_bwd(dtype, residuals, cotangent):
     ct = cotangent.astype(dtype).astype(like.dtype)
     where = jnp.where(mask, ids, rows)  # pads point past the table and are dropped
 
-    def add(l, grad):
-        return grad.at[where[:, l]].add(ct, mode="drop")
+    def add(pos, grad):
+        return grad.at[where[:, pos]].add(ct, mode="drop")
     grad = jax.lax.fori_loop(0, ids.shape[1], add, jnp.zeros((rows, dim), like.dtype))
     zero = lambda x: np.zeros(x.shape, jax.dtypes.float0)
     return grad, zero(ids), zero(mask)
@@ -149,7 +150,7 @@ _bag_sum.defvjp(_bag_sum_fwd, _bag_sum_bwd)
 class TokenTable(nn.Embed):
     """A tower's token table: nn.Embed (params "embedding" [rows, dim]) that also sums a
     text's token vectors (`bag`). Both read the table through `source`, the one place a
-    train step that updates only the rows its batch touches (`dualjax.tables`) swaps
+    train step that updates only the rows its batch touches (`dualjax.train.lazy_rows`) swaps
     the table for those rows."""
 
     def source(self, ids: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:

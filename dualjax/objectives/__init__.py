@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import jax
 
-from dualjax import config_lib, losses, tasks
+from dualjax import losses
+from dualjax.config import specs
+from dualjax.config import validation as config_lib
 from dualjax.objectives import dual_encoder, mlm, pses
-from dualjax.objectives.core import (Critic, Objective, init_critic_state, restrict,
-                                     update_critic)
+from dualjax.objectives.core import Critic, Objective, init_critic_state, restrict, update_critic
 
 __all__ = ["Critic", "Objective", "PRETRAINING_HEADS", "dual_encoder", "from_config",
            "init_critic_state", "is_mlm", "mlm", "pses", "restrict", "update_critic"]
@@ -23,8 +24,8 @@ PRETRAINING_HEADS = ("mlm",)  # params a fine-tuning run does not take over
 
 def is_mlm(config) -> bool:
     """Whether the run pre-trains with MLM (data.name="pretrain", data.tasks="mlm")."""
-    return any(d.name == tasks.PRETRAIN and d.tasks.strip() == "mlm"
-               for _, d, _ in tasks.task_configs(config))
+    return any(d.name == specs.PRETRAIN and d.tasks.strip() == "mlm"
+               for _, d, _ in specs.task_configs(config))
 
 
 def from_config(config, model, mesh: jax.sharding.Mesh) -> Objective:

@@ -42,7 +42,7 @@ class Objective:
     (None: every param trains); `critic`: a second player, or None; `tables(params)`:
     {token table's module path: the batch's id fields that index it} when every read of
     those tables is a lookup of those ids, so that a step may update only the rows a batch
-    reads (`dualjax.tables`); None: it may not."""
+    reads (`dualjax.train.lazy_rows`); None: it may not."""
     init: Callable[[jax.Array], Params]
     loss: LossFn
     trainable: Callable[[Params], Any] | None = None

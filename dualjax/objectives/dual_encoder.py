@@ -19,7 +19,8 @@ from dualjax.objectives.core import Objective
 # The batch's texts the towers encode: key prefix, the model's method, and what the
 # loss calls the embeddings (None: the pairs' own q and d).
 ENCODED = (("q", "encode_queries", None), ("d", "encode_documents", None),
-           ("m", "encode_documents", "mixed_negatives"), ("n", "encode_documents", "hard_negatives"))
+           ("m", "encode_documents", "mixed_negatives"),
+           ("n", "encode_documents", "hard_negatives"))
 
 
 def objective(model: dual_encoder.DualEncoder, loss_fn, max_len: int,

@@ -20,6 +20,7 @@ import numpy as np
 from dualjax.models import dual_encoder
 from dualjax.objectives.core import Objective, Params
 
+
 class MlmHead(nn.Module):
     """BERT's prediction head: dense + GELU + LayerNorm on a token state, then logits
     over the vocabulary through the tied token table, plus an output bias. Also holds the

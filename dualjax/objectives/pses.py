@@ -38,7 +38,7 @@ from dualjax.models import dual_encoder
 from dualjax.models.pses import Codes, Pses, retrieval_vector
 from dualjax.objectives.core import Critic, Objective
 from dualjax.objectives.dual_encoder import hit_extras
-from dualjax.sharding import DATA_AXIS
+from dualjax.runtime.sharding import DATA_AXIS
 
 
 class CriticNet(nn.Module):

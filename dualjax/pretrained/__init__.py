@@ -28,10 +28,18 @@ from typing import Any, Iterator
 import numpy as np
 
 from dualjax.models.bert import POOLINGS, BertConfig
-from dualjax.pretrained.sources import (MARKER, SOURCES, PretrainedError, canonical, fetch,
-                                        folder_of, sha256_file, verify)
-from dualjax.pretrained.tokenizer import HFTokenizer
-from dualjax.workdir import atomic_json
+from dualjax.pretrained.sources import (
+    MARKER,
+    SOURCES,
+    PretrainedError,
+    canonical,
+    fetch,
+    folder_of,
+    sha256_file,
+    verify,
+)
+from dualjax.runtime.files import atomic_json
+from dualjax.text.hf import HFTokenizer
 
 KINDS = ("bert", "static")
 RECORD = "pretrained.json"  # in a workdir: the resolved start its towers came from
@@ -287,7 +295,8 @@ def bert_params(tensors: dict[str, np.ndarray], c: BertConfig, path: str) -> dic
             attn["out_kernel"], attn["out_bias"] = w.reshape(heads, d, h), b
             w_in, b_in = _linear(t, p + "intermediate.dense")
             w_out, b_out = _linear(t, p + "output.dense")
-            out[f"layer_{i}"] = {"attn": attn, "ln_attn": _norm(t, p + "attention.output.LayerNorm"),
+            out[f"layer_{i}"] = {"attn": attn,
+                                 "ln_attn": _norm(t, p + "attention.output.LayerNorm"),
                                  "mlp_in": {"kernel": w_in, "bias": b_in},
                                  "mlp_out": {"kernel": w_out, "bias": b_out},
                                  "ln_mlp": _norm(t, p + "output.LayerNorm")}

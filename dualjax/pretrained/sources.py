@@ -26,7 +26,8 @@ import sys
 import tempfile
 import zipfile
 
-from dualjax.workdir import atomic_write
+from dualjax.errors import PretrainedError  # noqa: F401 (raised here)
+from dualjax.runtime.files import atomic_write
 
 MARKER = "dualjax_pretrained.json"  # written into a fetched folder: where it came from
 
@@ -92,11 +93,6 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
 ALIASES = {"wordllama": "wordllama:l2_supercat_256",
            "sentence-transformers/all-MiniLM-L6-v2": "all-MiniLM-L6-v2",
            "minishlab/potion-base-8M": "potion-base-8M"}
-
-
-class PretrainedError(ValueError):
-    """A pretrained start that cannot be used: the message is one line saying why and
-    what to run."""
 
 
 def cache_dir() -> str:

@@ -1,0 +1,1 @@
+"""The config: its validation, its resolution into typed specs, its keys' documentation."""

@@ -1,0 +1,514 @@
+"""Config checks that need the registries: every name and number is checked before any
+work starts, and the message names the key and what would work."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+
+import ml_collections
+import numpy as np
+
+from dualjax import losses, models
+from dualjax.config import specs
+from dualjax.data import builders, pretraining, reqa
+from dualjax.errors import ConfigError  # noqa: F401 (raised here)
+from dualjax.models import dual_encoder, pses, towers
+from dualjax.retrieval import ann, baselines, metrics
+from dualjax.runtime import sharding
+from dualjax.text import features, tokenizers
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+TABLE_UPDATES = ("dense", "lazy")  # optimizer.table_updates (dualjax/train/lazy_rows.py)
+DECAYS = ("linear", "constant")
+
+
+def _one_of(key: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"config.{key}={value!r} is not one of: {', '.join(map(str, allowed))}")
+
+
+def _positive(config: ml_collections.ConfigDict, *keys: str, allow_zero: bool = False) -> None:
+    for key in keys:
+        value = config
+        for part in key.split("."):
+            value = value[part]
+        if value < 0 or (value == 0 and not allow_zero):
+            raise ConfigError(f"config.{key}={value} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def _check_loss(loss: ml_collections.ConfigDict) -> None:
+    """config.loss: a known loss with the data it needs, and no option it would ignore."""
+    _one_of("loss.name", loss.name, losses.LOSSES)
+    if loss.name == "pointwise_logistic":
+        in_batch = [n for n in losses.LOSSES if n != "pointwise_logistic"]
+        raise ConfigError("config.loss.name='pointwise_logistic' needs a dataset with labelled "
+                          "negative pairs (query, document, 0/1 label), which no config.data.name "
+                          f"provides yet; use an in-batch loss: {', '.join(in_batch)}")
+    _one_of("loss.distance", loss.distance, losses.DISTANCES)
+    if not 0 <= loss.label_smoothing < 1:
+        raise ConfigError(f"config.loss.label_smoothing={loss.label_smoothing} must be in [0, 1)")
+    if loss.log_q_buckets and not losses.LOSSES[loss.name].uses_log_q:
+        users = ", ".join(n for n, spec in losses.LOSSES.items() if spec.uses_log_q)
+        raise ConfigError(f"config.loss.log_q_buckets={loss.log_q_buckets}: the logQ correction "
+                          f"applies to {users}, not loss.name={loss.name!r}")
+    if loss.log_q_buckets < 0 or not 0 < loss.log_q_alpha <= 1:
+        raise ConfigError("config.loss.log_q_buckets must be >= 0 and config.loss.log_q_alpha "
+                          "in (0, 1]")
+    if loss.sdml_scale <= 0:
+        raise ConfigError(f"config.loss.sdml_scale={loss.sdml_scale} must be > 0")
+    if type(loss.column_block) is not int or loss.column_block < 0:
+        raise ConfigError(f"config.loss.column_block={loss.column_block!r} must be an int >= 0 "
+                          "(columns scored at a time; 0: all at once)")
+    # Options that do nothing for this loss are mistakes: say which losses use them.
+    users = lambda option: ", ".join(n for n, s in losses.LOSSES.items() if option in s.options)
+    for option, ignored in (("symmetric", loss.symmetric), ("hard", loss.hard),
+                            ("margin", loss.margin >= 0)):
+        if ignored and option not in losses.LOSSES[loss.name].options:
+            default = " (set it to -1 for the loss's default)" if option == "margin" else ""
+            raise ConfigError(f"config.loss.{option}={loss[option]} only applies to "
+                              f"{users(option)}, not loss.name={loss.name!r}{default}")
+
+
+def loss_options(loss: ml_collections.ConfigDict) -> dict:
+    """The options of loss `loss.name` from `config.loss` (fields = option names), for
+    `losses.sharded` / `losses.reference`."""
+    return {k: loss[k] for k in losses.LOSSES[loss.name].options}
+
+
+def _check_towers(model: ml_collections.ConfigDict) -> None:
+    """config.model: known towers and compute dtype, per-side towers and a shared token
+    table only with two towers, and the cnn / transformer settings of the towers in use."""
+    for key in ("tower", "query_tower", "doc_tower"):
+        if key == "tower" or model[key]:
+            _one_of(f"model.{key}", model[key], dual_encoder.TOWER_KINDS)
+    _one_of("model.dtype", model.get("dtype", "float32"), towers.DTYPES)
+    for key in ("query_tower", "doc_tower", "shared_embedding"):
+        if model[key] and model.shared_towers:
+            raise ConfigError(f"config.model.{key}={model[key]!r} needs two towers: set "
+                              "config.model.shared_towers=False")
+    used = specs.tower_names(model)
+    try:  # the cnn / transformer settings of the towers in use are checked making the spec
+        spec = specs.model_spec(model)
+        if "transformer" in used:
+            max_positions = spec.transformer.max_positions
+            for key, length in zip(("query_max_len", "doc_max_len"), max_lens(model)):
+                if length > max_positions:
+                    key = key if model.get(key, 0) else "max_len"  # the key that set it
+                    raise ValueError(f"model.{key}={length} is longer than "
+                                     f"model.transformer.max_positions={max_positions}")
+    except ValueError as e:
+        raise ConfigError(f"config.{e}") from None
+    if "cnn" in used and model.cnn_filters <= 0:
+        raise ConfigError(f"config.model.cnn_filters={model.cnn_filters} must be > 0")
+    if towers.output_dim(spec, used[0]) != towers.output_dim(spec, used[1]):
+        raise ConfigError(f"config.model.query_tower={used[0]!r} and model.doc_tower={used[1]!r} "
+                          "must output vectors of one size: set model.output_dim to "
+                          "model.embed_dim (a bow tower outputs embed_dim)")
+    if model.shared_embedding and len({towers.embedding_dim(spec, n) for n in used}) > 1:
+        raise ConfigError("config.model.shared_embedding=True needs token tables of one width "
+                          f"on both sides: {used[0]} has {towers.embedding_dim(spec, used[0])}, "
+                          f"{used[1]} {towers.embedding_dim(spec, used[1])} (model.embed_dim; "
+                          "model.transformer.width for a transformer)")
+
+
+def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = "") -> None:
+    """model.pretrained / tokenizer="hf" / tower="bert": the start exists (fetched, its
+    digests right) and the towers and tokenizer are the ones it fits. A run resumed from
+    a checkpoint needs no folder: its towers are the checkpoint's, its tokenizer is
+    WORKDIR/vocab.json, and WORKDIR/pretrained.json stands in for the start."""
+    from dualjax import pretrained  # reads the folder; needs safetensors for a table
+    m = config.model
+    name, tok = m.get("pretrained", ""), m.tokenizer
+    used = specs.tower_names(m)
+    if not name:
+        if "bert" in used and not config.init_from:
+            raise ConfigError("config.model.tower='bert' takes its sizes and weights from "
+                              "model.pretrained (e.g. all-MiniLM-L6-v2 or a Hugging Face BERT "
+                              "folder)")
+        if tok == "hf" and not m.get("tokenizer_path", "") and not config.init_from:
+            raise ConfigError("config.model.tokenizer='hf' reads model.tokenizer_path (a "
+                              "tokenizer.json) or model.pretrained's tokenizer: set one")
+        return
+    try:
+        start = pretrained.resolve(name, m.get("pretrained_pooling", ""))
+    except (pretrained.PretrainedError, ImportError) as e:
+        start = _recorded_start(workdir, name)
+        if start is None:
+            raise ConfigError(f"config.{e}" if str(e).startswith("model.") else str(e)
+                              ) from None
+    if tok != "hf" or m.get("tokenizer_path", ""):
+        raise ConfigError(f"config.model.pretrained={name!r} reads its own tokenizer: set "
+                          "--config.model.tokenizer=hf and leave model.tokenizer_path empty")
+    if m.name != "dual_encoder":
+        raise ConfigError(f"config.model.pretrained: model.name={m.name!r}; pretrained starts "
+                          "are for model.name='dual_encoder'")
+    if start.kind == "bert":
+        if set(used) != {"bert"}:
+            raise ConfigError(f"config.model.pretrained={name!r} is a BERT encoder: set "
+                              "--config.model.tower=bert (both sides)")
+        if m.shared_embedding:
+            raise ConfigError("config.model.shared_embedding: two bert towers start from one "
+                              "table already; set it to False")
+        for key, length in zip(("query_max_len", "doc_max_len"), max_lens(m)):
+            if length > start.bert.max_positions:
+                key = key if m.get(key, 0) else "max_len"
+                raise ConfigError(f"config.model.{key}={length} is longer than {name}'s "
+                                  f"{start.bert.max_positions} positions")
+    else:
+        bad = [t for t in used if t not in ("bow", "bow_mlp", "cnn")]
+        if bad:
+            raise ConfigError(f"config.model.pretrained={name!r} is a static token table: "
+                              f"set --config.model.tower=bow (or bow_mlp, cnn), not {bad[0]!r}")
+        if m.embed_dim != start.dim:
+            raise ConfigError(f"config.model.embed_dim={m.embed_dim}, but {name}'s token "
+                              f"table is {start.dim} wide: set --config.model.embed_dim="
+                              f"{start.dim}")
+
+
+def _recorded_start(workdir: str, name: str):
+    """The start WORKDIR/pretrained.json records for model.pretrained=`name`, when the
+    workdir also holds a checkpoint to resume from (else None: the weights are needed)."""
+    from dualjax import pretrained
+    ckpts = os.path.join(workdir, "checkpoints")
+    if not workdir or not (os.path.isdir(ckpts)
+                           and any(n.isdigit() for n in os.listdir(ckpts))):
+        return None
+    start = pretrained.load(workdir)
+    canonical = pretrained.sources.canonical
+    return start if start and canonical(start.source) == canonical(name) else None
+
+
+def _check_pses(config: ml_collections.ConfigDict, pretraining: bool) -> None:
+    """model.name="pses": its sizes and loss settings, and no input it does not read."""
+    m, p = config.model.pses, config.loss.pses
+    _one_of("model.pses.score", m.score, pses.SCORES)
+    _one_of("loss.pses.pairwise", p.pairwise, pses.PAIRWISE)
+    _one_of("loss.pses.trainable", p.trainable, pses.TRAINABLE)
+    _positive(config, "model.pses.hidden_dim", "model.pses.shared_dim", "model.pses.specific_dim",
+              "loss.pses.critic_hidden_dim", "loss.pses.critic_steps",
+              "loss.pses.critic_learning_rate")
+    if m.hidden_layers not in (1, 2, 3):  # the paper's encoders: 1-3 tanh hidden layers
+        raise ConfigError(f"config.model.pses.hidden_layers={m.hidden_layers} must be 1, 2 or 3")
+    _positive(config, "loss.pses.margin", "loss.pses.critic_clip",
+              *(f"loss.pses.{k}_weight" for k in ("orthogonality", "adversarial",
+                                                  "reconstruction", "regularization")),
+              allow_zero=True)
+    if pretraining:
+        raise ConfigError("config.model.name='pses' trains on (query, document) pairs with "
+                          "labels or pseudo-labels; pre-train a dual encoder instead")
+    for key in ("query_features", "doc_features"):
+        if config.model[key]:
+            raise ConfigError(f"config.model.{key}: model.name='pses' reads text only")
+    if config.loss.num_mixed_negatives or config.loss.log_q_buckets:
+        raise ConfigError("config.loss.num_mixed_negatives and loss.log_q_buckets are in-batch "
+                          "sampling options of the dual encoder; model.name='pses' uses neither")
+
+
+def max_lens(model: ml_collections.ConfigDict) -> tuple[int, int]:
+    """(query, document) max lengths in tokens: model.query_max_len / doc_max_len where
+    set (> 0), else model.max_len (Chang et al. 2020: 64 and 288)."""
+    return (model.get("query_max_len", 0) or model.max_len,
+            model.get("doc_max_len", 0) or model.max_len)
+
+
+def feature_specs(model: ml_collections.ConfigDict
+                  ) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:
+    """(query, document) categorical fields as ((name, embedding size), ...); ConfigError
+    for a spec that does not parse."""
+    try:
+        return tuple(features.parse_spec(model.get(key, ""), model.get("feature_dim", 32),
+                                         f"config.model.{key}")
+                     for key in ("query_features", "doc_features"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _check_features(model: ml_collections.ConfigDict) -> None:
+    """Categorical fields: parseable, fed to a tower with layers above the text vector,
+    one set for a shared tower."""
+    sides = feature_specs(model)
+    for key, spec, tower in zip(("query_features", "doc_features"), sides,
+                                specs.tower_names(model)):
+        if spec and tower in ("bow", "bert"):
+            raise ConfigError(f"config.model.{key}={model[key]!r}: the {tower} tower has no "
+                              "layer above its pooled vector to feed categorical features "
+                              "to; use model.tower (or query_tower / doc_tower) bow_mlp, cnn or "
+                              "transformer")
+    if model.shared_towers and sides[0] != sides[1]:
+        raise ConfigError(f"config.model.query_features={model.query_features!r} and "
+                          f"model.doc_features={model.doc_features!r} differ, but one shared "
+                          "tower reads both sides: make them equal or set "
+                          "model.shared_towers=False")
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int, workdir: str = "") -> None:
+    """Raises ConfigError for the first value that cannot work (`workdir`: the run's, whose
+    recorded pretrained start lets a resumed run go on without the start's folder)."""
+    task_list = specs.task_configs(config)
+    _check_tasks(task_list)
+    _check_model(config, workdir)
+    pretraining = _check_pretraining(config, task_list)
+    _check_loss(config.loss)
+    _check_pses_data(config, task_list, pretraining)
+    _check_optimizer(config, task_list)
+    _check_eval(config)
+    _check_numbers(config)
+    _check_batch(config, task_list, num_devices)
+
+
+def _check_tasks(task_list) -> None:
+    """Each task's data group, and its weight."""
+    for name, data, weight in task_list:
+        _check_data(data, f"tasks.{name}.data" if name else "data")
+        if not weight > 0:
+            raise ConfigError(f"config.tasks.{name}.weight={weight} must be > 0")
+
+
+def _check_model(config: ml_collections.ConfigDict, workdir: str = "") -> None:
+    """config.model: tokenizer, model, towers, pretrained start, fields and similarity."""
+    _one_of("model.tokenizer", config.model.tokenizer, tokenizers.KINDS)
+    _one_of("model.name", config.model.name, models.MODELS)
+    _check_towers(config.model)
+    _check_pretrained(config, workdir)
+    _check_features(config.model)
+    _one_of("model.similarity", config.model.similarity, dual_encoder.SIMILARITIES)
+    low, high = (math.exp(x) for x in dual_encoder.LOG_TEMPERATURE_RANGE)
+    if (config.model.similarity == "cosine_learned_temperature"
+            and not low <= config.model.temperature <= high):
+        raise ConfigError(f"config.model.temperature={config.model.temperature} must be in "
+                          f"[{low:g}, {high:g}] for the learned temperature")
+
+
+def _check_pretraining(config: ml_collections.ConfigDict, task_list) -> bool:
+    """data.name="pretrain" tasks: what they can be mixed with; whether there are any."""
+    pretrain = [name for name, data, _ in task_list if data.name == specs.PRETRAIN]
+    if pretrain and len(pretrain) == len(task_list) and not config.num_train_steps:
+        raise ConfigError("config.num_train_steps=0 evaluates only, but data.name='pretrain' "
+                          "has nothing to evaluate on; evaluate with another data.name and "
+                          "config.init_from=<the pre-training workdir>")
+    if any(d.name == specs.PRETRAIN and "mlm" in d.tasks for _, d, _ in task_list):
+        if len(task_list) > 1:
+            raise ConfigError("config.data.tasks='mlm' trains a token-level objective; it "
+                              "does not mix with config.tasks")
+        if specs.tower_names(config.model)[1] != "transformer":
+            raise ConfigError("config.data.tasks='mlm' needs a transformer document tower "
+                              f"(model.tower={config.model.tower!r}); MLM predicts tokens "
+                              "from its token states")
+    if any(d.name == specs.PRETRAIN and "pseudo" in pretraining.parse_tasks(d.tasks)
+           for _, d, _ in task_list) and not (config.model.get("pretrained", "")
+                                              or config.init_from):
+        raise ConfigError("config.data.tasks 'pseudo' labels queries with the run's start: set "
+                          "model.pretrained or config.init_from")
+    if pretrain and config.loss.num_mixed_negatives:
+        raise ConfigError("config.loss.num_mixed_negatives: mixed negatives are drawn from a "
+                          "table of training pairs, which data.name='pretrain' does not have")
+    return bool(pretrain)
+
+
+def _check_pses_data(config: ml_collections.ConfigDict, task_list, pretraining: bool) -> None:
+    """model.name="pses": its settings, and the negatives it draws (the batch's only)."""
+    if config.model.name == "pses":
+        _check_pses(config, pretraining)
+        if any(d.get("hard_negatives", 0) for _, d, _ in task_list):
+            raise ConfigError("config.data.hard_negatives: model.name='pses' draws its "
+                              "negatives from the batch; set data.hard_negatives=0")
+
+
+def _check_optimizer(config: ml_collections.ConfigDict, task_list) -> None:
+    """config.mesh's sharding and config.optimizer."""
+    _one_of("mesh.param_sharding", config.mesh.get("param_sharding", "replicated"),
+            sharding.PARAM_SHARDINGS)
+    _one_of("optimizer.name", config.optimizer.name, OPTIMIZERS)
+    _one_of("optimizer.decay", config.optimizer.decay, DECAYS)
+    table_updates = config.optimizer.get("table_updates", "dense")
+    _one_of("optimizer.table_updates", table_updates, TABLE_UPDATES)
+    if table_updates == "lazy" and (config.model.name == "pses" or any(
+            d.name == specs.PRETRAIN and "mlm" in d.tasks for _, d, _ in task_list)):
+        raise ConfigError("config.optimizer.table_updates='lazy' updates the token-table rows "
+                          "a batch looks up; model.name='pses' and data.tasks='mlm' also read "
+                          "the tables otherwise: use 'dense'")
+
+
+def _check_eval(config: ml_collections.ConfigDict) -> None:
+    """config.eval: the index, baselines, best-step selection, hybrid search, typos."""
+    _one_of("eval.index", config.eval.index, ann.INDEXES)
+    if config.eval.get("hnsw") is not None:
+        try:
+            ann.hnsw_settings(1, 1, 1, config.eval.hnsw)
+        except ValueError as e:
+            raise ConfigError(f"config.eval.{e}") from None
+    if config.eval.index == "hnsw" and importlib.util.find_spec("faiss") is None:
+        raise ConfigError("config.eval.index='hnsw' needs faiss: pip install 'dualjax[bench]' "
+                          "(or pip install faiss-cpu)")
+    for name in baseline_names(config):
+        _one_of("eval.baselines", name, baselines.BASELINES)
+    if config.eval.get("select_by", ""):
+        names = [k for k in metrics.retrieval_metrics(np.zeros((1, 1), int), [{0}])
+                 if k != "num_queries"]
+        _one_of("eval.select_by", config.eval.select_by, names)
+        if not config.eval_every_steps:
+            raise ConfigError(f"config.eval.select_by={config.eval.select_by!r} chooses among "
+                              "the validation evaluations: set config.eval_every_steps > 0")
+    if config.eval.early_stopping < 0 or (config.eval.early_stopping and not config.eval.select_by):
+        raise ConfigError(f"config.eval.early_stopping={config.eval.early_stopping} counts "
+                          "evaluations without a better config.eval.select_by: set that metric "
+                          "and a count >= 0")
+    deepest = max(metrics.cutoffs())
+    if 0 < config.eval.top_k < deepest:  # recall@100 from 5 results would equal recall@5
+        raise ConfigError(f"config.eval.top_k={config.eval.top_k} is below the metrics' "
+                          f"deepest cutoff ({deepest}: map@100, recall@100): retrieve at least "
+                          f"--config.eval.top_k={deepest}")
+    _one_of("eval.bm25_stemmer", bm25_options(config.eval)["stemmer"], baselines.STEMMERS)
+    for key in ("bm25_k1", "bm25_b"):
+        if key in config.eval:
+            _positive(config, f"eval.{key}", allow_zero=True)
+    if config.eval.get("bm25_b", 0.0) > 1:
+        raise ConfigError(f"config.eval.bm25_b={config.eval.bm25_b} must be between 0 and 1")
+    if config.eval.get("hybrid", ""):
+        _one_of("eval.hybrid", config.eval.hybrid,
+                [n for n in baselines.BASELINES if n != "identity"])
+        _positive(config, "eval.hybrid_rrf_k", allow_zero=True)
+        if not 0 <= config.eval.hybrid_weight <= 1:
+            raise ConfigError(f"config.eval.hybrid_weight={config.eval.hybrid_weight} must be "
+                              "in [0, 1]")
+    typo_probs(config)
+
+
+def _check_numbers(config: ml_collections.ConfigDict) -> None:
+    """Sizes, rates and counts: positive (or zero where zero means off)."""
+    _positive(config, "global_batch_size", "model.vocab_size", "model.max_len",
+              "model.embed_dim", "model.hidden_dim", "model.output_dim", "model.temperature",
+              "optimizer.learning_rate", "eval.top_k", "eval.batch_size", "eval.query_chunk",
+              "eval.corpus_chunk", "data.prefetch_batches")
+    _positive(config, "max_epochs", allow_zero=True)
+    _positive(config, "num_train_steps", "checkpoint_every_steps", "eval_every_steps",
+              "log_every_steps",
+              "keep_checkpoints", "model.num_oov_buckets", "optimizer.warmup_steps",
+              "optimizer.grad_clip_norm", "optimizer.weight_decay", "data.worker_count",
+              "mesh.num_devices", "model.query_max_len", "model.doc_max_len",
+              "model.feature_vocab_size", "model.feature_buckets", allow_zero=True)
+    if not 0 <= config.seed < 2 ** 31:  # the data order takes seed + task, mod 2**32
+        raise ConfigError(f"config.seed={config.seed} must be in [0, 2**31)")
+
+
+def _check_batch(config: ml_collections.ConfigDict, task_list, num_devices: int) -> None:
+    """What the global batch holds, and how it splits over the devices."""
+    mixed = config.loss.num_mixed_negatives
+    if mixed < 0 or mixed % num_devices:
+        raise ConfigError(f"config.loss.num_mixed_negatives={mixed} must be a multiple of the "
+                          f"{num_devices} devices of the mesh (0: off)")
+    if any(d.get("pseudo_labels", 0) for _, d, _ in task_list) and any(feature_specs(config.model)):
+        raise ConfigError("config.data.pseudo_labels: pseudo-labelled pairs carry no categorical "
+                          "fields; unset model.query_features / model.doc_features")
+    if any(d.get("hard_negatives", 0) for _, d, _ in task_list):
+        if config.loss.log_q_buckets:
+            raise ConfigError("config.data.hard_negatives does not combine with "
+                              "loss.log_q_buckets (the logQ correction of in-batch sampling); "
+                              "set one of them to 0")
+        if feature_specs(config.model)[1]:
+            raise ConfigError("config.data.hard_negatives: mined negatives are texts without "
+                              "categorical fields; unset model.doc_features or set "
+                              "data.hard_negatives=0")
+    if mixed and config.loss.log_q_buckets:
+        raise ConfigError("config.loss.log_q_buckets (logQ correction) does not combine with "
+                          "loss.num_mixed_negatives: the uniform draws have another sampling "
+                          "probability; set one of them to 0")
+    chunks = config.get("train", {}).get("encode_chunks", 0)
+    if type(chunks) is not int or chunks < 0 or chunks > 1 and any(
+            n % (chunks * num_devices) for n in (config.global_batch_size, mixed)):
+        raise ConfigError(f"config.train.encode_chunks={chunks!r} must split "
+                          "config.global_batch_size "
+                          f"(and loss.num_mixed_negatives) into chunks of a multiple of the "
+                          f"{num_devices} devices of the mesh (0, 1: off)")
+    if chunks > 1 and (config.model.name == "pses" or any(
+            d.name == specs.PRETRAIN and d.tasks.strip() == "mlm" for _, d, _ in task_list)):
+        raise ConfigError(f"config.train.encode_chunks={chunks} chunks the dual encoder's in-batch "
+                          "objective; model.name='pses' and data.tasks='mlm' do not use it")
+    if config.global_batch_size % num_devices:
+        raise ConfigError(f"config.global_batch_size={config.global_batch_size} must be divisible "
+                          f"by the {num_devices} devices of the mesh (config.mesh.num_devices)")
+
+
+def _check_data(data: ml_collections.ConfigDict, key: str) -> None:
+    """One data group (config.data, or config.tasks.<name>.data): known dataset and
+    candidates, a pairs file named, split fractions that leave every split non-empty."""
+    _one_of(f"{key}.name", data.name, (*builders.BUILDERS, specs.PRETRAIN))
+    _one_of(f"{key}.candidates", data.candidates, builders.CANDIDATES)
+    _one_of(f"{key}.split_by", data.split_by, reqa.SPLIT_BY)
+    if data.name == specs.PRETRAIN:
+        if not data.path:
+            raise ConfigError(f"config.{key}.path must name the collection to pre-train on (a "
+                              "SQuAD .json file, a BEIR folder or a documents .jsonl file)")
+        try:
+            pretraining.parse_tasks(data.tasks)
+        except ValueError as e:
+            raise ConfigError(f"config.{key.removesuffix('data')}{e}") from None
+        if not 0 <= data.ict_mask_rate <= 1:
+            raise ConfigError(f"config.{key}.ict_mask_rate={data.ict_mask_rate} must be "
+                              "between 0 and 1")
+        if not 0 <= data.get("pseudo_weight", 0.5) <= 1:
+            raise ConfigError(f"config.{key}.pseudo_weight={data.pseudo_weight} must be "
+                              "between 0 and 1")
+        for option in ("hard_negatives", "pseudo_labels"):
+            if data.get(option, 0):
+                raise ConfigError(f"config.{key}.{option}: pre-training pairs are generated, "
+                                  "there are no training queries to mine for; set it to 0")
+        return
+    if data.name == "pairs" and not data.path:
+        raise ConfigError(f"config.{key}.path must name a TSV or JSONL pairs file when "
+                          f"config.{key}.name='pairs'")
+    _one_of(f"{key}.candidate_unit", data.get("candidate_unit", "sentence"), reqa.UNITS)
+    if data.get("pseudo_labels", 0) < 0:
+        raise ConfigError(f"config.{key}.pseudo_labels={data.pseudo_labels} must be >= 0")
+    if data.get("pseudo_label_queries", "") and not data.get("pseudo_labels", 0):
+        raise ConfigError(f"config.{key}.pseudo_label_queries is read only with "
+                          f"config.{key}.pseudo_labels > 0 (the top k documents to label)")
+    if data.get("pseudo_labels", 0) and data.get("hard_negatives", 0):
+        raise ConfigError(f"config.{key}.pseudo_labels and config.{key}.hard_negatives: BM25's "
+                          "top documents are the pseudo-positives, so they cannot also be "
+                          "mined as negatives; set one of them to 0")
+    if data.get("hard_negatives", 0) < 0:
+        raise ConfigError(f"config.{key}.hard_negatives={data.hard_negatives} must be >= 0")
+    if data.name == "reqa_squad" and data.split_by == "question":
+        train, val = data.train_fraction, data.val_fraction
+        if not (train >= 0 and val >= 0 and train + val < 1):
+            raise ConfigError(f"config.{key}.train_fraction={train} and config.{key}.val_fraction="
+                              f"{val} must be >= 0 and leave questions to test on (sum below 1)")
+    elif data.name in ("pairs", "quora", "reqa_squad"):
+        val, test = data.val_fraction, data.test_fraction
+        if not (val > 0 and test > 0 and val + test < 1):
+            raise ConfigError(f"config.{key}.val_fraction={val} and config.{key}.test_fraction="
+                              f"{test} must be > 0 with a sum below 1 (both splits are evaluated)")
+
+
+def bm25_options(eval_cfg: ml_collections.ConfigDict) -> dict:
+    """The run's BM25 settings as `baselines.rank`'s options (eval.bm25_k1, bm25_b,
+    bm25_stemmer; a config from before they existed: the defaults, the field's BM25)."""
+    defaults = baselines.bm25_defaults()
+    return {key: eval_cfg.get(f"bm25_{key}", value) for key, value in defaults.items()}
+
+
+def baseline_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """config.eval.baselines ("bm25,tfidf,identity" or "") as a tuple of names."""
+    return tuple(n.strip() for n in config.eval.baselines.split(",") if n.strip())
+
+
+def typo_probs(config: ml_collections.ConfigDict) -> tuple[float, ...]:
+    """config.eval.typo_probs ("0,0.25,0.5,0.75" or "": no typo sweep) as a tuple of
+    floats; ConfigError unless each is a number in [0, 1]."""
+    probs = []
+    for item in (s.strip() for s in config.eval.typo_probs.split(",")):
+        if not item:
+            continue
+        try:
+            p = float(item)
+        except ValueError:
+            p = None
+        if p is None or not 0.0 <= p <= 1.0:
+            raise ConfigError(f"config.eval.typo_probs={config.eval.typo_probs!r}: {item!r} is "
+                              "not a probability in [0, 1]; give comma-separated numbers such "
+                              "as '0,0.25,0.5,0.75' ('': off)")
+        probs.append(p)
+    return tuple(probs)

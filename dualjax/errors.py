@@ -1,0 +1,50 @@
+"""Every exception dualjax raises on purpose, in one place. Each carries a message of one
+line that names the file, key or flag at fault and says what to do; the commands print
+it as `dualjax[.COMMAND]: MESSAGE` and exit 1 (`cli.py`, `main.py`).
+
+Raised by: ConfigError (config/validation.py), DataError (data/: a file and its line),
+WorkdirError (train/workdir.py, runtime/: the workdir and its disk), SaveError
+(train/checkpoints.py), OutputError (an --out folder, runtime/files.py),
+PretrainedError (pretrained/), NonFiniteLossError (train/step.py); Preempted and
+Terminated are the signals' (runtime/signals.py, cli.py).
+"""
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key."""
+
+
+class DataError(ValueError):
+    """Bad input data; the message names the file and line."""
+
+
+class WorkdirError(Exception):
+    """The workdir cannot be used for this run; the message says why and what to do."""
+
+
+class OutputError(ValueError):
+    """An output folder that may not be written: the message names it and says why."""
+
+
+class Preempted(Exception):
+    """SIGTERM or SIGINT stopped the run (during training, after saving a checkpoint);
+    running the same command again resumes from the last checkpoint."""
+
+
+class SaveError(WorkdirError):
+    """A checkpoint could not be written (disk full, quota, permissions); the earlier
+    checkpoints are intact."""
+
+
+class PretrainedError(ValueError):
+    """A pretrained start that cannot be used: the message is one line saying why and
+    what to run."""
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Training produced a non-finite loss, gradient or parameter norm; nothing of that
+    state was saved."""
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is, so that its cleanup runs."""

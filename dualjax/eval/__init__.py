@@ -1,0 +1,1 @@
+"""Evaluation: encode a task's queries and corpus, search, score, report."""

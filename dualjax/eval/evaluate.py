@@ -1,0 +1,294 @@
+"""Evaluation: encode the queries and the corpus, search, score the ranking.
+
+An evaluation receives encode functions (text ids -> unit vectors) and a retrieval
+task; it does not reach into the trainer. Results are flat dicts of metrics as in
+metrics.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, NamedTuple, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from dualjax.config import validation as config_lib
+from dualjax.retrieval import ann, hybrid, metrics
+from dualjax.retrieval import baselines as baselines_lib
+from dualjax.retrieval.task import RetrievalTask
+from dualjax.runtime import sharding
+from dualjax.runtime.progress import Progress
+from dualjax.text import tokenizers, typos
+from dualjax.text.features import Fields, Inputs, Side, longest_first
+
+# {"ids", "mask" [b, len], "cats" [b, fields] (a side with categorical fields)} -> [b, dim]
+EncodeFn = Callable[[dict[str, jax.Array]], jax.Array]
+
+
+class Ranking(NamedTuple):
+    """One system's answers to a task's queries: corpus ids int [nq, k] best first (-1
+    padding) and their scores [nq, k] (the system's own: cosines, BM25, fused values)."""
+    ids: np.ndarray
+    scores: np.ndarray
+
+
+def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], side: Side, batch_size: int,
+                 mesh: jax.sharding.Mesh, desc: str = "encode",
+                 fields: Sequence[Fields] | None = None) -> np.ndarray:
+    """Embeddings [len(texts), dim] from jitted batches of `batch_size` texts, encoded as
+    `side` says (its tokenizer, max length and categorical `fields`, one per text).
+
+    Texts are batched longest first (by characters, as sentence-transformers does) and
+    each batch is cut to `length_bucket` of its longest text, so short texts are not
+    run at the full max length (padding never changes a text's vector). The last batch
+    is padded to the full size so each length compiles once (for every corpus alike);
+    each batch is sharded over the mesh's `data` axis. In a multi-host
+    run every process calls this with the same texts: each tokenizes every batch,
+    places its share, and gets all the embeddings back.
+    """
+    n_dev, n_proc, me = mesh.devices.size, jax.process_count(), jax.process_index()
+    batch_size = -(-batch_size // n_dev) * n_dev
+    share = batch_size // n_proc  # this process's rows of each batch
+    order = longest_first(texts)
+    out = np.zeros((len(texts), 0), np.float32)
+    bar = Progress(len(texts), desc, "text", leave=False)
+    for start in range(0, len(texts), batch_size):
+        rows = order[start:start + batch_size]
+        x = side.encode_batch([texts[i] for i in rows],
+                              None if fields is None else [fields[i] for i in rows], batch_size)
+        x = {k: v[me * share:(me + 1) * share] for k, v in x.items()}
+        vectors = encode_fn(sharding.put_global_batch(x, mesh))
+        if n_proc > 1:  # the other processes' rows too
+            from jax.experimental import multihost_utils
+            vectors = multihost_utils.process_allgather(vectors, tiled=True)
+        vectors = np.asarray(vectors)
+        if not out.shape[1]:
+            out = np.zeros((len(texts), vectors.shape[1]), vectors.dtype)
+        out[rows] = vectors[:len(rows)]
+        bar.update(len(rows))
+    bar.close()
+    return out
+
+
+def log_missing_fields(task: RetrievalTask, inputs: Inputs) -> None:
+    """Logs, per side with categorical fields, how many of a task's records lack each."""
+    for name, side, texts, fields in (("queries", inputs.query, task.queries, task.query_fields),
+                                      ("candidates", inputs.document, task.corpus,
+                                       task.corpus_fields)):
+        if side.features:
+            ids = side.features.encode(fields or [None] * len(texts))
+            logging.info("Categorical fields missing (id 0) in %d %s: %s", len(texts), name,
+                         side.features.missing_counts(ids))
+
+
+def ann_recall(ann_ids: np.ndarray, exact_ids: np.ndarray, k: int = 10) -> float:
+    """Mean over queries of |ANN top-k & exact top-k| / |exact top-k| (ids of -1 ignored)."""
+    found = []
+    for a, e in zip(ann_ids[:, :k], exact_ids[:, :k]):
+        truth = set(e[e >= 0].tolist())
+        if truth:
+            found.append(len(truth & set(a.tolist())) / len(truth))
+    return float(np.mean(found)) if found else 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseCorpus:
+    """The documents a tower searches: those that give its tokenizer a token. One that
+    gives none would be the towers' bias alone, a vector shared by all such documents
+    (ranked first for queries the model knows nothing of); it is left out of the dense
+    search, counted in the log, and so never retrieved by a tower (lexical systems see the
+    whole corpus).
+
+    rows: the corpus positions searched, None for all; k: results per query.
+    """
+    task: RetrievalTask
+    rows: np.ndarray | None
+    k: int
+
+    @classmethod
+    def of(cls, task: RetrievalTask, tokenizer, k: int) -> DenseCorpus:
+        skipped = set(tokenizers.without_tokens(tokenizer, task.corpus))
+        if not skipped:
+            return cls(task, None, k)
+        logging.warning("%d of the %d documents give the model no token (empty, or no "
+                        "letter or digit): left out of the towers' search", len(skipped),
+                        len(task.corpus))
+        rows = np.asarray([i for i in range(len(task.corpus)) if i not in skipped], np.int64)
+        return cls(task, rows, min(k, len(rows)))
+
+    @property
+    def texts(self) -> Sequence[str]:
+        return self.task.corpus if self.rows is None else [self.task.corpus[i] for i in self.rows]
+
+    @property
+    def fields(self) -> Sequence[Fields] | None:
+        f = self.task.corpus_fields
+        return f if f is None or self.rows is None else [f[i] for i in self.rows]
+
+    @property
+    def exclude(self) -> np.ndarray:
+        """Per query, the searched position it must not retrieve (itself), or -1."""
+        own = np.asarray(self.task.query_corpus_index, np.int64)
+        if self.rows is None:
+            return own
+        at = np.full(len(self.task.corpus), -1, np.int64)
+        at[self.rows] = np.arange(len(self.rows))
+        return np.where(own >= 0, at[np.maximum(own, 0)], -1)
+
+    def ranking(self, found: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """An index's (scores, ids) as (ids, scores) over the whole corpus."""
+        scores, ids = found
+        if self.rows is None:
+            return ids, scores
+        return np.where(ids >= 0, self.rows[np.maximum(ids, 0)], -1), scores
+
+
+def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]],
+                   inputs: Inputs, eval_cfg: ml_collections.ConfigDict,
+                   mesh: jax.sharding.Mesh, baselines: Sequence[str] = (),
+                   index_dir: str | None = None, ann_systems: Sequence[str] = ("dual_encoder",),
+                   index_extra: str = "", hybrid_systems: Sequence[str] | None = None,
+                   hybrid_weights: dict[str, float] | None = None
+                   ) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """Every system's metrics on one retrieval task (a query never retrieves itself).
+
+    towers: system name -> (encode_queries, encode_documents), reading `inputs` (each
+    side's tokens, max length and categorical fields). Each is searched exactly; with
+    eval.index = "scann" or "hnsw", the systems in `ann_systems` are also searched with
+    that approximate index (saved under `index_dir`), whose row adds `ann_recall@10`
+    (overlap with the exact top 10) and `map@100_gap` (exact minus it). Lexical
+    `baselines` run on the same task. With eval.hybrid (a lexical system, e.g. "bm25"),
+    each tower's (of `hybrid_systems`; None: all) exact ranking is fused with that
+    system's (hybrid search, `hybrid.py`) twice: by reciprocal rank fusion
+    (eval.hybrid_rrf_k) as the system "<tower>+<lexical>", and by score interpolation as
+    "<tower>+<lexical>_interp" with the dense weight `hybrid_weights[tower]`, or, where
+    `hybrid_weights` is None (a validation split), the weight that scores best here on
+    `eval.select_by` (else map@100); the row says it as "hybrid_weight". Returns (rows
+    {"system", "index", metrics...}, {label: its `Ranking`}).
+    """
+    enc = dict(batch_size=eval_cfg.batch_size, mesh=mesh)
+    k = min(eval_cfg.top_k, len(task.corpus))
+    dense = DenseCorpus.of(task, inputs.document.tokenizer, k)
+    rows, ranked, scored = [], {}, {}
+
+    def add(system: str, kind: str, ranking: tuple[np.ndarray, np.ndarray], **extra) -> dict:
+        ids, scores = ranking
+        row = {"system": system, "index": kind,
+               **metrics.retrieval_metrics(ids, task.relevant, grades=task.grades), **extra}
+        rows.append(row)
+        ranked[f"{system} [{kind}]"] = Ranking(np.asarray(ids), np.asarray(scores))
+        return row
+
+    for system, (encode_queries, encode_documents) in towers.items():
+        corpus = encode_texts(encode_documents, dense.texts, inputs.document,
+                              desc=f"{system}: corpus", fields=dense.fields, **enc)
+        queries = encode_texts(encode_queries, task.queries, inputs.query,
+                               desc=f"{system}: queries", fields=task.query_fields, **enc)
+        exact_index, _ = ann.make_index("exact", corpus, eval_cfg, dense.k)
+        scored[system] = dense.ranking(exact_index.search(queries, dense.k, dense.exclude))
+        exact = add(system, "exact", scored[system])
+        if eval_cfg.index != "exact" and system in ann_systems:
+            _approximate(add, system, corpus, queries, (exact, scored[system][0]), eval_cfg,
+                         dense, index_dir, index_extra)
+    exclude = task.query_corpus_index
+    lexical = eval_cfg.get("hybrid", "")
+    for name in dict.fromkeys(list(baselines) + ([lexical] if lexical else [])):
+        scores, ids = baselines_lib.rank_texts(
+            name, task.corpus, task.queries, k, exclude,
+            **baselines_lib.options_for(name, config_lib.bm25_options(eval_cfg)))
+        scored[name] = (ids, scores)
+        if name in baselines:
+            add(name, "exact", scored[name])
+    if lexical:  # each tower's exact ranking fused with the lexical one
+        for system in towers if hybrid_systems is None else hybrid_systems:
+            _hybrid(add, system, lexical, scored, task, eval_cfg, k, hybrid_weights)
+    return rows, ranked
+
+
+def _approximate(add, system: str, corpus: np.ndarray, queries: np.ndarray,
+                 exact: tuple[dict, np.ndarray], eval_cfg, dense: DenseCorpus,
+                 index_dir: str | None, index_extra: str) -> None:
+    """`system`'s row searched with eval.index ("scann" or "hnsw") beside its exact one:
+    the overlap of their top 10, the MAP@100 it loses, and the index's time to be ready."""
+    kind = eval_cfg.index
+    ann_index, info = ann.make_index(kind, corpus, eval_cfg, dense.k, directory=index_dir,
+                                     extra=index_extra)
+    ann_ids, ann_scores = dense.ranking(ann_index.search(queries, dense.k, dense.exclude))
+    exact_row, exact_ids = exact
+    row = add(system, kind, (ann_ids, ann_scores),
+              **{"ann_recall@10": ann_recall(ann_ids, exact_ids)})
+    row["map@100_gap"] = exact_row["map@100"] - row["map@100"]
+    row["index_seconds"] = info["build_seconds"]
+    row["index_built"] = info["built"]
+    logging.info("%s %s: %s, ready in %.2fs, %.1f MB on disk", kind, system,
+                 info["settings"], info["build_seconds"], info["bytes_on_disk"] / 2**20)
+
+
+def _hybrid(add, system: str, lexical: str, scored: dict, task: RetrievalTask, eval_cfg,
+            k: int, weights: dict[str, float] | None) -> None:
+    """`system`'s exact ranking fused with `lexical`'s: by reciprocal rank fusion, and by
+    score interpolation at weights[system] (None: the weight best here)."""
+    ids, scores = scored[lexical]
+    add(f"{system}+{lexical}", "exact",
+        hybrid.fuse_rrf([scored[system][0], ids], k, eval_cfg.hybrid_rrf_k, with_scores=True))
+    if weights is None:
+        weight, _ = hybrid.choose_weight(scored[system], (ids, scores), task.relevant, k,
+                                         eval_cfg.get("select_by", "") or "map@100",
+                                         grades=task.grades)
+    else:
+        weight = weights.get(system, eval_cfg.hybrid_weight)
+    add(f"{system}+{lexical}_interp", "exact",
+        hybrid.fuse_scores(scored[system], (ids, scores), weight, k, with_scores=True),
+        hybrid_weight=weight)
+
+
+def typo_sweep(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]],
+               inputs: Inputs, eval_cfg: ml_collections.ConfigDict,
+               mesh: jax.sharding.Mesh, probs: Sequence[float], seed: int,
+               baselines: Sequence[str] = (), hybrid_systems: Sequence[str] | None = None,
+               hybrid_weights: dict[str, float] | None = None) -> list[dict]:
+    """Typo robustness (Moscicki 2022, section 4.4): every system's metrics with typos in
+    the queries, at each typo probability of `probs`.
+
+    At each p the queries are `typos.typo_texts(task.queries, p, seed)` (each word of two
+    or more characters gets one typo with probability p; the same seed and p always give
+    the same queries); the corpus, the relevant sets and the self-exclusion
+    (`query_corpus_index`: a typo'd query still never retrieves its own clean corpus
+    entry) are unchanged. Search is exact only. Returns `evaluate_split`'s rows for every
+    p in order, each with a "typo_p" field: {"system", "index", "typo_p", metrics...}.
+    """
+    rows = []
+    for p in probs:
+        noisy = dataclasses.replace(task, queries=typos.typo_texts(task.queries, p, seed))
+        p_rows, _ = evaluate_split(noisy, towers, inputs, eval_cfg, mesh, baselines=baselines,
+                                   ann_systems=(), hybrid_systems=hybrid_systems,
+                                   hybrid_weights=hybrid_weights or {})
+        rows += [{"system": r["system"], "index": r["index"], "typo_p": float(p),
+                  **{k: v for k, v in r.items() if k not in ("system", "index")}}
+                 for r in p_rows]
+    return rows
+
+
+def row_label(row: dict) -> str:
+    return f"{row['system']} [{row['index']}]" if "index" in row else str(row.get("system", ""))
+
+
+def format_table(rows: Sequence[dict], keys: Sequence[str]) -> str:
+    """A plain-text table: one row per dict, the system (and index) column first."""
+    header = ["system", *keys]
+    lines = [header] + [[row_label(r)] + [f"{r[k]:.4f}" if isinstance(r.get(k), float)
+                                                        else str(r.get(k, "")) for k in keys]
+                        for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    fmt = lambda line: "  ".join(c.rjust(w) if i else c.ljust(w)
+                                 for i, (c, w) in enumerate(zip(line, widths)))
+    rule = fmt(["-" * w for w in widths])
+    return "\n".join([fmt(lines[0]), rule] + [fmt(line) for line in lines[1:]])
+
+
+def log_metrics(prefix: str, values: dict) -> None:
+    logging.info("%s: %s", prefix, ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
+                                             for k, v in values.items()))

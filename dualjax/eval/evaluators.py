@@ -1,0 +1,155 @@
+"""Evaluators built from the config (as big_vision's `evaluators/common.py`): each task's
+retrieval evaluation and the typo sweep.
+
+An evaluator is given the systems to evaluate as {name: (encode_queries,
+encode_documents)} (encode functions: `evaluate.EncodeFn`; never params, the model or
+the train state), the step, and whether this is the final evaluation. It evaluates,
+writes its rows to the MetricsLog (and, in the final evaluation, its report files) and
+returns them as {split: rows}. What to do with them (eval.select_by, early stopping) is
+the trainer's decision.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol, Sequence
+
+import jax
+import ml_collections
+
+from dualjax.config import validation as config_lib
+from dualjax.eval import evaluate, report
+from dualjax.eval.metrics_log import MetricsLog
+from dualjax.retrieval.task import RetrievalTask
+from dualjax.text.features import Inputs
+
+
+class Task(Protocol):
+    """What an evaluator reads of a training task (train/tasks.py's `Task`): its name, the
+    retrieval task of each evaluation split, and the fields of its metrics rows."""
+    name: str
+
+    def eval_task(self, split: str) -> RetrievalTask: ...
+
+    def fields(self) -> dict[str, str]: ...
+
+Systems = dict[str, tuple[evaluate.EncodeFn, evaluate.EncodeFn]]  # name -> (queries, documents)
+
+
+class Retrieval:
+    """One task's retrieval evaluation (`evaluate.evaluate_split`) on its splits, in order.
+
+    During training (not `final`) it evaluates the val split only, by exact search and
+    without the baselines. The final evaluation adds the lexical baselines, an approximate
+    index of the trained system (eval.index = "scann" or "hnsw"; saved under
+    WORKDIR/index/[TASK/]SPLIT)
+    and, per split, report[_TASK].md with its recall plot; after the last split it prints
+    that split's table. With eval.hybrid, the trained system's interpolation weight is
+    chosen on val and carried to the task's later splits (and to a typo sweep of it).
+    Only process 0 (`main`) writes files.
+    """
+
+    def __init__(self, task: Task, splits: Sequence[str], inputs: Inputs,
+                 eval_cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, workdir: str,
+                 log: MetricsLog, *, system: str, baselines: Sequence[str] = (),
+                 main: bool = True):
+        self.task, self.splits = task, tuple(splits)
+        self.inputs, self.eval_cfg, self.mesh = inputs, eval_cfg, mesh
+        self.workdir, self.log, self.main = workdir, log, main
+        self.system = system  # the trained model's rows: "dual_encoder" or "pses"
+        self.baselines = tuple(baselines)
+        self.hybrid_weights: dict[str, float] = {}  # system -> the weight val chose
+
+    def run(self, systems: Systems, step: int, final: bool = False,
+            splits: Sequence[str] | None = None,
+            row_fields: dict[str, dict] | None = None) -> dict[str, list[dict]]:
+        """{split: rows} of `splits` (None: all the task's splits when `final`, else its val
+        split, if it has one), each row {"system", "index", metrics...} with
+        `row_fields[system]` added to that system's rows."""
+        if splits is None:
+            splits = self.splits if final else tuple(s for s in self.splits if s == "val")
+        return {split: self._evaluate(split, systems, step, final, row_fields or {})
+                for split in splits}
+
+    def _evaluate(self, split: str, systems: Systems, step: int, final: bool,
+                  row_fields: dict[str, dict]) -> list[dict]:
+        task, data = self.task, self.task.eval_task(split)
+        if final:
+            evaluate.log_missing_fields(data, self.inputs)
+        where = os.path.join(self.workdir, "index", *([task.name] if task.name else []), split)
+        rows, ranked = evaluate.evaluate_split(
+            data, systems, self.inputs, self.eval_cfg, self.mesh,
+            baselines=self.baselines if final else (),
+            index_dir=where if final and self.main else None,
+            ann_systems=(self.system,) if final else (), index_extra=f"step {step}",
+            hybrid_systems=(self.system,),
+            hybrid_weights=None if split == "val" else self.hybrid_weights)
+        if split == "val":
+            self.hybrid_weights = {self.system: r["hybrid_weight"] for r in rows
+                                   if "hybrid_weight" in r}
+        for row in rows:
+            row.update(row_fields.get(row["system"], {}))
+            self.log.write(step, split, row, **task.fields())
+            evaluate.log_metrics(f"eval {task.name + ' ' if task.name else ''}{split} step {step} "
+                                 f"{evaluate.row_label(row)} ({len(data.queries)} queries, "
+                                 f"{len(data.corpus)} candidates)",
+                                 {k: v for k, v in row.items() if k not in ("system", "index")})
+        if final and self.main:
+            report.write_report(self.workdir, split, step, rows, ranked, data.relevant,
+                                len(data.corpus), task.name)
+            report.write_runs(self.workdir, split, ranked, data.query_keys, data.corpus_keys,
+                              task.name)
+            if split == self.splits[-1]:
+                name = f"task {task.name}, " if task.name else ""
+                print(f"\n{name}{split} split, step {step} ({self.workdir}):\n"
+                      + evaluate.format_table(rows, report.KEYS)
+                      + f"\nReport: {os.path.join(self.workdir, report.report_name(task.name))}")
+        return rows
+
+
+class TypoSweep:
+    """Typo robustness (`evaluate.typo_sweep`, eval.typo_probs) on the last split of a
+    retrieval evaluator's task, with its settings and its val-chosen hybrid weight; final
+    evaluation only. Writes its rows (each with "typo_p") and, on process 0,
+    WORKDIR/typo_robustness.png."""
+
+    def __init__(self, retrieval: Retrieval, probs: Sequence[float], seed: int):
+        self.retrieval, self.probs, self.seed = retrieval, tuple(probs), seed
+        self.task, self.splits = retrieval.task, retrieval.splits[-1:]
+
+    def run(self, systems: Systems, step: int, final: bool = False) -> dict[str, list[dict]]:
+        """{split: rows} of the sweep when `final`, else {} (nothing is evaluated)."""
+        if not final:
+            return {}
+        r, (last,) = self.retrieval, self.splits
+        rows = evaluate.typo_sweep(self.task.eval_task(last), systems, r.inputs, r.eval_cfg,
+                                   r.mesh, self.probs, self.seed, r.baselines, (r.system,),
+                                   r.hybrid_weights)
+        for row in rows:
+            r.log.write(step, last, row, **self.task.fields())
+            evaluate.log_metrics(f"eval {last} typo_p={row['typo_p']} {evaluate.row_label(row)}",
+                                 {k: v for k, v in row.items()
+                                  if k not in ("system", "index", "typo_p")})
+        if r.main:
+            name = f"task {self.task.name}, " if self.task.name else ""
+            report.plot_typo_robustness(os.path.join(r.workdir, "typo_robustness.png"), rows,
+                                        f"{name}{last} split, step {step}: queries with typos")
+        return {last: rows}
+
+
+def from_config(config: ml_collections.ConfigDict, tasks: Sequence[Task],
+                splits: dict[str, tuple[str, ...]], inputs: Inputs, mesh: jax.sharding.Mesh,
+                workdir: str, log: MetricsLog, *, main: bool) -> list[Retrieval | TypoSweep]:
+    """The evaluators of a run, in the order they run: a `Retrieval` per task with
+    evaluation splits (`splits[task.name]`; a pre-training collection has none), then,
+    when eval.typo_probs is set, the `TypoSweep` of the first of them. `main`: this is
+    process 0, which writes the files."""
+    evaluators: list[Retrieval | TypoSweep] = [
+        Retrieval(t, splits[t.name], inputs, config.eval, mesh, workdir, log,
+                  system=config.model.name, baselines=config_lib.baseline_names(config),
+                  main=main)
+        for t in tasks if splits[t.name]]
+    probs = config_lib.typo_probs(config)
+    if probs and evaluators:
+        evaluators.append(TypoSweep(evaluators[0], probs, config.eval.typo_seed))
+    return evaluators

@@ -1,0 +1,2 @@
+"""Search and its scores: exact and approximate indexes, lexical baselines, hybrid
+fusion, retrieval metrics."""

@@ -1,0 +1,1 @@
+"""The machine: device meshes and sharding, the allocator, progress lines."""

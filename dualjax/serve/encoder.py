@@ -1,0 +1,163 @@
+"""A trained model outside its workdir: the serving bundle `dualjax.export` writes, loaded.
+
+    encoder = dualjax.Encoder.load("runs/default/export")
+    q = encoder.encode_queries(["how do i fix my bike"])      # [1, dim] unit vectors
+    d = encoder.encode_documents(["..."])                    # [n, dim]
+    scores = q @ d.T
+
+A bundle holds the tokenizer (vocab.json), the categorical field vocabularies
+(features.json, when the model reads fields), the model's parameters (params.msgpack, no
+optimizer state), and each side's encoder as a serialised `jax.export` function
+(query.jax_export, document.jax_export): (params, ids [b, l], mask[, cats]) -> unit
+vectors [b, dim], with the pooling and the normalisation inside the graph, the batch size
+b and the length l <= max_len symbolic (a bundle of an older dualjax: l = max_len).
+Loading it needs jax, numpy and flax's msgpack, not the model's code or config, and
+never the training workdir.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Sequence
+
+import jax
+import numpy as np
+from flax import serialization
+
+from dualjax.runtime.files import verify_digests
+from dualjax.text import features, tokenizers
+
+FORMAT = 2  # encoder.json "format": bumped when a bundle's layout changes (2: "files")
+SIDES = ("query", "document")
+
+
+def bundle_id(files: dict[str, str]) -> str:
+    """A bundle's id: a digest of its files' names and sha256 digests (what an index
+    built with it records)."""
+    return hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest()[:16]
+
+
+def _read_meta(path: str) -> dict:
+    """encoder.json, checked for what loading reads; ValueError naming the file."""
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable encoder.json ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else None
+        raise ValueError(f"{path}: bundle format {got}, this dualjax reads {FORMAT}; "
+                         "export it again")
+    lengths = meta.get("max_len")
+    for key, ok in (("files", isinstance(meta.get("files"), dict)),
+                    ("dim", isinstance(meta.get("dim"), int)),
+                    ("max_len", isinstance(lengths, dict) and all(
+                        isinstance(lengths.get(side), int) for side in SIDES))):
+        if not ok:
+            raise ValueError(f"{path}: no valid {key!r}; export the bundle again")
+    if bundle_id(meta["files"]) != meta.get("id"):
+        raise ValueError(f"{path}: its file list does not give its id; export it again")
+    return meta
+
+
+def _readable(path: str, read, data):
+    """read(data), or ValueError naming the file that this jax / flax cannot read."""
+    try:
+        return read(data)
+    except Exception as e:  # struct.error, msgpack's, jax's own: all mean "not readable"
+        raise ValueError(f"{path}: unreadable by jax {jax.__version__} ({type(e).__name__}: "
+                         f"{e}); export the bundle again with this version") from None
+
+
+class Encoder:
+    """Encodes texts into the model's unit vectors, query side or document side."""
+
+    min_bucket = features.MIN_BUCKET  # the shortest length a batch is cut to
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        path = os.path.join(directory, "encoder.json")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{directory}: no encoder.json; make a bundle with "
+                                    "python -m dualjax.export --workdir=WORKDIR --out=DIR")
+        self.meta = _read_meta(path)
+        verify_digests(directory, self.meta["files"], "bundle")  # every file as exported
+        tokenizer = tokenizers.load_tokenizer(os.path.join(directory, "vocab.json"))
+        fields = (features.load(os.path.join(directory, "features.json"))
+                  if os.path.exists(os.path.join(directory, "features.json"))
+                  else (features.SideFeatures(), features.SideFeatures()))
+        self.sides = {side: features.Side(tokenizer, self.meta["max_len"][side], f)
+                      for side, f in zip(SIDES, fields)}
+        # The digests match, so a file that cannot be read was written by another version.
+        path = os.path.join(directory, "params.msgpack")
+        with open(path, "rb") as f:
+            self.params = jax.device_put(_readable(path, serialization.msgpack_restore,
+                                                   f.read()))
+        self._fns = {}
+        for side in SIDES:
+            path = os.path.join(directory, f"{side}.jax_export")
+            with open(path, "rb") as f:
+                self._fns[side] = jax.jit(_readable(path, jax.export.deserialize,
+                                                    bytearray(f.read())).call)
+
+    @classmethod
+    def load(cls, directory: str) -> Encoder:
+        return cls(directory)
+
+    @property
+    def dim(self) -> int:
+        return int(self.meta["dim"])
+
+    @property
+    def id(self) -> str:
+        """A digest of the bundle's files (checked when loaded): an index built with this
+        encoder records it."""
+        return self.meta["id"]
+
+    def known_query_tokens(self, text: str) -> int:
+        """How many of the query's tokens are in the model's vocabulary (0: the query's
+        vector is made of OOV buckets alone, if any, and means little)."""
+        return tokenizers.known_tokens(self.sides["query"].tokenizer, text)
+
+    def encode_queries(self, texts: Sequence[str], fields: Sequence[dict] | None = None,
+                       batch_size: int = 256) -> np.ndarray:
+        """Unit vectors float32 [len(texts), dim] of queries (with their categorical
+        fields, one dict per text, when the model reads any)."""
+        return self._encode("query", texts, fields, batch_size)
+
+    def encode_documents(self, texts: Sequence[str], fields: Sequence[dict] | None = None,
+                         batch_size: int = 256) -> np.ndarray:
+        """Unit vectors float32 [len(texts), dim] of documents."""
+        return self._encode("document", texts, fields, batch_size)
+
+    def _encode(self, side: str, texts: Sequence[str], fields, batch_size: int) -> np.ndarray:
+        """Batches longest text first (by characters, as sentence-transformers does), each
+        cut to the length bucket of its longest text when the bundle's length is symbolic
+        (padding never changes a vector); full batches, so each bucket compiles once."""
+        method = {"query": "encode_queries", "document": "encode_documents"}[side]
+        if isinstance(texts, (str, bytes)):
+            raise TypeError(f"{method} takes a sequence of texts, not one string: pass [text]")
+        try:
+            texts = list(texts)
+        except TypeError:
+            raise TypeError(f"{method} takes a sequence of texts (str), not "
+                            f"{type(texts).__name__}") from None
+        bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+        if bad is not None:
+            raise TypeError(f"{method}: text {bad} is {type(texts[bad]).__name__} "
+                            f"{texts[bad]!r:.40}, not str")
+        out = np.zeros((len(texts), self.dim), np.float32)
+        order = features.longest_first(texts)
+        s = self.sides[side]
+        # an older bundle's functions take max_len alone
+        min_bucket = self.min_bucket if self.meta.get("length") == "symbolic" else s.max_len
+        for start in range(0, len(texts), batch_size):
+            rows = order[start:start + batch_size]
+            x = s.encode_batch([texts[i] for i in rows],
+                               None if fields is None else [fields[i] for i in rows],
+                               batch_size if len(texts) > batch_size else 0, min_bucket)
+            args = [x["ids"], x["mask"]] + ([x["cats"]] if "cats" in x else [])
+            out[rows] = np.asarray(self._fns[side](self.params, *args))[:len(rows)]
+        return out

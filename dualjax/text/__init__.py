@@ -1,0 +1,1 @@
+"""Text -> token ids: normalisation, tokenizers, typos, categorical fields, per-side inputs."""

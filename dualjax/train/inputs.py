@@ -1,0 +1,89 @@
+"""What each side of the model reads, loaded or built once per workdir: the tokenizer
+(WORKDIR/vocab.json) and the categorical fields' vocabularies (WORKDIR/features.json),
+with each side's max length (`features.Inputs`). A run builds them from its training
+pairs (`train._prepare_input`); a trained workdir reads them back (`trained.py`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Iterable
+
+from absl import logging
+
+from dualjax import pretrained
+from dualjax.config import validation as config_lib
+from dualjax.text import features, tokenizers
+from dualjax.text.tokenizers import Tokenizer
+
+
+def load_tokenizer(config, workdir: str, texts: Callable[[], Iterable[str]],
+                   start: pretrained.Pretrained | None = None) -> Tokenizer:
+    """WORKDIR/vocab.json if it exists (a resumed or evaluated run), else built from
+    `texts()` (the training pairs) as `model.tokenizer` says, or read ("hf": the
+    pretrained start's, or model.tokenizer_path), and saved there."""
+    path = os.path.join(workdir, "vocab.json")
+    if os.path.exists(path):
+        return tokenizers.load_tokenizer(path)
+    m = config.model
+    if m.tokenizer == "hf":
+        tok = start.tokenizer() if start else pretrained.read_tokenizer(m.tokenizer_path)
+    else:
+        tok = tokenizers.build_tokenizer(m.tokenizer, texts(), vocab_size=m.vocab_size,
+                                         num_oov_buckets=m.num_oov_buckets,
+                                         trigram_vocab_size=m.trigram_vocab_size)
+    tok.save(path)
+    logging.info("Tokenizer %s: %d embedding rows, saved to %s", m.tokenizer, tok.vocab_size, path)
+    return tok
+
+
+def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
+                fields: Callable[[], Iterable[tuple[features.Fields, features.Fields]]],
+                start: pretrained.Pretrained | None = None) -> features.Inputs:
+    """What each side reads: the tokenizer (`load_tokenizer`), the side's max length
+    (`config_lib.max_lens`) and its categorical fields, whose vocabularies are
+    WORKDIR/features.json if it exists, else built from `fields()` ((query fields,
+    document fields) per training pair) and saved there."""
+    tokenizer = load_tokenizer(config, workdir, texts, start)
+    specs = config_lib.feature_specs(config.model)
+    sides = (features.SideFeatures(), features.SideFeatures())
+    if any(specs):
+        path = os.path.join(workdir, "features.json")
+        if os.path.exists(path):
+            sides = features.load(path)
+        else:
+            records = list(fields())
+            m = config.model
+            built = []
+            for i, (name, spec) in enumerate(zip(("query", "document"), specs)):
+                values = [r[i] for r in records]  # this side's fields of every pair
+                side = features.build_side(spec, values, m.feature_vocab_size, m.feature_buckets)
+                if side:
+                    missing = side.missing_counts(side.encode(values))
+                    logging.info("Categorical %s fields %s: vocabularies of %s values; missing "
+                                 "(id %d) in %s of %d training pairs", name,
+                                 [f.name for f in side.fields], [len(f.vocab) for f in side.fields],
+                                 features.MISSING_ID, list(missing.values()), len(records))
+                built.append(side)
+            sides = tuple(built)
+            features.save(path, *sides)
+    q_len, d_len = config_lib.max_lens(config.model)
+    return features.Inputs(features.Side(tokenizer, q_len, sides[0]),
+                           features.Side(tokenizer, d_len, sides[1]))
+
+
+def unknown_tokens(tokenizer: Tokenizer, texts: Iterable[str]) -> tuple[int, int]:
+    """(unknown, total): how many of the texts' tokens the tokenizer does not know (an
+    OOV bucket or the unknown id: `tokenizers.known_tokens`), of how many."""
+    unknown = total = 0
+    for text in texts:
+        n = len(tokenizer.token_ids(text))
+        unknown += n - tokenizers.known_tokens(tokenizer, text)
+        total += n
+    return unknown, total
+
+
+def eval_fields(task) -> list[tuple[features.Fields, features.Fields]]:
+    """(query fields, document fields) pairs of an evaluation task's records, to build
+    field vocabularies from when there is no training data."""
+    queries, corpus = task.query_fields or [], task.corpus_fields or []
+    return [(f, None) for f in queries] + [(None, f) for f in corpus]

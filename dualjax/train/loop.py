@@ -1,0 +1,487 @@
+"""Training and evaluation of a dual encoder, in named stages.
+
+`train_and_evaluate(config, workdir)` runs: workdir and mesh → `_prepare_input` (tables,
+vocabularies, the pretrained start) → `_build` (model, optimizer, sharded state, update
+step: a `Run`) → `_training_data` → `_restore` (the latest checkpoint) → evaluators
+(built from the config, `evaluators.py`; `selection.py`: eval.select_by and early
+stopping) → `_train_loop` (train rows, val evaluations, checkpoints, preemption) →
+`_final_evaluation`. Everything it writes goes under `workdir`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import itertools
+import math
+import os
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from tqdm.auto import tqdm
+
+from dualjax import models, objectives, pretrained
+from dualjax.config import specs
+from dualjax.config import validation as config_lib
+from dualjax.errors import Preempted  # noqa: F401 (train.Preempted)
+from dualjax.eval import evaluate
+from dualjax.eval import evaluators as evaluators_lib
+from dualjax.eval.metrics_log import MetricsLog
+from dualjax.runtime import malloc, processes, sharding
+from dualjax.runtime.signals import Signals
+from dualjax.text import features
+from dualjax.train import checkpoints, warm_start, weak_labels
+from dualjax.train import inputs as inputs_lib
+from dualjax.train import lazy_rows as tables
+from dualjax.train import step as step_lib
+from dualjax.train import tasks as tasks_lib
+from dualjax.train import workdir as workdir_lib
+from dualjax.train.selection import Selection
+
+Hook = Callable[[int, dict], None]  # called after every step with (step, device metrics)
+
+
+# ----------------------------------------------------------------------------- main
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       hooks: Sequence[Hook] = ()) -> dict[str, dict]:
+    """Trains (or resumes) and evaluates; returns {"system [index]": row} of the last
+    evaluation split (test); with several tasks (`config.tasks`), {"task: system [index]"}.
+
+    A SIGTERM or SIGINT (Ctrl-C) during training saves a checkpoint at the end of the
+    step and raises `Preempted`; running the same command again resumes from it. A
+    second signal stops at once (KeyboardInterrupt), saving nothing more.
+    """
+    try:
+        mesh = sharding.make_mesh(config.mesh.num_devices)
+    except ValueError as e:
+        raise config_lib.ConfigError(f"config.{e}") from None
+    config_lib.validate(config, mesh.devices.size, workdir)
+    malloc.for_tower(config.model.tower)  # before the state is allocated
+    with (workdir_lib.guard(workdir, config, tasks_lib.data_files(config)) as rebuilt,
+          Signals() as signals,  # one run per workdir, on the data it was made from
+          MetricsLog(workdir, tensorboard=True, writer=processes.is_main()) as log):
+        return _train_and_evaluate(config, workdir, mesh, hooks, signals, log, rebuilt)
+
+
+@dataclasses.dataclass
+class Run:
+    """What the stages of one run share. `_build` makes it; `state` and `last_saved` move
+    as it trains."""
+    config: ml_collections.ConfigDict
+    workdir: str
+    mesh: jax.sharding.Mesh
+    log: MetricsLog
+    signals: Signals
+    tasks: list[tasks_lib.Task]
+    splits: dict[str, tuple[str, ...]]       # each task's evaluation splits
+    inputs: features.Inputs
+    origin: pretrained.Pretrained | None     # model.pretrained's start
+    init_state: Callable[[int], step_lib.State]
+    state_sharding: Any
+    train_step: Callable[[step_lib.State, dict], tuple[step_lib.State, dict]]
+    encoders: tuple[Callable, Callable]      # (params, inputs) -> unit vectors, per side
+    state: step_lib.State
+    data_iters: list = dataclasses.field(default_factory=list)  # one per task
+    ckpt: checkpoints.Checkpointer | None = None
+    last_saved: int | None = None
+    host_rows: Callable[[dict], dict] = dict  # lazy updates: tables.BatchRows
+
+    @property
+    def system(self) -> str:
+        """The trained model's rows: "dual_encoder" or "pses"."""
+        return self.config.model.name
+
+    def first_params(self) -> dict:
+        """The towers the run starts from (init_from's, model.pretrained's or random)."""
+        init = jax.jit(self.init_state, static_argnums=0)(self.config.seed)["params"]
+        return warm_start.start_params(self.config, self.origin, init,
+                                       sharding.replicated(self.mesh))
+
+    def towers_of(self, systems: dict[str, Any]) -> evaluators_lib.Systems:
+        """name -> params  to  name -> (encode_queries, encode_documents) with those params."""
+        return {name: tuple(functools.partial(f, p) for f in self.encoders)
+                for name, p in systems.items()}
+
+    def save(self, step: int) -> None:
+        """A checkpoint of the state and the iterators' positions (one task: its own, as
+        single-task checkpoints hold)."""
+        positions = [it.get_state() for it in self.data_iters]
+        self.ckpt.save(step, self.state, positions[0] if len(self.tasks) == 1 else
+                       {t.name: p for t, p in zip(self.tasks, positions)})
+        self.last_saved = step
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
+                        hooks: Sequence[Hook], signals: Signals,
+                        log: MetricsLog, rebuilt: Sequence[str] = ()) -> dict[str, dict]:
+    tasks = tasks_lib.make_tasks(config, workdir)
+    prepared = processes.main_first(functools.partial(_prepare_input, config, workdir, tasks,
+                                                        rebuilt))
+    config = capped_steps(config, tasks)
+    run = _build(config, workdir, mesh, log, signals, tasks, *prepared)
+    if config.num_train_steps:
+        run.data_iters = _training_data(run)
+    _restore(run)
+    selection = Selection(config, workdir, run.system)
+    start = int(run.state["step"])
+    finished = start >= config.num_train_steps or selection.stopped_early(start)
+    if processes.agree(finished and not config.eval.rerun):
+        done = finished_results(log, tasks, run.splits, start)
+        if processes.agree(done is not None):
+            print(f"{workdir} finished at step {start}; its results are in metrics.jsonl and "
+                  "report.md. To evaluate it again: --config.eval.rerun=True")
+            return done
+    # Evaluators (evaluators.py): each task's retrieval evaluation, then the typo sweep.
+    # They get encode functions; what their val rows decide (eval.select_by) is decided here.
+    evaluators = evaluators_lib.from_config(config, tasks, run.splits, run.inputs, mesh,
+                                            workdir, log, main=processes.is_main())
+    selection.choose(evaluators)
+    if processes.agree(
+            selection.active and start and start < config.num_train_steps
+            and config.eval_every_steps and start % config.eval_every_steps == 0
+            and not any(r["step"] == start and r["split"] == "val" for r in log.read())):
+        _validate(run, evaluators, selection, start)  # killed during the evaluation at its
+        # checkpoint: it decides what's best
+    _train_loop(run, evaluators, selection, hooks)
+    return _final_evaluation(run, evaluators, selection)
+
+
+def capped_steps(config: ml_collections.ConfigDict, tasks: Sequence[tasks_lib.Task]
+                 ) -> ml_collections.ConfigDict:
+    """`config` with num_train_steps cut to `max_epochs` passes over the training items
+    (every task's pairs; a pre-training collection's passages), rounded up; as it is
+    without max_epochs or when the cap is higher. Resuming computes the same cap."""
+    epochs = config.get("max_epochs", 0.0)
+    if not epochs or not config.num_train_steps:
+        return config
+    items = sum(len(t.collection.passages) if t.pretraining else len(t.train_source)
+                for t in tasks)
+    steps = max(1, math.ceil(epochs * items / config.global_batch_size))
+    if steps >= config.num_train_steps:
+        return config
+    logging.info("max_epochs=%g: %d training items at %d a step: %d steps, not %d", epochs,
+                 items, config.global_batch_size, steps, config.num_train_steps)
+    config = copy.deepcopy(config)
+    config.num_train_steps = steps
+    return config
+
+
+def _prepare_input(config: ml_collections.ConfigDict, workdir: str,
+                   tasks: Sequence[tasks_lib.Task], rebuilt: Sequence[str] = ()
+                   ) -> tuple[dict[str, tuple[str, ...]], features.Inputs,
+                              pretrained.Pretrained | None]:
+    """The datasets' tables and one vocabulary over all tasks: (splits, inputs, start).
+    With num_train_steps = 0 (evaluation only) no training pairs are needed and the
+    vocabularies come from the test splits. `rebuilt`: input files that changed, accepted
+    by data.rebuild (`workdir.check_data`): the pseudo-labelled pairs are made again, and
+    a warning says how much of the new training text the kept vocabulary does not know.
+    Process 0 runs it (`main_first`); the other processes of a multi-host run then read
+    what it wrote."""
+    if rebuilt and processes.is_main():
+        for t in tasks:
+            if t.needs_pseudo_labels and os.path.exists(weak_labels.pairs_path(workdir, t.name)):
+                os.remove(weak_labels.pairs_path(workdir, t.name))
+    splits = {t.name: t.splits() for t in tasks}
+    for t in tasks:
+        for split in splits[t.name]:
+            t.eval_task(split)
+    if config.init_from:  # pre-trained elsewhere: its vocabularies (later, its towers)
+        warm_start.copy_vocabularies(config.init_from, workdir, config.model)
+    start = warm_start.resolve_start(config, workdir)  # model.pretrained's, recorded
+    if config.num_train_steps:
+        texts = lambda: itertools.chain.from_iterable(t.train_texts() for t in tasks)
+        inputs = inputs_lib.load_inputs(
+            config, workdir, texts,
+            lambda: itertools.chain.from_iterable(t.train_fields() for t in tasks), start)
+        if rebuilt and processes.is_main() and config.model.tokenizer != "hf":  # (hf's
+            # vocabulary is not made from the data)
+            unknown, total = inputs_lib.unknown_tokens(inputs.query.tokenizer, texts())
+            logging.warning("data.rebuild: %d of the %d tokens (%.1f%%) of the new training "
+                            "texts are out of the kept vocabulary (%s); a new --workdir "
+                            "builds one from the new data", unknown, total,
+                            100 * unknown / max(total, 1), os.path.join(workdir, "vocab.json"))
+        return splits, inputs, start
+    tests = [t.eval_task(splits[t.name][-1]) for t in tasks]
+    return splits, inputs_lib.load_inputs(
+        config, workdir, lambda: [x for e in tests for x in e.corpus + e.queries],
+        lambda: [f for e in tests for f in inputs_lib.eval_fields(e)], start), start
+
+
+def _build(config, workdir, mesh, log, signals, tasks, splits, inputs, origin) -> Run:
+    """The model, the optimizer, the sharded state at its initialisation and the step."""
+    model = models.make_model(specs.model_spec(config.model), inputs.query.tokenizer.vocab_size,
+                              inputs.feature_sizes(), num_tasks=len(tasks),
+                              bert=origin.bert if origin else None)
+    objective = objectives.from_config(config, model, mesh)
+    tx, schedule = step_lib.make_optimizer(config.optimizer, config.num_train_steps)
+    tx = objectives.restrict(tx, objective)  # params the objective keeps fixed get no update
+    init_state = step_lib.make_init_state(objective, tx, config.loss.log_q_buckets)
+    state_sharding = sharding.state_shardings(
+        jax.eval_shape(init_state, config.seed), mesh, config.mesh.param_sharding,
+        models.logical_axes(model, config_lib.max_lens(config.model)))
+    state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(config.seed)
+    table_updates = config.optimizer.get("table_updates", "dense")
+    train_step = step_lib.make_train_step(
+        objective, tx, schedule, state_sharding, sharding.batch_sharding(mesh),
+        sharding.replicated(mesh), config.loss.log_q_alpha, table_updates)
+    run = Run(config, workdir, mesh, log, signals, list(tasks), splits, inputs, origin,
+              init_state, state_sharding, train_step, make_encoders(model), state)
+    if table_updates == "lazy" and jax.process_count() == 1:  # else the step finds the rows
+        run.host_rows = tables.BatchRows(objective.tables(state["params"]), state["params"])
+    return run
+
+
+def _training_data(run: Run) -> list:
+    """Each task's iterator of this process's share of the training batches (data.tasks
+    "pseudo": its pairs labelled by the start first)."""
+    config = run.config
+    for t in run.tasks:
+        if t.needs_pseudo_labels:
+            t.pseudo_pairs = pseudo_labels(config, t, run.workdir, run.inputs, run.mesh,
+                                           run.encoders, run.first_params)
+    iters = [t.train_iterator(run.inputs, config.global_batch_size, config.seed + i,
+                              config.loss.num_mixed_negatives)
+             for i, t in enumerate(run.tasks)]
+    for t in run.tasks:
+        logging.info("%s%s; global batch %d over %d devices",
+                     f"Task {t.name} (weight {t.weight}): " if t.name else "",
+                     t.describe_training(config.global_batch_size),
+                     config.global_batch_size, run.mesh.devices.size)
+    return iters
+
+
+def _restore(run: Run) -> None:
+    """The latest checkpoint's state and iterator positions, if there is one; else the
+    start's towers (init_from's, model.pretrained's, or the initialisation as is)."""
+    run.ckpt = checkpoints.Checkpointer(run.workdir, run.config.keep_checkpoints)
+    last = run.last_saved = run.ckpt.latest_step()
+    if last is not None:
+        run.state, saved_data = run.ckpt.restore(last, checkpoints.abstract_like(run.state))
+        for t, it in zip(run.tasks, run.data_iters):
+            it.set_state(saved_data if len(run.tasks) == 1 else saved_data[t.name])
+        logging.info("Resumed from %s at step %d", os.path.join(run.workdir, "checkpoints"),
+                     last)
+        if last > run.config.num_train_steps:  # nothing is undone: say what is evaluated
+            logging.warning("num_train_steps=%d is below the checkpoint's step %d: nothing "
+                            "more is trained, and step %d is what is evaluated (a run to "
+                            "%d steps needs a new --workdir)", run.config.num_train_steps,
+                            last, last, run.config.num_train_steps)
+        run.signals.stage = f"before training; the checkpoint of step {last} is kept"
+    else:
+        run.state["params"] = warm_start.start_params(run.config, run.origin,
+                                                      run.state["params"],
+                                                      run.state_sharding["params"])
+    run.log.truncate_after(last or 0)  # rows of steps this run will do (again)
+    run.log.start_events((last or 0) + 1, run.config.to_json_best_effort(indent=2))
+
+
+def _validate(run: Run, evaluators, selection: Selection, step: int) -> None:
+    """Every task's val split, on the trained towers (the typo sweep waits for the end)."""
+    for ev in evaluators:
+        rows = ev.run(run.towers_of({run.system: run.state["params"]}), step).get("val")
+        if selection.best and ev is selection.evaluator:
+            selection.offer(rows, step, run.state["params"])
+
+
+def _cadence(config, step: int, patience: int) -> tuple[bool, bool, bool]:
+    """(is_eval, is_ckpt, is_log) of `step`: a val evaluation (never at the last step),
+    a checkpoint (the last step, every checkpoint_every_steps, and an evaluation that may
+    end training) and a train row (also every log_every_steps)."""
+    is_last = step == config.num_train_steps
+    is_eval = bool(config.eval_every_steps and step % config.eval_every_steps == 0
+                   and not is_last)
+    is_ckpt = bool(is_last or (config.checkpoint_every_steps
+                               and step % config.checkpoint_every_steps == 0)
+                   or (patience and is_eval))
+    return is_eval, is_ckpt, is_ckpt or step % max(config.log_every_steps, 1) == 0
+
+
+def _train_loop(run: Run, evaluators, selection: Selection, hooks: Sequence[Hook]) -> None:
+    """Steps from the state's to num_train_steps (or early stopping): train rows, val
+    evaluations, checkpoints; a signal saves at the end of its step and raises Preempted."""
+    config, signals = run.config, run.signals
+    start = int(run.state["step"])
+    weights = [t.weight for t in run.tasks]
+    trim = (jax.process_count() == 1 and config.model.name == "dual_encoder"
+            and not objectives.is_mlm(config))
+    rows = _TrainRows(run, start)
+    last = config.num_train_steps if not selection.stopped_early(start) else start
+    signals.deferring = True  # a signal now saves at the end of the step
+    try:
+        for step in range(start + 1, last + 1):
+            t = tasks_lib.task_at_step(step, weights, config.seed)
+            local = next(run.data_iters[t])
+            local["task"] = np.full(len(local["q_ids"]), t, np.int32)
+            if trim:  # each process's share must keep one shape: one process only
+                local = features.trim_padding(local)
+            is_eval, is_ckpt, is_log = _cadence(config, step, selection.patience)
+            run.state, step_metrics = run.train_step(
+                run.state, sharding.put_global_batch(run.host_rows(local), run.mesh),
+                norms=is_log or bool(signals.received))
+            rows.add(step, step_metrics)
+            for hook in hooks:
+                hook(step, step_metrics)
+            stop = signals.received
+            if jax.process_count() > 1:  # all processes stop at one step, agreed as they log
+                stop = ((stop or "a signal to another process")
+                        if is_log and processes.any_process(bool(stop)) else None)
+            if is_log or is_ckpt or stop:
+                rows.write(t)
+            if is_ckpt or stop:
+                run.save(step)
+            if stop:
+                raise Preempted(f"{stop}: saved a checkpoint at step {step} in "
+                                f"{run.workdir}; run the same command again to resume")
+            if is_eval and _evaluate_during_training(run, evaluators, selection, rows, step):
+                break
+    finally:  # also on errors: the saves already started finish before we leave
+        signals.deferring = False
+        rows.close()
+        run.ckpt.close()
+
+
+def _evaluate_during_training(run: Run, evaluators, selection: Selection, rows, step: int
+                              ) -> bool:
+    """The val evaluation of `step`; whether early stopping ends training there."""
+    signals = run.signals
+    signals.deferring = False  # evaluation stops at once: nothing to lose
+    signals.stage = (f"during the evaluation at step {step}; the checkpoint of step "
+                     f"{run.last_saved} is kept" if run.last_saved is not None else
+                     f"during the evaluation at step {step}; nothing was saved")
+    _validate(run, evaluators, selection, step)
+    rows.since = (step, time.perf_counter())  # evaluation time is not training time
+    signals.deferring = True
+    if not selection.stopped_early(step):
+        return False
+    logging.info("eval.early_stopping: val %s has not improved on step %d for %d "
+                 "evaluations; training stops at step %d", selection.metric,
+                 selection.best.step, run.config.eval.early_stopping, step)
+    return True  # saved: a rerun finds it finished
+
+
+class _TrainRows:
+    """The steps' metrics, kept on the device until a train row is written (checked
+    finite, with the throughput since the last row), and the progress bar."""
+
+    def __init__(self, run: Run, start: int):
+        self.run, self.pending = run, []
+        self.since = (start, time.perf_counter())  # steps and time since the last row
+        self.bar = tqdm(total=run.config.num_train_steps, initial=start, desc="train",
+                        unit="step", disable=None, dynamic_ncols=True)
+
+    def add(self, step: int, metrics: dict) -> None:
+        self.pending.append((step, metrics))
+        self.bar.update(1)
+
+    def write(self, task: int) -> None:
+        config = self.run.config
+        pending, self.pending = jax.device_get(self.pending), []
+        step, values = pending[-1]
+        if values["param_norm"] == step_lib.NOT_MEASURED:  # a signal came mid-step: it saves
+            values["param_norm"] = float(jax.jit(optax.tree.norm)(self.run.state["params"]))
+            del values["grad_norm"]
+        step_lib.check_finite(pending, self.run.last_saved)
+        now = time.perf_counter()  # includes compilation in the first interval
+        values["pairs_per_second"] = ((step - self.since[0]) * config.global_batch_size
+                                      / max(now - self.since[1], 1e-9))
+        self.since = (step, now)
+        self.run.log.write(step, "train", values, **self.run.tasks[task].fields())
+        self.bar.set_postfix(loss=f"{values['loss']:.4f}")
+        if self.bar.disable:  # not a terminal (CI, nohup, a pipe): progress as lines
+            logging.info("step %d/%d: loss %.4f, %.0f pairs/s", step, config.num_train_steps,
+                         values["loss"], values["pairs_per_second"])
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _final_evaluation(run: Run, evaluators, selection: Selection) -> dict[str, dict]:
+    """Every evaluator on the trained towers, their start (eval.untrained) and the
+    baselines. The selecting task's val split comes first: when eval.select_by's best val
+    step is not the last, it joins the systems from there on."""
+    config, system = run.config, run.system
+    step = int(run.state["step"])  # num_train_steps, or where early stopping ended training
+    run.signals.stage = (f"during the final evaluation; training is finished and saved at "
+                         f"step {step}, and running again evaluates it")
+    systems = {system: run.state["params"]}
+    if config.eval.untrained:  # "start": init_from's or model.pretrained's towers as is
+        name = "start" if config.init_from or run.origin else "untrained"
+        try:
+            systems[name] = run.first_params()
+        except pretrained.PretrainedError as e:  # resumed without the start's folder
+            logging.warning("the final evaluation has no %r row: %s", name, e)
+    row_fields: dict[str, dict] = {}  # {"<system>_best": {"selected_step": its step}}
+    out = {}
+    for ev in evaluators:
+        if not isinstance(ev, evaluators_lib.Retrieval):  # the typo sweep: not returned
+            ev.run(run.towers_of(systems), step, final=True)
+            continue
+        results = {}
+        if ev is selection.evaluator:
+            results = ev.run(run.towers_of(systems), step, final=True, splits=("val",))
+            if selection.best:
+                selection.offer(results["val"], step, run.state["params"])
+                best = selection.best.step
+                if best is not None and best != step:
+                    systems[f"{system}_best"] = jax.device_put(selection.best.params(),
+                                                               sharding.replicated(run.mesh))
+                    row_fields = {f"{system}_best": {"selected_step": best}}
+        results.update(ev.run(run.towers_of(systems), step, final=True, row_fields=row_fields,
+                              splits=[s for s in ev.splits if s not in results]))
+        out.update(labelled(ev.task, results[ev.splits[-1]]))
+    return out
+
+
+def pseudo_labels(config, task: tasks_lib.Task, workdir: str, inputs: features.Inputs, mesh,
+                  encoders: tuple[Callable, Callable], first_params: Callable[[], dict]
+                  ) -> list[tuple[str, str]]:
+    """data.tasks "pseudo": the task's pseudo-labelled pairs (`weak_labels`), made with the
+    towers the run starts from (read once, only when the pairs are not saved yet)."""
+    params = []
+
+    def encode(side: int, texts: list[str]) -> np.ndarray:
+        if not params:
+            params.append(first_params())
+        fn = functools.partial(encoders[side], params[0])
+        return evaluate.encode_texts(fn, texts, (inputs.query, inputs.document)[side],
+                                     config.eval.batch_size, mesh, desc="pseudo-labels")
+
+    d = task.data
+    return weak_labels.load_or_make(
+        workdir, task.collection, config.seed, d.min_query_words, d.pseudo_weight,
+        functools.partial(encode, 0), functools.partial(encode, 1),
+        main=processes.is_main(), name=task.name, bm25=config_lib.bm25_options(config.eval))
+
+
+def labelled(task: tasks_lib.Task, rows: Iterable[dict]) -> dict[str, dict]:
+    """{"[task: ]system [index]": row}, as `train_and_evaluate` returns a task's rows."""
+    return {(f"{task.name}: " if task.name else "") + evaluate.row_label(r): r for r in rows}
+
+
+def finished_results(log: MetricsLog, tasks: Sequence[tasks_lib.Task],
+                     splits: dict[str, tuple[str, ...]], step: int) -> dict[str, dict] | None:
+    """What `train_and_evaluate` returned when it finished at `step`, read back from
+    metrics.jsonl; None if a task's final evaluation is not all there."""
+    rows, out = log.read(), {}
+    for task in (t for t in tasks if splits[t.name]):
+        last = splits[task.name][-1]
+        mine = [r for r in rows if r["step"] == step and r["split"] == last and "system" in r
+                and "typo_p" not in r and r.get("task", "") == task.name]
+        if not mine:
+            return None
+        out.update(labelled(task, mine))
+    return out
+
+
+def make_encoders(model) -> tuple[Callable, Callable]:
+    """Jitted (params, inputs) -> unit vectors, for the query and the document side;
+    inputs: `features.Side.encode`'s dict {"ids", "mask"[, "cats"]}."""
+    q = jax.jit(lambda p, x: model.apply({"params": p}, **x, method="encode_queries"))
+    d = jax.jit(lambda p, x: model.apply({"params": p}, **x, method="encode_documents"))
+    return q, d

@@ -1,0 +1,152 @@
+"""One training update: the optimizer (`make_optimizer`), the initial train state
+(`make_init_state`) and the jitted step (`make_train_step` -> `TrainStep`), with the
+check that stops a run whose loss, gradient or params stop being finite.
+
+`train.py` runs these in its loop; the benchmarks (scripts/bench_train.py,
+bench_scale.py) time the same step alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from dualjax import objectives
+from dualjax.errors import NonFiniteLossError  # noqa: F401 (raised here)
+from dualjax.losses import frequency
+from dualjax.train import lazy_rows as tables
+
+State = dict[str, Any]  # {"params", "opt_state", "step", "rng"[, "critic", "frequency"]}
+
+
+# ----------------------------------------------------------------------------- optimizer
+def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """SGD with momentum (constant rate, as Gillick et al.) or Adam/AdamW with linear
+    warmup then linear decay to zero or a constant rate (as Chang et al.)."""
+    if cfg.name == "sgd":
+        schedule = optax.constant_schedule(cfg.learning_rate)
+        tx = optax.sgd(schedule, momentum=cfg.momentum or None)
+    else:
+        warmup = min(cfg.warmup_steps, num_steps)
+        after = (optax.linear_schedule(cfg.learning_rate, 0.0, max(num_steps - warmup, 1))
+                 if cfg.decay == "linear" else optax.constant_schedule(cfg.learning_rate))
+        schedule = optax.join_schedules(
+            [optax.linear_schedule(0.0, cfg.learning_rate, warmup), after], [warmup])
+        tx = (optax.adamw(schedule, weight_decay=cfg.weight_decay) if cfg.name == "adamw"
+              else optax.adam(schedule))
+    if cfg.grad_clip_norm:
+        tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip_norm), tx)
+    return tx, schedule
+
+
+def make_init_state(objective: objectives.Objective, tx: optax.GradientTransformation,
+                    log_q_buckets: int = 0) -> Callable[[int], State]:
+    """seed -> the initial train state {"params", "opt_state", "step", "rng"}, plus
+    "critic" ({"params", "opt_state", "step"}) for an objective with a second player and
+    "frequency" (the streaming document-frequency estimate) when `log_q_buckets` > 0."""
+
+    def init_state(seed: int) -> State:
+        params = objective.init(jax.random.PRNGKey(seed))
+        state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
+                 "rng": jax.random.PRNGKey(seed + 1)}
+        if objective.critic is not None:
+            state["critic"] = objectives.init_critic_state(objective.critic,
+                                                           jax.random.PRNGKey(seed + 2))
+        if log_q_buckets:
+            state["frequency"] = frequency.init_frequency(log_q_buckets)
+        return state
+
+    return init_state
+
+
+# ----------------------------------------------------------------------------- step
+def make_train_step(objective: objectives.Objective, tx, schedule, state_sharding,
+                    batch_sharding, replicated, log_q_alpha: float = 0.01,
+                    table_updates: str = "dense"):
+    """The jitted update: state, global batch -> new state, flat dict of metrics.
+    table_updates="lazy": the token tables' gradient and update cover only the rows the
+    batch reads (`dualjax.train.lazy_rows`; the objective must name its tables)."""
+    if table_updates == "lazy" and objective.tables is None:
+        raise ValueError("optimizer.table_updates='lazy' needs an objective whose token "
+                         "tables are read only by lookups of the batch's ids")
+
+    def step(state: State, batch: dict, norms: jax.Array) -> tuple[State, dict]:
+        rng = jax.random.fold_in(state["rng"], state["step"])
+
+        # Ids of the documents let the loss mask a document that is twice in the batch.
+        extras = {"doc_ids": batch["doc_ids"]} if "doc_ids" in batch else {}
+        new_state = {**state, "step": state["step"] + 1}
+        if "frequency" in state:  # logQ: frequencies as seen up to and including this batch
+            new_state["frequency"] = frequency.update_frequency(
+                state["frequency"], batch["doc_ids"], state["step"] + 1, log_q_alpha)
+            extras["log_q_pos"] = frequency.log_q(new_state["frequency"], batch["doc_ids"])
+
+        critic_metrics = {}
+        if objective.critic is not None:  # the second player moves first, on this batch
+            rng, critic_rng = jax.random.split(rng)
+            new_state["critic"], critic_metrics = objectives.update_critic(
+                objective.critic, state["critic"], state["params"], batch, critic_rng)
+            extras["critic"] = new_state["critic"]["params"]
+
+        if table_updates == "lazy":
+            (loss, aux), grads, index = tables.value_and_grad(
+                objective.loss, state["params"], batch, rng, extras,
+                objective.tables(state["params"]))
+            params, opt_state = tables.update(tx, grads, state["opt_state"],
+                                              state["params"], index)
+        else:
+            (loss, aux), grads = jax.value_and_grad(objective.loss, has_aux=True)(
+                state["params"], batch, rng, extras)
+            updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+            params = optax.apply_updates(state["params"], updates)
+        new_state.update(params=params, opt_state=opt_state)
+        grad_norm, param_norm = jax.lax.cond(  # only the branch taken runs
+            norms, lambda: (optax.tree.norm(grads), optax.tree.norm(params)),
+            lambda: (jnp.float32(NOT_MEASURED), jnp.float32(NOT_MEASURED)))
+        metrics = {"loss": loss, **aux, **critic_metrics, "grad_norm": grad_norm,
+                   "param_norm": param_norm, "learning_rate": schedule(state["step"])}
+        return new_state, metrics
+
+    return TrainStep(jax.jit(step, in_shardings=(state_sharding, batch_sharding, replicated),
+                             out_shardings=(state_sharding, replicated), donate_argnums=(0,)))
+
+
+NOT_MEASURED = -1.0  # a step's grad_norm and param_norm when it was not asked for them
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainStep:
+    """The jitted update: (state, global batch, norms) -> (new state, metrics). With
+    norms=False the metrics' grad_norm and param_norm are NOT_MEASURED: each is a pass
+    over every param (over the token tables and their gradient: a tenth of a bag-of-words
+    step at 50,000 rows, a fifth with lazy updates at 500,000), and only the steps that
+    write a train row need them."""
+    jitted: Callable
+
+    def __call__(self, state: State, batch: dict, norms: bool = True) -> tuple[State, dict]:
+        return self.jitted(state, batch, np.bool_(norms))
+
+    def lower(self, state: State, batch: dict, norms: bool = True):
+        return self.jitted.lower(state, batch, np.bool_(norms))
+
+
+def check_finite(pending: list[tuple[int, dict]], last_saved: int | None) -> None:
+    """Raises NonFiniteLossError if any pending step had a non-finite loss, gradient or
+    parameter norm (parameters can overflow while the loss stays finite)."""
+    for step, m in pending:
+        loss, gnorm, pnorm = (float(m.get(k, 0.0)) for k in ("loss", "grad_norm", "param_norm"))
+        if not (np.isfinite(loss) and np.isfinite(gnorm) and np.isfinite(pnorm)):
+            where = (f"the last good checkpoint is step {last_saved}" if last_saved is not None
+                     else "no checkpoint was written")
+            raise NonFiniteLossError(
+                f"non-finite training at step {step} (loss={loss}, grad_norm={gnorm}, "
+                f"param_norm={pnorm}); "
+                f"stopped without saving this state ({where}). Try a lower "
+                "optimizer.learning_rate or optimizer.grad_clip_norm.")

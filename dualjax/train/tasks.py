@@ -1,0 +1,198 @@
+"""Training tasks: one dataset each, one shared encoder (Gillick et al. 2018 §2).
+
+A run trains on `config.data` alone, or, when `config.tasks` names several tasks
+(`config.tasks.<name>.data`: a data group like `config.data`; `.weight`: its share), on
+all of them: every step's batch comes from one task, drawn with probability weight / sum
+of weights (uniform by default), so the expected loss is the weighted average of the
+tasks' losses. Each task keeps its own learned similarity scale and bias
+(`cosine_affine`), its own input iterator (saved in the checkpoint) and is evaluated on
+its own splits; metrics rows carry a "task" field.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import itertools
+import os
+from typing import Iterable
+
+import ml_collections
+import numpy as np
+from absl import logging
+
+from dualjax.config import specs
+from dualjax.config.specs import PRETRAIN, task_configs  # noqa: F401 (tasks.PRETRAIN)
+from dualjax.data import builders, documents, pipeline, pretraining
+from dualjax.retrieval.task import RetrievalTask
+from dualjax.text import features
+from dualjax.train import workdir as workdir_lib
+
+
+@dataclasses.dataclass
+class Task:
+    """One dataset of the run: name ("" for the single task of `config.data`), its data
+    group, its sampling weight and where its TFDS tables live."""
+
+    name: str
+    data: ml_collections.ConfigDict
+    weight: float
+    seed: int
+    tfds_dir: str
+    _eval: dict[str, RetrievalTask] = dataclasses.field(default_factory=dict)
+    # data.tasks "pseudo": the pairs `weak_labels` made, set before `train_source` is read.
+    pseudo_pairs: list[tuple[str, str]] | None = None
+
+    @property
+    def pretraining(self) -> bool:
+        return self.data.name == PRETRAIN
+
+    @functools.cached_property
+    def eval_data(self) -> ml_collections.ConfigDict | None:
+        """The data group its evaluation reads: its own; for a pre-training collection
+        that is a BEIR folder with judgements (qrels/), that folder read as
+        data.name="beir" (adapt to a collection, evaluate on its queries); else None."""
+        if not self.pretraining:
+            return self.data
+        path = os.path.expanduser(self.data.path)
+        if not os.path.isdir(os.path.join(path, "qrels")):
+            return None
+        data = copy.deepcopy(self.data)
+        data.name = "beir"
+        return data
+
+    @functools.cached_property
+    def eval_spec(self) -> builders.DatasetSpec | None:
+        """`eval_data` as the builders take it (None: no evaluation)."""
+        return None if self.eval_data is None else specs.dataset_spec(self.eval_data, self.seed)
+
+    def splits(self) -> tuple[str, ...]:
+        """Its evaluation splits ("val", "test"); none for a pre-training collection
+        without judgements."""
+        if self.eval_data is None:
+            return ()
+        return builders.eval_splits(self.eval_spec, self.tfds_dir)
+
+    @functools.cached_property
+    def train_source(self):
+        """The training pairs: a TFDS table of records, or a pre-training `PairGenerator`."""
+        if self.pretraining:
+            d = self.data
+            names = pretraining.parse_tasks(d.tasks)
+            if "pseudo" in names and self.pseudo_pairs is None:
+                raise RuntimeError("data.tasks 'pseudo': the pairs are made (weak_labels) "
+                                   "before the training pairs are read")
+            return pretraining.PairGenerator(self.collection, names, self.seed,
+                                             d.ict_mask_rate, d.min_query_words,
+                                             self.pseudo_pairs)
+        return builders.train_source(specs.dataset_spec(self.data, self.seed), self.tfds_dir)
+
+    @functools.cached_property
+    def collection(self) -> documents.Collection:
+        """A pre-training task's documents (articles, passages, sentences)."""
+        d = self.data
+        return documents.read_collection(d.path, self.tfds_dir, d.passage_words,
+                                         d.skip_bad_lines)
+
+    @property
+    def needs_pseudo_labels(self) -> bool:
+        return self.pretraining and "pseudo" in pretraining.parse_tasks(self.data.tasks)
+
+    def train_texts(self) -> Iterable[str]:
+        """The texts to build a vocabulary from."""
+        if self.pretraining:  # every title and passage
+            return itertools.chain(self.collection.titles, self.collection.passages)
+        return pipeline.pair_texts(self.train_source)
+
+    def train_fields(self) -> Iterable[tuple[features.Fields, features.Fields]]:
+        """(query fields, document fields) of every training pair (none when generated)."""
+        if self.pretraining:
+            return iter(())
+        return pipeline.pair_fields(self.train_source)
+
+    def train_iterator(self, inputs: features.Inputs, global_batch_size: int, seed: int,
+                       num_mixed_negatives: int = 0):
+        """An endless iterator of this process's share of each global training batch."""
+        if self.pretraining:
+            return pipeline.generated_iterator(self.train_source, inputs, global_batch_size,
+                                               self.data.worker_count,
+                                               self.data.prefetch_batches)
+        return pipeline.train_iterator(self.train_source, inputs, global_batch_size, seed,
+                                       self.data.worker_count, num_mixed_negatives,
+                                       self.data.get("hard_negatives", 0),
+                                       self.data.prefetch_batches)
+
+    def describe_training(self, global_batch_size: int) -> str:
+        """How many training pairs (or what generates them), for the log; warns when a
+        global batch is larger than the training pairs (each batch repeats some)."""
+        src = self.train_source
+        if self.pretraining:
+            return ("pre-training pairs generated from " + self.data.path + " ("
+                    + ", ".join(f"{t.upper()}: {src.num_items(t)} items" for t in src.tasks)
+                    + ")")
+        if len(src) < global_batch_size:
+            logging.warning("%s: a global batch of %d is larger than the %d training pairs, "
+                            "so every batch holds some pairs twice (as negatives of each "
+                            "other they are masked); consider a smaller global_batch_size",
+                            self.name or self.data.name, global_batch_size, len(src))
+        return f"training pairs: {len(src)}"
+
+    def eval_task(self, split: str) -> RetrievalTask:
+        """The retrieval task of a split, read once."""
+        if split not in self._eval:
+            self._eval[split] = builders.eval_task(self.eval_spec, self.tfds_dir, split)
+        return self._eval[split]
+
+    def fields(self) -> dict[str, str]:
+        """Extra fields of this task's metrics rows ({} for a single-task run)."""
+        return {"task": self.name} if self.name else {}
+
+
+def data_files(config: ml_collections.ConfigDict) -> list[workdir_lib.DataFile]:
+    """Every input file the run's data groups read, as the workdir records them
+    (`workdir.check_data`): a group's data.path (quora's and reqa_squad's default file
+    when empty; for a BEIR folder, its corpus.jsonl, queries.jsonl and qrels/*.tsv) and
+    its pseudo_label_queries (read with pseudo_labels). A group's changed files are
+    accepted with its own `rebuild` or the run's `data.rebuild`."""
+    defaults = {"quora": specs.QUORA_PATH, "reqa_squad": specs.SQUAD_PATH}
+    out = []
+    for name, data, _ in task_configs(config):
+        group = f"tasks.{name}.data" if name else "data"
+        rebuild = bool(data.get("rebuild", False) or config.data.get("rebuild", False))
+        named = [("path", data.get("path", "") or defaults.get(data.name, ""))]
+        if data.get("pseudo_labels", 0):
+            named.append(("pseudo_label_queries", data.get("pseudo_label_queries", "")))
+        for key, path in named:
+            if not path or data.name == "synthetic_paraphrase":
+                continue
+            full = os.path.abspath(os.path.expanduser(path))
+            out += [workdir_lib.DataFile(f"{group}.{key}", f, rebuild)
+                    for f in _files_at(full)]
+    return out
+
+
+def _files_at(path: str) -> list[str]:
+    """The files a data path stands for: itself, or a BEIR folder's that are read."""
+    if not os.path.isdir(path):
+        return [path]
+    qrels = os.path.join(path, "qrels")
+    judged = os.listdir(qrels) if os.path.isdir(qrels) else []
+    return ([os.path.join(path, n) for n in ("corpus.jsonl", "queries.jsonl")
+             if os.path.isfile(os.path.join(path, n))]
+            + sorted(os.path.join(qrels, n) for n in judged if n.endswith(".tsv")))
+
+
+def make_tasks(config: ml_collections.ConfigDict, workdir: str) -> list[Task]:
+    return [Task(name, data, weight, config.seed,
+                 data.get("tfds_dir") or os.path.join(workdir, "tfds"))
+            for name, data, weight in task_configs(config)]
+
+
+def task_at_step(step: int, weights: list[float], seed: int) -> int:
+    """The task whose batch trains at `step`: a draw ∝ weights, a function of (seed,
+    step) only, so a resumed run continues the same sequence."""
+    if len(weights) == 1:
+        return 0
+    p = np.asarray(weights, np.float64) / sum(weights)
+    return int(np.random.default_rng([seed, step]).choice(len(weights), p=p))

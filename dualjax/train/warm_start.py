@@ -1,0 +1,189 @@
+"""Starting a run from another run (`config.init_from = WORKDIR`: pre-train, then
+fine-tune) or from pretrained weights (`model.pretrained`, `dualjax.pretrained`).
+
+The new run takes the other run's vocabularies (vocab.json, features.json: fine-tuning
+must read the pre-training vocabulary) and its latest checkpoint's tower parameters; the
+optimizer, step, rng and data position are its own, fresh. The similarity's own
+parameters (alpha and beta, or log tau) are taken too when both runs have them with the
+same shape, else they start at the new run's initial values; pre-training heads (MLM's)
+are left behind. Towers that do not match are refused, naming the settings that differ.
+
+A pretrained start is recorded in WORKDIR/pretrained.json (`resolve_start`; copied with
+the vocabularies by init_from) and its weights replace the towers' initial parameters
+(`pretrained_params`): a BERT's whole tower, a static table's token tables. Both kinds of
+start go through `start_params`, which the run also uses for its "start" evaluation row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+import jax
+import ml_collections
+from absl import logging
+
+from dualjax import pretrained
+from dualjax.config.validation import ConfigError
+from dualjax.models.dual_encoder import SIMILARITY_PARAMS, token_tables
+from dualjax.objectives import PRETRAINING_HEADS
+from dualjax.train import checkpoints
+
+VOCABULARIES = ("vocab.json", "features.json", pretrained.RECORD)
+# Model settings that do not shape the towers' parameters.
+_NOT_TOWER = {"dtype", "similarity", "temperature", "init_scale", "init_bias", "max_len",
+              "query_max_len", "doc_max_len"}
+
+
+# Model settings that decide the vocabularies: this run reads init_from's, so they must agree.
+VOCABULARY_SETTINGS = ("tokenizer", "tokenizer_path", "vocab_size", "trigram_vocab_size",
+                       "num_oov_buckets", "query_features", "doc_features", "feature_dim",
+                       "feature_vocab_size", "feature_buckets")
+
+
+def _saved_model(init_from: str) -> dict:
+    try:
+        with open(os.path.join(init_from, "config.json")) as f:
+            return json.load(f).get("model", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def copy_vocabularies(init_from: str, workdir: str,
+                      model: ml_collections.ConfigDict | None = None) -> None:
+    """Copies init_from's vocab.json (and features.json, pretrained.json) into `workdir`,
+    unless `workdir` has its own already (a resumed run); ConfigError if `model` asks for
+    another vocabulary than the one init_from's was built with (VOCABULARY_SETTINGS)."""
+    if not os.path.isdir(init_from):
+        raise ConfigError(f"config.init_from={init_from!r}: no such workdir")
+    if not os.path.exists(os.path.join(init_from, "vocab.json")):
+        raise ConfigError(f"config.init_from={init_from!r} has no vocab.json: is it a dualjax "
+                          "workdir that has trained?")
+    saved = _saved_model(init_from)
+    for key in VOCABULARY_SETTINGS if model is not None else ():
+        if key in saved and key in model and saved[key] != model[key]:
+            raise ConfigError(f"config.init_from={init_from!r} built its vocabulary with "
+                              f"model.{key}={saved[key]!r}, this run asks for {model[key]!r}: "
+                              f"the run reads init_from's vocabulary, so set "
+                              f"--config.model.{key}={saved[key]!r}")
+    for name in VOCABULARIES:
+        source, target = os.path.join(init_from, name), os.path.join(workdir, name)
+        if os.path.exists(source) and not os.path.exists(target):
+            tmp = f"{target}.tmp{os.getpid()}"
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, target)
+            logging.info("init_from: using %s", source)
+
+
+def _model_differences(init_from: str, model: ml_collections.ConfigDict) -> list[str]:
+    """"model.KEY: OLD (init_from) vs NEW (this run)" for each tower setting that differs."""
+    saved = _saved_model(init_from)
+
+    def flat(d: dict, prefix: str = "model.") -> dict:
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, dict):
+                out.update(flat(v, f"{prefix}{k}."))
+            elif k not in _NOT_TOWER:
+                out[prefix + k] = v
+        return out
+
+    old, new = flat(saved), flat(model.to_dict())
+    return [f"{k}: {old.get(k)!r} (init_from) vs {new.get(k)!r} (this run)"
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
+def _shapes(tree: Any) -> dict[str, tuple]:
+    return {jax.tree_util.keystr(path): tuple(x.shape)
+            for path, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def tower_params(init_from: str, params: dict, model: ml_collections.ConfigDict,
+                 sharding: jax.sharding.Sharding) -> dict:
+    """`params` (this run's initial parameters) with the towers of init_from's latest
+    checkpoint, placed with `sharding`; ConfigError if the towers differ."""
+    try:
+        step, saved = checkpoints.latest_params(init_from)
+    except FileNotFoundError as e:
+        raise ConfigError(f"config.init_from: {e}") from None
+    towers = lambda tree: {k: v for k, v in tree.items()
+                           if k not in SIMILARITY_PARAMS and k not in PRETRAINING_HEADS}
+    ours, theirs = _shapes(towers(params)), _shapes(towers(saved))
+    if ours != theirs:
+        first = next(k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k))
+        differences = _model_differences(init_from, model)
+        raise ConfigError(
+            f"config.init_from={init_from!r}: its towers do not match this run's (param {first}: "
+            f"{theirs.get(first, 'absent')} there, {ours.get(first, 'absent')} here)"
+            + ("; settings that differ: " + "; ".join(differences) if differences else ""))
+    out = dict(params)
+    for key, value in saved.items():
+        if key in PRETRAINING_HEADS:  # e.g. the MLM head: pre-training only
+            continue
+        if key in SIMILARITY_PARAMS and _shapes(value) != _shapes(params.get(key, {})):
+            logging.info("init_from: %s is not carried over (another similarity)", key)
+            continue
+        out[key] = value
+    logging.info("init_from: towers of %s at step %d", init_from, step)
+    return jax.device_put(out, sharding)
+
+
+def resolve_start(config: ml_collections.ConfigDict, workdir: str
+                  ) -> pretrained.Pretrained | None:
+    """The pretrained start the towers are built from: WORKDIR/pretrained.json when the
+    run has one (resumed, or copied from init_from by `copy_vocabularies`, which runs
+    first), else model.pretrained resolved and recorded there; None without one."""
+    start = pretrained.load(workdir)
+    name = config.model.get("pretrained", "")
+    if start is None and name:
+        start = pretrained.resolve(name, config.model.get("pretrained_pooling", ""))
+        pretrained.save(workdir, start)
+    elif start is not None and name and (pretrained.sources.canonical(start.source)
+                                         != pretrained.sources.canonical(name)):
+        where = "config.init_from's run" if config.init_from else "this workdir"
+        raise ConfigError(f"config.model.pretrained={name!r}, but {where} started from "
+                          f"{start.source!r} ({pretrained.RECORD})")
+    return start
+
+
+def _overlay(params: dict, path: tuple[str, ...], value: Any, what: str) -> None:
+    """params[path] = value (in place), refusing a missing param or another shape."""
+    node = params
+    for key in path[:-1]:
+        node = node[key]
+    ours, theirs = _shapes(node.get(path[-1], {})), _shapes(value)
+    if ours != theirs:
+        first = next(k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k))
+        raise ConfigError(f"config.model.pretrained: {what} does not fit this run's towers "
+                          f"(param {'/'.join(path)}{first}: {theirs.get(first, 'absent')} there, "
+                          f"{ours.get(first, 'absent')} here)")
+    node[path[-1]] = value
+
+
+def pretrained_params(start: pretrained.Pretrained, params: dict) -> dict:
+    """`params` with the start's weights: every bert tower whole, or every token table
+    (a static start; the layers above it keep their initialisation)."""
+    tree = start.tower_params()
+    out = jax.tree.map(lambda x: x, params)  # a copy of the containers
+    if start.kind == "bert":
+        for key in ("tower", "query_tower", "doc_tower"):
+            if key in out:
+                _overlay(out, (key,), tree, f"{start.source}'s encoder")
+    else:
+        for path in token_tables(out):
+            _overlay(out, (*path, "embedding"), tree["embedding"],
+                     f"{start.source}'s token table")
+    return out
+
+
+def start_params(config: ml_collections.ConfigDict, start: pretrained.Pretrained | None,
+                 params: dict, sharding: jax.sharding.Sharding) -> dict:
+    """The run's first parameters from its initialisation `params`: init_from's towers,
+    else the pretrained start's weights, else `params` as they are."""
+    if config.init_from:
+        return tower_params(config.init_from, params, config.model, sharding)
+    if start is not None:
+        return jax.device_put(pretrained_params(start, jax.device_get(params)), sharding)
+    return params

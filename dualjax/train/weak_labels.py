@@ -1,0 +1,92 @@
+"""Weak supervision from the run's start (data.tasks "pseudo"): pseudo-queries that a
+collection's own documents yield, each labelled with the document that the start's
+hybrid with BM25 ranks first.
+
+Each passage gives one query: one of its sentences of at least `min_query_words` words
+(chosen by the seed), else a Contriever crop of it. The query's own passage is left out
+of the candidates, so a pair is never the query and the text it was cut from; among the
+others, the label is the first of the start's dense ranking fused with BM25's (score
+interpolation at `weight`, `hybrid.fuse_scores`). Training on these pairs carries the
+hybrid's ranking into the dense towers (scripts/adapt_sweep.py measured it against
+ICT and crops on the shared collections; BENCHMARKS.md).
+
+The pairs are made once, by the main process, with the start's parameters, and kept in
+WORKDIR/pseudo_pairs.jsonl, so a resumed run trains on the same pairs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable
+
+import numpy as np
+from absl import logging
+
+from dualjax.data.beir import document_text
+from dualjax.data.documents import Collection
+from dualjax.data.pretraining import PairGenerator
+from dualjax.retrieval import ann, baselines, hybrid
+from dualjax.runtime.files import atomic_write
+
+FILE = "pseudo_pairs.jsonl"
+Encode = Callable[[list[str]], np.ndarray]  # texts -> unit vectors [n, dim]
+
+
+def pseudo_queries(collection: Collection, seed: int, min_query_words: int = 5) -> list[str]:
+    """One query per passage: a sentence of it, else a crop of it."""
+    rng = np.random.default_rng([seed, 7])
+    crops = PairGenerator(collection, ("crop",), seed)
+    out = []
+    for p in range(len(collection.passages)):
+        sentences = [s for s in collection.passage_sentences(p)
+                     if len(s.split()) >= min_query_words]
+        out.append(sentences[rng.integers(len(sentences))] if sentences
+                   else crops._crop(p, rng))
+    return out
+
+
+def hybrid_pairs(queries: list[str], documents: list[str], encode_queries: Encode,
+                 encode_documents: Encode, weight: float, k: int = 20,
+                 bm25: dict | None = None) -> list[tuple[str, str]]:
+    """(queries[i], the fused first of documents other than documents[i]) for each i with
+    any candidate. queries[i] was cut from documents[i]. bm25: BM25's options
+    (`baselines.rank`; None: its defaults)."""
+    own = np.arange(len(queries), dtype=np.int64)
+    k = min(k, len(documents) - 1)
+    if k < 1:
+        return []
+    exact = ann.ExactIndex(encode_documents(documents))
+    scores, ids = exact.search(encode_queries(queries), k, own)
+    lex_scores, lex_ids = baselines.rank_texts("bm25", documents, queries, k, own,
+                                               **(bm25 or {}))
+    first = hybrid.fuse_scores((np.asarray(ids), np.asarray(scores)), (lex_ids, lex_scores),
+                               weight, 1)[:, 0]
+    return [(q, documents[int(j)]) for q, j in zip(queries, first) if j >= 0]
+
+
+def pairs_path(workdir: str, name: str = "") -> str:
+    """WORKDIR/pseudo_pairs.jsonl, or task `name`'s pseudo_pairs_<name>.jsonl."""
+    return os.path.join(workdir, FILE if not name else FILE.replace(".jsonl", f"_{name}.jsonl"))
+
+
+def load_or_make(workdir: str, collection: Collection, seed: int, min_query_words: int,
+                 weight: float, encode_queries: Encode, encode_documents: Encode,
+                 main: bool = True, name: str = "", bm25: dict | None = None
+                 ) -> list[tuple[str, str]]:
+    """WORKDIR/pseudo_pairs.jsonl (task `name`'s: pseudo_pairs_<name>.jsonl) if it
+    exists, else the pairs made (and, by the main process, written there)."""
+    path = pairs_path(workdir, name)
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            return [tuple(json.loads(line)) for line in f if line.strip()]
+    documents = [document_text(collection.titles[collection.passage_article[p]], text)
+                 for p, text in enumerate(collection.passages)]
+    pairs = hybrid_pairs(pseudo_queries(collection, seed, min_query_words), documents,
+                         encode_queries, encode_documents, weight, bm25=bm25)
+    logging.info("Pseudo-labels: %d queries from %d passages, each labelled with the first "
+                 "other document of the start's hybrid with BM25 (w %.2f); %s", len(pairs),
+                 len(documents), weight, path)
+    if main:
+        atomic_write(path, "".join(json.dumps(p) + "\n" for p in pairs))
+    return pairs
