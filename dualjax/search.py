@@ -123,15 +123,15 @@ def from_workdir(workdir: str, split: str = "test", k: int = 10, task: str = "")
     """A training workdir's latest checkpoint over the corpus of an evaluation split of its
     dataset, with the index its final evaluation saved (rebuilt if stale)."""
     # The training stack is imported only here: serving a bundle needs none of it.
+    from dualjax import models
     from dualjax.eval import evaluate
     from dualjax.retrieval import ann
     from dualjax.runtime import sharding
-    from dualjax.train import loop as train
     from dualjax.train import tasks as tasks_lib
     from dualjax.train.trained import load_trained
     config, inputs, model, params, step = load_trained(workdir)
     mesh = sharding.make_mesh()
-    encode_queries, encode_documents = train.make_encoders(model)
+    encode_queries, encode_documents = models.make_encoders(model)
     tasks = {t.name: t for t in tasks_lib.make_tasks(config, workdir)}
     name = task or next(iter(tasks))
     if name not in tasks:

@@ -172,11 +172,11 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench_train import cpu_model  # noqa: E402  (this folder is on sys.path when run)
+from dualjax import models  # noqa: E402
 from dualjax.retrieval import ann  # noqa: E402
 from dualjax.eval import evaluate
 from dualjax.runtime import sharding
 from dualjax.config import specs
-from dualjax.train import loop as train
 from dualjax.data import builders  # noqa: E402
 from dualjax.train.trained import load_trained  # noqa: E402
 
@@ -227,7 +227,7 @@ def embed_split(workdir: str, split: str, max_queries: int) -> Embedded:
     or saved under the workdir) and encodes the split's corpus and queries."""
     config, inputs, model, params, step = load_trained(workdir, load_config(workdir))
     mesh = sharding.make_mesh()
-    encode_queries, encode_documents = train.make_encoders(model)
+    encode_queries, encode_documents = models.make_encoders(model)
     tfds_dir = config.data.tfds_dir or os.path.join(workdir, "tfds")
     task = builders.eval_task(specs.dataset_spec(config.data, config.seed), tfds_dir, split)
     queries = task.queries[:max_queries] if max_queries > 0 else task.queries

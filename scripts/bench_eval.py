@@ -33,14 +33,14 @@ def main() -> None:
     from dualjax.eval import evaluate
     from dualjax.runtime import sharding
     from dualjax.train import tasks
-    from dualjax.train import loop as train
+    from dualjax import models
     from dualjax.train.trained import load_trained
 
     trained = load_trained(args.workdir)
     config, inputs = trained.config, trained.inputs
     task = tasks.make_tasks(config, args.workdir)[0].eval_task(args.split)
     mesh = sharding.make_mesh()
-    encode_q, encode_d = train.make_encoders(trained.model)
+    encode_q, encode_d = models.make_encoders(trained.model)
     times = {}
 
     def encode(name, fn, texts, side, fields):

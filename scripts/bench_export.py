@@ -4,7 +4,7 @@
 
 Exports the workdir (`dualjax.export`, cpu) to a temporary folder, then encodes the test
 split's corpus of its dataset as documents, alternating the training-time encoder
-(`train.make_encoders` on the latest params, one jitted batch at a time, as the
+(`models.make_encoders` on the latest params, one jitted batch at a time, as the
 evaluation does) and `dualjax.Encoder.load(bundle).encode_documents`, `--repeats` times
 each after a warm-up, and prints texts per second (median) and their ratio. Both
 tokenize in Python; the numbers include it.
@@ -21,8 +21,8 @@ import time
 import jax
 import numpy as np
 
+from dualjax import models
 from dualjax import export
-from dualjax.train import loop as train
 from dualjax.train import trained as trained_lib
 from dualjax.train import tasks as tasks_lib
 
@@ -38,7 +38,7 @@ def main() -> None:
     task = tasks_lib.make_tasks(model.config, args.workdir)[0]
     texts = task.eval_task(task.splits()[-1]).corpus
     side = model.inputs.document
-    _, encode_d = train.make_encoders(model.model)
+    _, encode_d = models.make_encoders(model.model)
     params = jax.device_put(model.params, jax.devices()[0])
 
     def training_time() -> np.ndarray:

@@ -344,7 +344,7 @@ def test_objective_loss_is_the_weighted_sum_of_its_terms(pairwise):
     assert abs(adversarial) > 1e-3
     assert float(m["regularization"]) == pytest.approx(regularization, rel=1e-4)
     if pairwise == "in_batch":  # the in-batch softmax over the retrieval vectors, scale 10
-        encode_q, encode_d = train.make_encoders(model)
+        encode_q, encode_d = models.make_encoders(model)
         q = encode_q(params, {"ids": batch["q_ids"], "mask": batch["q_mask"]})
         d = encode_d(params, {"ids": batch["d_ids"], "mask": batch["d_mask"]})
         logits = 10.0 * np.asarray(q) @ np.asarray(d).T
@@ -395,7 +395,7 @@ def test_exported_pses_encodes_as_the_model(tmp_path, trained):
     assert encoder.meta["model"] == "pses" and encoder.dim == 8 + 4  # [z_s; z_q]
     model = trained_lib.load_trained(trained[0])
     texts = ["how do i fix my car", "what is the best phone", ""]
-    encode_q, encode_d = train.make_encoders(model.model)
+    encode_q, encode_d = models.make_encoders(model.model)
     np.testing.assert_allclose(encoder.encode_queries(texts),
                                encode_q(model.params, model.inputs.query.encode(texts)), atol=1e-6)
     np.testing.assert_allclose(encoder.encode_documents(texts),

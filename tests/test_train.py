@@ -14,6 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from conftest import CONFIGS, load_config
+from dualjax import models
 from dualjax.config import validation as config_lib
 from dualjax.train import tasks
 from dualjax.train import loop as train
@@ -297,7 +298,7 @@ def test_categorical_fields_and_side_lengths_train_evaluate_and_search(tmp_path,
                                          "params.msgpack", "query.jax_export", "vocab.json"]
     docs = [line["document"] for line in lines[:7]]
     fields = [line.get("document_fields") for line in lines[:7]]
-    encode_q, encode_d = train.make_encoders(trained.model)
+    encode_q, encode_d = models.make_encoders(trained.model)
     want_d = encode_d(trained.params, trained.inputs.document.encode(docs, fields))
     np.testing.assert_allclose(encoder.encode_documents(docs, fields, batch_size=4), want_d,
                                atol=1e-6)

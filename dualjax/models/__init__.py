@@ -4,6 +4,10 @@ bias, so evaluation and search treat them alike."""
 
 from __future__ import annotations
 
+from typing import Callable
+
+import jax
+
 from dualjax.models import dual_encoder, pses
 from dualjax.models.spec import ModelSpec
 
@@ -25,3 +29,11 @@ def logical_axes(model, max_lens: tuple[int, int]):
     if isinstance(model, dual_encoder.DualEncoder):
         return dual_encoder.logical_axes(model, max(max_lens))
     return None
+
+
+def make_encoders(model) -> tuple[Callable, Callable]:
+    """Jitted (params, inputs) -> unit vectors, for the query and the document side;
+    inputs: `features.Side.encode`'s dict {"ids", "mask"[, "cats"]}."""
+    q = jax.jit(lambda p, x: model.apply({"params": p}, **x, method="encode_queries"))
+    d = jax.jit(lambda p, x: model.apply({"params": p}, **x, method="encode_documents"))
+    return q, d

@@ -231,7 +231,7 @@ def _build(config, workdir, mesh, log, signals, tasks, splits, inputs, origin) -
         objective, tx, schedule, state_sharding, sharding.batch_sharding(mesh),
         sharding.replicated(mesh), config.loss.log_q_alpha, table_updates)
     run = Run(config, workdir, mesh, log, signals, list(tasks), splits, inputs, origin,
-              init_state, state_sharding, train_step, make_encoders(model), state)
+              init_state, state_sharding, train_step, models.make_encoders(model), state)
     if table_updates == "lazy" and jax.process_count() == 1:  # else the step finds the rows
         run.host_rows = tables.BatchRows(objective.tables(state["params"]), state["params"])
     return run
@@ -477,11 +477,3 @@ def finished_results(log: MetricsLog, tasks: Sequence[tasks_lib.Task],
             return None
         out.update(labelled(task, mine))
     return out
-
-
-def make_encoders(model) -> tuple[Callable, Callable]:
-    """Jitted (params, inputs) -> unit vectors, for the query and the document side;
-    inputs: `features.Side.encode`'s dict {"ids", "mask"[, "cats"]}."""
-    q = jax.jit(lambda p, x: model.apply({"params": p}, **x, method="encode_queries"))
-    d = jax.jit(lambda p, x: model.apply({"params": p}, **x, method="encode_documents"))
-    return q, d
