@@ -125,7 +125,7 @@ def from_workdir(workdir: str, split: str = "test", k: int = 10, task: str = "")
     # The training stack is imported only here: serving a bundle needs none of it.
     from dualjax import models
     from dualjax.eval import evaluate
-    from dualjax.retrieval import ann
+    from dualjax.retrieval import ann, encoding
     from dualjax.runtime import sharding
     from dualjax.train import tasks as tasks_lib
     from dualjax.train.trained import load_trained
@@ -144,7 +144,7 @@ def from_workdir(workdir: str, split: str = "test", k: int = 10, task: str = "")
     texts, keys = list(dense.texts), data.corpus_keys
     if keys is not None and dense.rows is not None:
         keys = [keys[i] for i in dense.rows]
-    corpus_emb = evaluate.encode_texts(
+    corpus_emb = encoding.encode_texts(
         lambda x: encode_documents(params, x), texts, inputs.document,
         config.eval.batch_size, mesh, desc="encode corpus", fields=dense.fields)
     searcher, info = ann.make_index(
@@ -153,7 +153,7 @@ def from_workdir(workdir: str, split: str = "test", k: int = 10, task: str = "")
         extra=f"step {step}")
     logging.info("%s index over %d candidates (%s)", config.eval.index, len(texts),
                  "built" if info["built"] else "loaded")
-    encode = lambda texts: evaluate.encode_texts(
+    encode = lambda texts: encoding.encode_texts(
         lambda x: encode_queries(params, x), texts, inputs.query, max(len(texts), 1), mesh,
         desc="encode queries")
     return Searcher(texts, searcher, encode, inputs.query.tokenizer, k, info,

@@ -173,7 +173,7 @@ import numpy as np  # noqa: E402
 
 from bench_train import cpu_model  # noqa: E402  (this folder is on sys.path when run)
 from dualjax import models  # noqa: E402
-from dualjax.retrieval import ann  # noqa: E402
+from dualjax.retrieval import ann, encoding  # noqa: E402
 from dualjax.eval import evaluate
 from dualjax.runtime import sharding
 from dualjax.config import specs
@@ -232,10 +232,10 @@ def embed_split(workdir: str, split: str, max_queries: int) -> Embedded:
     task = builders.eval_task(specs.dataset_spec(config.data, config.seed), tfds_dir, split)
     queries = task.queries[:max_queries] if max_queries > 0 else task.queries
     enc = dict(batch_size=config.eval.batch_size, mesh=mesh)
-    corpus_emb = evaluate.encode_texts(lambda x: encode_documents(params, x), task.corpus,
+    corpus_emb = encoding.encode_texts(lambda x: encode_documents(params, x), task.corpus,
                                        inputs.document, desc="encode corpus",
                                        fields=task.corpus_fields, **enc)
-    query_emb = evaluate.encode_texts(lambda x: encode_queries(params, x), queries, inputs.query,
+    query_emb = encoding.encode_texts(lambda x: encode_queries(params, x), queries, inputs.query,
                                       desc="encode queries", fields=task.query_fields and
                                       task.query_fields[:len(queries)], **enc)
     return Embedded(corpus=np.ascontiguousarray(corpus_emb, np.float32),

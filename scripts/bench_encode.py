@@ -118,6 +118,7 @@ def main() -> None:
         return matmul_rates()
     import torch
     from sentence_transformers import SentenceTransformer
+    import dualjax
     from dualjax import pretrained
 
     texts = corpus_texts(args.corpus, args.limit)

@@ -3,7 +3,7 @@
     python scripts/bench_eval.py --workdir=runs/quora_trigram [--split=test] [--repeats=3]
 
 Encodes the split's corpus and queries with the training-time encoders
-(`evaluate.encode_texts`, tokenization included, the mesh of all local devices), then
+(`encoding.encode_texts`, tokenization included, the mesh of all local devices), then
 times exact top-100 search of every query over the whole corpus, alternating:
 `ann.exact_search` (the corpus padded and placed on the device at every call, each
 query chunk read back before the next is sent: the path before this script) and
@@ -30,7 +30,7 @@ def main() -> None:
     args = p.parse_args()
 
     from dualjax.retrieval import ann
-    from dualjax.eval import evaluate
+    from dualjax.retrieval import encoding
     from dualjax.runtime import sharding
     from dualjax.train import tasks
     from dualjax import models
@@ -45,7 +45,7 @@ def main() -> None:
 
     def encode(name, fn, texts, side, fields):
         start = time.perf_counter()
-        out = evaluate.encode_texts(lambda x: fn(trained.params, x), texts, side,
+        out = encoding.encode_texts(lambda x: fn(trained.params, x), texts, side,
                                     config.eval.batch_size, mesh, fields=fields)
         times[name] = (len(texts), time.perf_counter() - start)
         return out

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import load_config
 from dualjax.eval import evaluate
-from dualjax.retrieval import hybrid
+from dualjax.retrieval import encoding, hybrid
 from dualjax.runtime import sharding
 from dualjax.retrieval.task import RetrievalTask
 from dualjax.text.features import Inputs, Side
@@ -54,7 +54,7 @@ def test_encode_texts_matches_one_direct_call(mesh, batch_size):
     expected = np.asarray(encode({"ids": ids, "mask": mask}))
     calls["traces"] = 0
 
-    out = evaluate.encode_texts(encode, TEXTS, Side(tok, 12), batch_size, mesh)
+    out = encoding.encode_texts(encode, TEXTS, Side(tok, 12), batch_size, mesh)
     assert out.shape == (len(TEXTS), 6)
     np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(out[4], 0.0)  # the empty text
@@ -71,7 +71,7 @@ def test_encode_texts_with_real_model(mesh):
     encode = jax.jit(lambda x: model.apply({"params": params}, **x, method="encode_queries"))
     ids, mask = tok.encode(TEXTS, cfg.max_len)
     expected = np.asarray(encode({"ids": ids, "mask": mask}))
-    out = evaluate.encode_texts(encode, TEXTS, Side(tok, cfg.max_len), 6, mesh)
+    out = encoding.encode_texts(encode, TEXTS, Side(tok, cfg.max_len), 6, mesh)
     assert out.shape == (len(TEXTS), cfg.output_dim)
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.linalg.norm(out[np.arange(21) != 4], axis=1), 1.0, atol=1e-5)

@@ -2,7 +2,7 @@
 retrieval evaluation and the typo sweep.
 
 An evaluator is given the systems to evaluate as {name: (encode_queries,
-encode_documents)} (encode functions: `evaluate.EncodeFn`; never params, the model or
+encode_documents)} (encode functions: `encoding.EncodeFn`; never params, the model or
 the train state), the step, and whether this is the final evaluation. It evaluates,
 writes its rows to the MetricsLog (and, in the final evaluation, its report files) and
 returns them as {split: rows}. What to do with them (eval.select_by, early stopping) is
@@ -20,6 +20,7 @@ import ml_collections
 from dualjax.config import validation as config_lib
 from dualjax.eval import evaluate, report
 from dualjax.eval.metrics_log import MetricsLog
+from dualjax.retrieval import encoding
 from dualjax.retrieval.task import RetrievalTask
 from dualjax.text.features import Inputs
 
@@ -33,7 +34,7 @@ class Task(Protocol):
 
     def fields(self) -> dict[str, str]: ...
 
-Systems = dict[str, tuple[evaluate.EncodeFn, evaluate.EncodeFn]]  # name -> (queries, documents)
+Systems = dict[str, tuple[encoding.EncodeFn, encoding.EncodeFn]]  # name -> (queries, documents)
 
 
 class Retrieval:

@@ -33,6 +33,7 @@ from dualjax.errors import Preempted  # noqa: F401 (train.Preempted)
 from dualjax.eval import evaluate
 from dualjax.eval import evaluators as evaluators_lib
 from dualjax.eval.metrics_log import MetricsLog
+from dualjax.retrieval import encoding
 from dualjax.runtime import malloc, processes, sharding
 from dualjax.runtime.signals import Signals
 from dualjax.text import features
@@ -449,7 +450,7 @@ def pseudo_labels(config, task: tasks_lib.Task, workdir: str, inputs: features.I
         if not params:
             params.append(first_params())
         fn = functools.partial(encoders[side], params[0])
-        return evaluate.encode_texts(fn, texts, (inputs.query, inputs.document)[side],
+        return encoding.encode_texts(fn, texts, (inputs.query, inputs.document)[side],
                                      config.eval.batch_size, mesh, desc="pseudo-labels")
 
     d = task.data

@@ -1,0 +1,54 @@
+"""Texts -> unit vectors with a jitted tower, in batches sharded over the mesh: what
+evaluation, pseudo-labelling and `search --workdir` encode a corpus and its queries with."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from dualjax.runtime import sharding
+from dualjax.runtime.progress import Progress
+from dualjax.text.features import Fields, Side, longest_first
+
+# {"ids", "mask" [b, len], "cats" [b, fields] (a side with categorical fields)} -> [b, dim]
+EncodeFn = Callable[[dict[str, jax.Array]], jax.Array]
+
+
+def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], side: Side, batch_size: int,
+                 mesh: jax.sharding.Mesh, desc: str = "encode",
+                 fields: Sequence[Fields] | None = None) -> np.ndarray:
+    """Embeddings [len(texts), dim] from jitted batches of `batch_size` texts, encoded as
+    `side` says (its tokenizer, max length and categorical `fields`, one per text).
+
+    Texts are batched longest first (by characters, as sentence-transformers does) and
+    each batch is cut to `length_bucket` of its longest text, so short texts are not
+    run at the full max length (padding never changes a text's vector). The last batch
+    is padded to the full size so each length compiles once (for every corpus alike);
+    each batch is sharded over the mesh's `data` axis. In a multi-host
+    run every process calls this with the same texts: each tokenizes every batch,
+    places its share, and gets all the embeddings back.
+    """
+    n_dev, n_proc, me = mesh.devices.size, jax.process_count(), jax.process_index()
+    batch_size = -(-batch_size // n_dev) * n_dev
+    share = batch_size // n_proc  # this process's rows of each batch
+    order = longest_first(texts)
+    out = np.zeros((len(texts), 0), np.float32)
+    bar = Progress(len(texts), desc, "text", leave=False)
+    for start in range(0, len(texts), batch_size):
+        rows = order[start:start + batch_size]
+        x = side.encode_batch([texts[i] for i in rows],
+                              None if fields is None else [fields[i] for i in rows], batch_size)
+        x = {k: v[me * share:(me + 1) * share] for k, v in x.items()}
+        vectors = encode_fn(sharding.put_global_batch(x, mesh))
+        if n_proc > 1:  # the other processes' rows too
+            from jax.experimental import multihost_utils
+            vectors = multihost_utils.process_allgather(vectors, tiled=True)
+        vectors = np.asarray(vectors)
+        if not out.shape[1]:
+            out = np.zeros((len(texts), vectors.shape[1]), vectors.dtype)
+        out[rows] = vectors[:len(rows)]
+        bar.update(len(rows))
+    bar.close()
+    return out
