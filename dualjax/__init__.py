@@ -12,7 +12,7 @@ index and search; errors lives in errors.
 def __getattr__(name: str):
     # jax, flax and the training stack are imported on demand, not by `import dualjax`.
     if name == "Encoder":  # a trained model's serving bundle (dualjax.export)
-        from dualjax.serve.encoder import Encoder
+        from dualjax.serve.bundle import Encoder
         return Encoder
     if name == "train_and_evaluate":  # python -m dualjax.main's work, from Python
         from dualjax.train.loop import train_and_evaluate

@@ -1,4 +1,4 @@
-"""Export a trained workdir's latest checkpoint as a serving bundle (see `encoder.py`).
+"""Export a trained workdir's latest checkpoint as a serving bundle (see `serve/bundle.py`).
 
     python -m dualjax.export --workdir=runs/default --out=runs/default/export
     [--platforms=cpu,cuda,tpu]
@@ -24,7 +24,7 @@ from flax import serialization
 from dualjax import cli
 from dualjax.eval.metrics_log import setup_logging
 from dualjax.runtime.files import atomic_write, check_output, file_digests, staged_output
-from dualjax.serve.encoder import FORMAT, SIDES, Encoder, bundle_id
+from dualjax.serve.bundle import FORMAT, SIDES, Encoder, bundle_id
 from dualjax.train import trained as trained_lib
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # what jax.export lowers for

@@ -32,7 +32,7 @@ from dualjax.runtime.files import (
     verify_digests,
 )
 from dualjax.runtime.progress import Progress
-from dualjax.serve.encoder import Encoder
+from dualjax.serve.bundle import Encoder
 from dualjax.text import features, tokenizers
 
 META = "index.json"

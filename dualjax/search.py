@@ -30,7 +30,7 @@ from dualjax.errors import WorkdirError
 from dualjax.eval.metrics_log import setup_logging
 from dualjax.index import CorpusIndex
 from dualjax.retrieval import baselines, hybrid
-from dualjax.serve.encoder import Encoder
+from dualjax.serve.bundle import Encoder
 from dualjax.text import tokenizers
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A trained dualjax workdir.")
@@ -124,7 +124,7 @@ def from_workdir(workdir: str, split: str = "test", k: int = 10, task: str = "")
     dataset, with the index its final evaluation saved (rebuilt if stale)."""
     # The training stack is imported only here: serving a bundle needs none of it.
     from dualjax import models
-    from dualjax.eval import evaluate
+    from dualjax.eval import scoring
     from dualjax.retrieval import ann, encoding
     from dualjax.runtime import sharding
     from dualjax.train import tasks as tasks_lib
@@ -140,7 +140,7 @@ def from_workdir(workdir: str, split: str = "test", k: int = 10, task: str = "")
                              "name; leave --task out")
         raise ValueError(f"--task={task!r} is not one of this run's tasks: {', '.join(tasks)}")
     data = tasks[name].eval_task(split)
-    dense = evaluate.DenseCorpus.of(data, inputs.document.tokenizer, k)  # as evaluated
+    dense = scoring.DenseCorpus.of(data, inputs.document.tokenizer, k)  # as evaluated
     texts, keys = list(dense.texts), data.corpus_keys
     if keys is not None and dense.rows is not None:
         keys = [keys[i] for i in dense.rows]

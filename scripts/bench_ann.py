@@ -174,7 +174,7 @@ import numpy as np  # noqa: E402
 from bench_train import cpu_model  # noqa: E402  (this folder is on sys.path when run)
 from dualjax import models  # noqa: E402
 from dualjax.retrieval import ann, encoding  # noqa: E402
-from dualjax.eval import evaluate
+from dualjax.eval import scoring
 from dualjax.runtime import sharding
 from dualjax.config import specs
 from dualjax.data import builders  # noqa: E402
@@ -296,7 +296,7 @@ def measure(settings: Sequence[Setting], queries: np.ndarray, truth: np.ndarray,
             seconds = time.perf_counter() - start
             best[i] = min(best[i], seconds)
             if recall[i] is None:
-                recall[i] = evaluate.ann_recall(ids, truth, k)
+                recall[i] = scoring.ann_recall(ids, truth, k)
             if r == 0:
                 print(f"  {s.method}: {s.settings}: recall {recall[i]:.4f}, "
                       f"{len(queries) / seconds:,.0f} QPS", flush=True)

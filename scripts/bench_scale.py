@@ -129,7 +129,7 @@ def towers_child(batch: int, chunks: int, layers: int, width: int, max_len: int,
     from dualjax.config import specs
     from dualjax.train import step as step_lib
     from dualjax.models import dual_encoder
-    from dualjax.objectives import dual_encoder as objective_lib
+    from dualjax.objectives import in_batch as objective_lib
 
     cfg = runpy.run_path(os.path.join(REPO, "configs", "default.py"))["get_config"]().model
     cfg.tower, cfg.max_len = "transformer", max_len
@@ -239,7 +239,7 @@ def bert_memory_child(batch: int, chunks: int, block: int, max_len: int) -> dict
     from dualjax.train import step as step_lib
     from dualjax.models import dual_encoder
     from dualjax.models.bert import BertConfig
-    from dualjax.objectives import dual_encoder as objective_lib
+    from dualjax.objectives import in_batch as objective_lib
 
     cfg = runpy.run_path(os.path.join(REPO, "configs", "default.py"))["get_config"]().model
     cfg.tower, cfg.max_len, cfg.tokenizer = "bert", max_len, "hf"

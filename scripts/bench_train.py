@@ -203,7 +203,7 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
     # Schedule long enough that warmup/decay never reach zero during the benchmark.
     tx, schedule = step_lib.make_optimizer(config.optimizer, 100 * (args.steps + args.warmup))
 
-    objective = objectives.dual_encoder.objective(
+    objective = objectives.in_batch.objective(
         model, losses.sharded(config.loss.name, mesh), args.seq_len)
     init_state = step_lib.make_init_state(objective, tx)
     replicated = sharding.replicated(mesh)

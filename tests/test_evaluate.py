@@ -1,4 +1,4 @@
-"""Tests for dualjax.eval.evaluate: sharded encoding, hand-computed task metrics, tables."""
+"""Tests for dualjax.eval.scoring: sharded encoding, hand-computed task metrics, tables."""
 import math
 
 import jax
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import load_config
-from dualjax.eval import evaluate
+from dualjax.eval import scoring
 from dualjax.retrieval import encoding, hybrid
 from dualjax.runtime import sharding
 from dualjax.retrieval.task import RetrievalTask
@@ -115,7 +115,7 @@ def _eval_cfg(**overrides):
 
 def _exact_metrics(encode_queries, encode_documents, eval_cfg, mesh):
     """The dual encoder's exact-search metrics from evaluate_split."""
-    rows, ranked = evaluate.evaluate_split(TASK, {"dual_encoder": (encode_queries, encode_documents)},
+    rows, ranked = scoring.evaluate_split(TASK, {"dual_encoder": (encode_queries, encode_documents)},
                                            INPUTS, eval_cfg, mesh)
     assert [(r["system"], r["index"]) for r in rows] == [("dual_encoder", "exact")]
     assert list(ranked) == ["dual_encoder [exact]"]
@@ -204,7 +204,7 @@ def test_score_interpolation_by_hand():
 def test_hybrid_search_fuses_each_tower_with_bm25(mesh):
     enc = _lookup_encoder(ANGLES)
     cfg = _eval_cfg(hybrid="bm25", hybrid_rrf_k=60.0, hybrid_weight=0.5)
-    rows, ranked = evaluate.evaluate_split(TASK, {"dual_encoder": (enc, enc)}, INPUTS, cfg,
+    rows, ranked = scoring.evaluate_split(TASK, {"dual_encoder": (enc, enc)}, INPUTS, cfg,
                                            mesh, baselines=("bm25",))
     assert [r["system"] for r in rows] == ["dual_encoder", "bm25", "dual_encoder+bm25",
                                            "dual_encoder+bm25_interp"]
@@ -215,12 +215,12 @@ def test_hybrid_search_fuses_each_tower_with_bm25(mesh):
     # Chosen here (a val split): the best weight of the grid, by map@100 of its ranking.
     weight = rows[-1]["hybrid_weight"]
     assert weight in hybrid.WEIGHTS
-    fixed = {w: evaluate.evaluate_split(TASK, {"dual_encoder": (enc, enc)}, INPUTS, cfg, mesh,
+    fixed = {w: scoring.evaluate_split(TASK, {"dual_encoder": (enc, enc)}, INPUTS, cfg, mesh,
                                         hybrid_weights={"dual_encoder": w})[0][-1]["map@100"]
              for w in hybrid.WEIGHTS}
     assert rows[-1]["map@100"] == max(fixed.values()) == fixed[weight]
     # Given (a test split): that weight; w = 1 is the dense ranking itself.
-    rows, ranked = evaluate.evaluate_split(TASK, {"dual_encoder": (enc, enc)}, INPUTS, cfg,
+    rows, ranked = scoring.evaluate_split(TASK, {"dual_encoder": (enc, enc)}, INPUTS, cfg,
                                            mesh, hybrid_weights={"dual_encoder": 1.0})
     assert [r["system"] for r in rows] == ["dual_encoder", "dual_encoder+bm25",
                                            "dual_encoder+bm25_interp"]
@@ -228,7 +228,7 @@ def test_hybrid_search_fuses_each_tower_with_bm25(mesh):
     np.testing.assert_array_equal(ranked["dual_encoder+bm25_interp [exact]"].ids,
                                   ranked["dual_encoder [exact]"].ids)
     # No weight for this tower: eval.hybrid_weight.
-    rows, _ = evaluate.evaluate_split(TASK, {"dual_encoder": (enc, enc)}, INPUTS, cfg, mesh,
+    rows, _ = scoring.evaluate_split(TASK, {"dual_encoder": (enc, enc)}, INPUTS, cfg, mesh,
                                       hybrid_weights={})
     assert rows[-1]["hybrid_weight"] == 0.5
 
@@ -261,7 +261,7 @@ def test_format_table_rows_and_aligned_columns():
     rows = [{"system": "untrained", "map@100": 0.123456, "num_queries": 65},
             {"system": "trained_long_name", "map@100": 0.25, "num_queries": 1200},
             {"system": "partial"}]
-    table = evaluate.format_table(rows, ["map@100", "num_queries"])
+    table = scoring.format_table(rows, ["map@100", "num_queries"])
     assert table == "\n".join([
         "system             map@100  num_queries",
         "-----------------  -------  -----------",

@@ -10,7 +10,7 @@ import ml_collections
 import pytest
 
 from conftest import load_config
-from dualjax.eval import evaluate
+from dualjax.eval import scoring
 from dualjax.eval import evaluators
 from dualjax.runtime import sharding
 from dualjax.data.clusters import RetrievalTask, task_from_clusters
@@ -75,7 +75,7 @@ def _retrieval(tmp_path, mesh, main=True, splits=("val", "test"), name=""):
 
 
 def _labels(rows):
-    return [evaluate.row_label(r) for r in rows]
+    return [scoring.row_label(r) for r in rows]
 
 
 def test_during_training_only_val_is_evaluated_without_baselines(tmp_path, mesh):
@@ -85,7 +85,7 @@ def test_during_training_only_val_is_evaluated_without_baselines(tmp_path, mesh)
     assert _labels(results["val"]) == [
         "dual_encoder [exact]", "untrained [exact]", "dual_encoder+bm25 [exact]",
         "dual_encoder+bm25_interp [exact]"]
-    assert [(r["step"], r["split"], evaluate.row_label(r)) for r in log.read()] == [
+    assert [(r["step"], r["split"], scoring.row_label(r)) for r in log.read()] == [
         (5, "val", label) for label in _labels(results["val"])]
     assert sorted(os.listdir(tmp_path)) == ["metrics.jsonl"]  # no report before the end
     test_only, _ = _retrieval(tmp_path / "t", mesh, splits=("test",))
@@ -94,14 +94,14 @@ def test_during_training_only_val_is_evaluated_without_baselines(tmp_path, mesh)
 
 def test_the_weight_chosen_on_val_is_carried_to_test(tmp_path, mesh, monkeypatch):
     ev, log = _retrieval(tmp_path, mesh, name="quora")
-    real, given = evaluate.evaluate_split, {}
+    real, given = scoring.evaluate_split, {}
 
     def spy(task, towers, *args, **kwargs):
         given[len(given)] = kwargs["hybrid_weights"]
         assert towers is SYSTEMS  # the encode functions, as given
         return real(task, towers, *args, **kwargs)
 
-    monkeypatch.setattr(evaluate, "evaluate_split", spy)
+    monkeypatch.setattr(scoring, "evaluate_split", spy)
     results = ev.run(SYSTEMS, step=9, final=True,
                      row_fields={"untrained": {"selected_step": 3}})
     assert list(results) == ["val", "test"]

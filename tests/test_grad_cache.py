@@ -18,7 +18,7 @@ from dualjax import losses, objectives
 from dualjax.config import validation as config_lib
 from dualjax.runtime import sharding
 from dualjax.models import dual_encoder, towers
-from dualjax.objectives import dual_encoder as de_objective
+from dualjax.objectives import in_batch as de_objective
 from dualjax.config.specs import model_spec
 
 VOCAB, B, L, K_HARD, U = 60, 32, 11, 2, 32  # 32 mixed negatives: a multiple of 4 x 8 devices

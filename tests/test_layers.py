@@ -89,7 +89,7 @@ def test_lower_layers_never_read_the_config():
     ("from dualjax.config import specs", "data/x.py", True),     # up a layer
     ("from dualjax.retrieval import ann", "pretrained/x.py", True),  # sideways
     ("from dualjax.runtime import files", "text/x.py", False),
-    ("from dualjax.eval import evaluate", "train/x.py", False),
+    ("from dualjax.eval import scoring", "train/x.py", False),
     ("from dualjax.text import words", "text/x.py", False),      # its own package
 ])
 def test_the_guard_sees_an_import(tmp_path, monkeypatch, line, where, offends):

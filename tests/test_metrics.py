@@ -155,7 +155,7 @@ def test_graded_metrics_and_run_files_equal_pytrec_eval(tmp_path):
     writes; with the grades dropped, nDCG differs (the binary gains of before)."""
     pytrec_eval = pytest.importorskip("pytrec_eval")
     from dualjax.eval import report
-    from dualjax.eval.evaluate import Ranking
+    from dualjax.eval.scoring import Ranking
 
     rng = np.random.default_rng(0)
     nq, n, k = 40, 60, 30

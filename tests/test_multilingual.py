@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import load_config
-from dualjax.eval import evaluate
+from dualjax.eval import scoring
 from dualjax.runtime import sharding
 from dualjax.text import tokenizers
 from dualjax.retrieval.task import RetrievalTask
@@ -120,7 +120,7 @@ def test_an_evaluation_never_retrieves_a_document_without_a_token():
     cfg.index, cfg.baselines = "exact", ""
     encode = _bias_encoder(tok.vocab_size)
     side = Side(tok, 16)
-    _, ranked = evaluate.evaluate_split(task, {"dual_encoder": (encode, encode)},
+    _, ranked = scoring.evaluate_split(task, {"dual_encoder": (encode, encode)},
                                         Inputs(side, side), cfg, mesh)
     ids = ranked["dual_encoder [exact]"].ids
     found = set(ids[ids >= 0].tolist())

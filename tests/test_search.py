@@ -441,7 +441,7 @@ def test_bundle_and_index_metadata_errors_name_the_file(workdir, bundle, tmp_pat
     import shutil
     import dualjax
     from dualjax import export, index as corpus_index
-    from dualjax.serve import encoder as encoder_lib
+    from dualjax.serve import bundle as bundle_lib
     from dualjax.runtime.files import file_digests
     copy = shutil.copytree(bundle, tmp_path / "b")
     meta = json.loads((copy / "encoder.json").read_text())
@@ -455,7 +455,7 @@ def test_bundle_and_index_metadata_errors_name_the_file(workdir, bundle, tmp_pat
     # Digests that match a file jax cannot read (another version wrote it): named.
     (copy / "query.jax_export").write_bytes(b"\x00" * 16)
     meta["files"] = file_digests(str(copy), list(meta["files"]))
-    meta["id"] = encoder_lib.bundle_id(meta["files"])
+    meta["id"] = bundle_lib.bundle_id(meta["files"])
     (copy / "encoder.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match=r"b/query.jax_export: unreadable by jax"):
         dualjax.Encoder.load(str(copy))

@@ -13,7 +13,7 @@ from dualjax.runtime import sharding
 from dualjax.train import lazy_rows as tables
 from dualjax.train import step as step_lib
 from dualjax.models import dual_encoder
-from dualjax.objectives import dual_encoder as de_objective
+from dualjax.objectives import in_batch as de_objective
 from dualjax.config.specs import model_spec
 
 # Tables of 4,096 x 8, twice sharding.FSDP_MIN_SIZE elements: "fsdp" splits their rows over

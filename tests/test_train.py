@@ -554,8 +554,8 @@ def test_early_stopping_ends_training_once_val_stops_improving(tmp_path, capsys)
     assert f"finished at step {stop}" in capsys.readouterr().out
     # Killed during the evaluation of the best step (its checkpoint is saved first): the
     # same command evaluates that step again, so it is still the best, and stops as above.
-    from dualjax.eval import evaluate
-    real, calls = evaluate.evaluate_split, []
+    from dualjax.eval import scoring
+    real, calls = scoring.evaluate_split, []
 
     def dies(task, *args, **kwargs):
         calls.append(1)
@@ -564,7 +564,7 @@ def test_early_stopping_ends_training_once_val_stops_improving(tmp_path, capsys)
         return real(task, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(evaluate, "evaluate_split", dies)
+        m.setattr(scoring, "evaluate_split", dies)
         with pytest.raises(RuntimeError, match="killed"):
             train.train_and_evaluate(cfg, str(tmp_path / "killed"))
     assert not any(r["step"] == stop - 5 and r["split"] == "val"

@@ -1,4 +1,4 @@
-"""Typo robustness (issue 5; Moscicki 2022, section 4.4): `evaluate.typo_sweep`, its plot,
+"""Typo robustness (issue 5; Moscicki 2022, section 4.4): `scoring.typo_sweep`, its plot,
 the `eval.typo_probs` config check and the sweep at the end of a tiny training run."""
 
 import json
@@ -12,7 +12,7 @@ import pytest
 
 from conftest import load_config
 from dualjax.config import validation as config_lib
-from dualjax.eval import evaluate
+from dualjax.eval import scoring
 from dualjax.eval import report
 from dualjax.runtime import sharding
 from dualjax.train import loop as train
@@ -86,9 +86,9 @@ def test_sweep_at_p0_equals_the_plain_evaluation(mesh):
     assert len(TASK.queries) == 24 and len(TASK.corpus) == 33
     # eval.index = "scann" is ignored: the sweep searches exactly.
     cfg = _eval_cfg(index="scann")
-    plain, _ = evaluate.evaluate_split(TASK, TOWERS, INPUTS, _eval_cfg(), mesh,
+    plain, _ = scoring.evaluate_split(TASK, TOWERS, INPUTS, _eval_cfg(), mesh,
                                        baselines=("identity", "bm25"))
-    rows = evaluate.typo_sweep(TASK, TOWERS, INPUTS, cfg, mesh, probs=(0.0,),
+    rows = scoring.typo_sweep(TASK, TOWERS, INPUTS, cfg, mesh, probs=(0.0,),
                                seed=7, baselines=("identity", "bm25"))
     assert [(r["system"], r["index"], r["typo_p"]) for r in rows] == [
         ("bow_random", "exact", 0.0), ("identity", "exact", 0.0), ("bm25", "exact", 0.0)]
@@ -100,16 +100,16 @@ def test_sweep_at_p0_equals_the_plain_evaluation(mesh):
 
 def test_sweep_changes_only_the_queries(mesh, monkeypatch):
     seen = []
-    real = evaluate.evaluate_split
+    real = scoring.evaluate_split
 
     def spy(task, *args, **kwargs):
         seen.append(task)
         assert kwargs["ann_systems"] == ()  # never ScaNN
         return real(task, *args, **kwargs)
 
-    monkeypatch.setattr(evaluate, "evaluate_split", spy)
+    monkeypatch.setattr(scoring, "evaluate_split", spy)
     probs = (0.0, 0.5, 1.0)
-    rows = evaluate.typo_sweep(TASK, {}, INPUTS, _eval_cfg(), mesh, probs, seed=3,
+    rows = scoring.typo_sweep(TASK, {}, INPUTS, _eval_cfg(), mesh, probs, seed=3,
                                baselines=("identity",))
     assert [r["typo_p"] for r in rows] == list(probs)
     assert len(seen) == 3
@@ -124,7 +124,7 @@ def test_sweep_changes_only_the_queries(mesh, monkeypatch):
     # the "ee" of "cheap" swapped).
     assert changed[0] == 0 and 20 < changed[1] < 52 and changed[2] >= 66, changed
     # Same seed, same rows; another seed, other typos.
-    assert evaluate.typo_sweep(TASK, {}, INPUTS, _eval_cfg(), mesh, probs, seed=3,
+    assert scoring.typo_sweep(TASK, {}, INPUTS, _eval_cfg(), mesh, probs, seed=3,
                                baselines=("identity",)) == rows
     assert typos.typo_texts(TASK.queries, 0.5, 4) != seen[1].queries
 
@@ -136,7 +136,7 @@ def test_metrics_drop_as_typos_grow(mesh):
     totals = {(s, key): np.zeros(len(probs)) for s in systems for key in ("map@100", "recall@10")}
     seeds = range(4)
     for seed in seeds:
-        rows = evaluate.typo_sweep(TASK, TOWERS, INPUTS, _eval_cfg(), mesh, probs,
+        rows = scoring.typo_sweep(TASK, TOWERS, INPUTS, _eval_cfg(), mesh, probs,
                                    seed, baselines=("identity", "bm25"))
         assert len(rows) == len(probs) * len(systems)
         for row in rows:

@@ -18,7 +18,7 @@ import jax
 import ml_collections
 
 from dualjax.config import validation as config_lib
-from dualjax.eval import evaluate, report
+from dualjax.eval import report, scoring
 from dualjax.eval.metrics_log import MetricsLog
 from dualjax.retrieval import encoding
 from dualjax.retrieval.task import RetrievalTask
@@ -38,7 +38,7 @@ Systems = dict[str, tuple[encoding.EncodeFn, encoding.EncodeFn]]  # name -> (que
 
 
 class Retrieval:
-    """One task's retrieval evaluation (`evaluate.evaluate_split`) on its splits, in order.
+    """One task's retrieval evaluation (`scoring.evaluate_split`) on its splits, in order.
 
     During training (not `final`) it evaluates the val split only, by exact search and
     without the baselines. The final evaluation adds the lexical baselines, an approximate
@@ -76,9 +76,9 @@ class Retrieval:
                   row_fields: dict[str, dict]) -> list[dict]:
         task, data = self.task, self.task.eval_task(split)
         if final:
-            evaluate.log_missing_fields(data, self.inputs)
+            scoring.log_missing_fields(data, self.inputs)
         where = os.path.join(self.workdir, "index", *([task.name] if task.name else []), split)
-        rows, ranked = evaluate.evaluate_split(
+        rows, ranked = scoring.evaluate_split(
             data, systems, self.inputs, self.eval_cfg, self.mesh,
             baselines=self.baselines if final else (),
             index_dir=where if final and self.main else None,
@@ -91,8 +91,8 @@ class Retrieval:
         for row in rows:
             row.update(row_fields.get(row["system"], {}))
             self.log.write(step, split, row, **task.fields())
-            evaluate.log_metrics(f"eval {task.name + ' ' if task.name else ''}{split} step {step} "
-                                 f"{evaluate.row_label(row)} ({len(data.queries)} queries, "
+            scoring.log_metrics(f"eval {task.name + ' ' if task.name else ''}{split} step {step} "
+                                 f"{scoring.row_label(row)} ({len(data.queries)} queries, "
                                  f"{len(data.corpus)} candidates)",
                                  {k: v for k, v in row.items() if k not in ("system", "index")})
         if final and self.main:
@@ -103,13 +103,13 @@ class Retrieval:
             if split == self.splits[-1]:
                 name = f"task {task.name}, " if task.name else ""
                 print(f"\n{name}{split} split, step {step} ({self.workdir}):\n"
-                      + evaluate.format_table(rows, report.KEYS)
+                      + scoring.format_table(rows, report.KEYS)
                       + f"\nReport: {os.path.join(self.workdir, report.report_name(task.name))}")
         return rows
 
 
 class TypoSweep:
-    """Typo robustness (`evaluate.typo_sweep`, eval.typo_probs) on the last split of a
+    """Typo robustness (`scoring.typo_sweep`, eval.typo_probs) on the last split of a
     retrieval evaluator's task, with its settings and its val-chosen hybrid weight; final
     evaluation only. Writes its rows (each with "typo_p") and, on process 0,
     WORKDIR/typo_robustness.png."""
@@ -123,12 +123,12 @@ class TypoSweep:
         if not final:
             return {}
         r, (last,) = self.retrieval, self.splits
-        rows = evaluate.typo_sweep(self.task.eval_task(last), systems, r.inputs, r.eval_cfg,
+        rows = scoring.typo_sweep(self.task.eval_task(last), systems, r.inputs, r.eval_cfg,
                                    r.mesh, self.probs, self.seed, r.baselines, (r.system,),
                                    r.hybrid_weights)
         for row in rows:
             r.log.write(step, last, row, **self.task.fields())
-            evaluate.log_metrics(f"eval {last} typo_p={row['typo_p']} {evaluate.row_label(row)}",
+            scoring.log_metrics(f"eval {last} typo_p={row['typo_p']} {scoring.row_label(row)}",
                                  {k: v for k, v in row.items()
                                   if k not in ("system", "index", "typo_p")})
         if r.main:

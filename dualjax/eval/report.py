@@ -15,7 +15,7 @@ import numpy as np
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 
-from dualjax.eval.evaluate import Ranking, row_label  # noqa: E402
+from dualjax.eval.scoring import Ranking, row_label  # noqa: E402
 from dualjax.retrieval import metrics  # noqa: E402
 from dualjax.runtime.files import atomic_write  # noqa: E402
 
@@ -69,7 +69,7 @@ def plot_recall(path: str, ranked: dict[str, Ranking],
 def plot_typo_robustness(path: str, rows: Sequence[dict], title: str = "",
                          keys: Sequence[str] = ("recall@10", "recall@100")) -> None:
     """One panel per metric of `keys` against the queries' typo probability, one line per
-    system: `rows` are `evaluate.typo_sweep`'s (each with "typo_p")."""
+    system: `rows` are `scoring.typo_sweep`'s (each with "typo_p")."""
     curves: dict[str, list[dict]] = {}
     for row in rows:
         curves.setdefault(row_label(row), []).append(row)

@@ -1,7 +1,7 @@
 """Training objectives: each a parameter init and a pure loss (`core.Objective`), so the
 train step is one whatever the objective.
 
-- `dual_encoder`: both towers, then an in-batch loss of `losses` over the global batch;
+- `in_batch`: both towers, then an in-batch loss of `losses` over the global batch;
 - `mlm`: masked language modelling for a Transformer document tower (pre-training);
 - `pses`: partially shared embedding spaces (Li & Jia 2018), with a WGAN critic as a
   second player (`core.Critic`).
@@ -14,10 +14,10 @@ import jax
 from dualjax import losses
 from dualjax.config import specs
 from dualjax.config import validation as config_lib
-from dualjax.objectives import dual_encoder, mlm, pses
+from dualjax.objectives import in_batch, mlm, pses
 from dualjax.objectives.core import Critic, Objective, init_critic_state, restrict, update_critic
 
-__all__ = ["Critic", "Objective", "PRETRAINING_HEADS", "dual_encoder", "from_config",
+__all__ = ["Critic", "Objective", "PRETRAINING_HEADS", "in_batch", "from_config",
            "init_critic_state", "is_mlm", "mlm", "pses", "restrict", "update_critic"]
 PRETRAINING_HEADS = ("mlm",)  # params a fine-tuning run does not take over
 
@@ -40,5 +40,5 @@ def from_config(config, model, mesh: jax.sharding.Mesh) -> Objective:
     hits = config.loss.remove_query_hits, config.loss.remove_cluster_hits
     if config.model.name == "pses":
         return pses.objective(model, config.loss.pses, mesh, max(q_len, d_len), loss_fn, *hits)
-    return dual_encoder.objective(model, loss_fn, max(q_len, d_len), *hits,
+    return in_batch.objective(model, loss_fn, max(q_len, d_len), *hits,
                                   encode_chunks=config.get("train", {}).get("encode_chunks", 0))

@@ -37,7 +37,7 @@ from jax.sharding import PartitionSpec as P
 from dualjax.models import dual_encoder
 from dualjax.models.pses import Codes, Pses, retrieval_vector
 from dualjax.objectives.core import Critic, Objective
-from dualjax.objectives.dual_encoder import hit_extras
+from dualjax.objectives.in_batch import hit_extras
 from dualjax.runtime.sharding import DATA_AXIS
 
 

@@ -30,8 +30,8 @@ from dualjax import models, objectives, pretrained
 from dualjax.config import specs
 from dualjax.config import validation as config_lib
 from dualjax.errors import Preempted  # noqa: F401 (train.Preempted)
-from dualjax.eval import evaluate
 from dualjax.eval import evaluators as evaluators_lib
+from dualjax.eval import scoring
 from dualjax.eval.metrics_log import MetricsLog
 from dualjax.retrieval import encoding
 from dualjax.runtime import malloc, processes, sharding
@@ -462,7 +462,7 @@ def pseudo_labels(config, task: tasks_lib.Task, workdir: str, inputs: features.I
 
 def labelled(task: tasks_lib.Task, rows: Iterable[dict]) -> dict[str, dict]:
     """{"[task: ]system [index]": row}, as `train_and_evaluate` returns a task's rows."""
-    return {(f"{task.name}: " if task.name else "") + evaluate.row_label(r): r for r in rows}
+    return {(f"{task.name}: " if task.name else "") + scoring.row_label(r): r for r in rows}
 
 
 def finished_results(log: MetricsLog, tasks: Sequence[tasks_lib.Task],
