@@ -26,7 +26,6 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from dualjax.text.subword import SentencePieceTokenizer, build_sentencepiece
-from dualjax.text.words import FORMAT_VERSION as _FORMAT_VERSION
 from dualjax.text.words import (
     WordTokenizer,
     build_word_tokenizer,
@@ -34,9 +33,7 @@ from dualjax.text.words import (
     read_tokenizer_json,
     saved_normalizer,
 )
-from dualjax.text.words import check_header as _check_header
 from dualjax.text.words import str_list as _str_list
-from dualjax.text.words import write_json as _write_json
 
 _WORD_KEY, _TRIGRAM_KEY = "w:", "t:"  # ":" never occurs in normalised text
 
@@ -96,8 +93,6 @@ class _TokenVocabTokenizer(WordTokenizer):
     unknown key k gets the bucket N + 1 + crc32(k) % M, exactly as a WordTokenizer word.
     """
 
-    TYPE: ClassVar[str] = ""
-
     def tokens(self, text: str) -> list[str]:
         """The lookup keys of `text`, in the order their ids are produced."""
         raise NotImplementedError
@@ -106,33 +101,6 @@ class _TokenVocabTokenizer(WordTokenizer):
         """Unpadded ids (each in [1, vocab_size)) of `tokens(text)`."""
         table, oov = self._word_to_id, self._oov_id
         return [table.get(t) or oov(t) for t in self.tokens(text)]
-
-    def _payload(self) -> dict[str, Any]:
-        return {"vocab": list(self.vocab)}
-
-    @classmethod
-    def _from_payload(cls, payload: dict[str, Any], num_oov_buckets: int) -> _TokenVocabTokenizer:
-        return cls(vocab=_str_list(payload["vocab"], "vocab"), num_oov_buckets=num_oov_buckets,
-                   normalizer=saved_normalizer(payload))
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write JSON: {"type", <vocab lists>, "num_oov_buckets", "normalizer", "version"}."""
-        _write_json(path, {"type": self.TYPE, **self._payload(),
-                           "num_oov_buckets": self.num_oov_buckets,
-                           "normalizer": self.normalizer, "version": _FORMAT_VERSION})
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> _TokenVocabTokenizer:
-        """Read a tokenizer written by `save`; errors name `path` if missing or corrupt."""
-        payload = read_tokenizer_json(path)
-        try:
-            _check_header(payload, cls.TYPE)
-            m = payload["num_oov_buckets"]
-            if not isinstance(m, int):
-                raise ValueError("num_oov_buckets is not an int")
-            return cls._from_payload(payload, m)
-        except (AttributeError, KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"corrupt tokenizer file {os.fspath(path)}: {e}") from e
 
 
 @dataclasses.dataclass(frozen=True)

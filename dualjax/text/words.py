@@ -13,7 +13,7 @@ import re
 import unicodedata
 import zlib
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -181,6 +181,7 @@ class WordTokenizer:
     so `vocab_size` (embedding rows) is 1 + N + max(M, 1).
     """
 
+    TYPE: ClassVar[str] = "word"  # the saved JSON's "type"
     vocab: tuple[str, ...]
     num_oov_buckets: int
     normalizer: str = "unicode"  # `normalize`'s form
@@ -228,10 +229,19 @@ class WordTokenizer:
             ids[row, : len(toks)] = toks
         return ids, ids != PAD_ID
 
+    def _payload(self) -> dict[str, Any]:
+        """The JSON keys of the vocabulary (subclasses with other lists override both)."""
+        return {"vocab": list(self.vocab)}
+
+    @classmethod
+    def _from_payload(cls, payload: dict[str, Any], num_oov_buckets: int) -> WordTokenizer:
+        return cls(vocab=str_list(payload["vocab"], "vocab"), num_oov_buckets=num_oov_buckets,
+                   normalizer=saved_normalizer(payload))
+
     def save(self, path: str | os.PathLike) -> None:
-        """Write the tokenizer as JSON: {"type", "vocab", "num_oov_buckets",
-        "normalizer", "version"}."""
-        write_json(path, {"type": "word", "vocab": list(self.vocab),
+        """Write JSON: {"type": TYPE, <vocab lists>, "num_oov_buckets", "normalizer",
+        "version"}."""
+        write_json(path, {"type": self.TYPE, **self._payload(),
                           "num_oov_buckets": self.num_oov_buckets,
                           "normalizer": self.normalizer, "version": FORMAT_VERSION})
 
@@ -240,13 +250,12 @@ class WordTokenizer:
         """Read a tokenizer written by `save`; errors name `path` if missing or corrupt."""
         payload = read_tokenizer_json(path)
         try:
-            check_header(payload, "word")
+            check_header(payload, cls.TYPE)
             m = payload["num_oov_buckets"]
             if not isinstance(m, int):
-                raise ValueError("bad num_oov_buckets")
-            return cls(vocab=str_list(payload["vocab"], "vocab"), num_oov_buckets=m,
-                       normalizer=saved_normalizer(payload))
-        except (AttributeError, KeyError, ValueError) as e:
+                raise ValueError("num_oov_buckets is not an int")
+            return cls._from_payload(payload, m)
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"corrupt tokenizer file {os.fspath(path)}: {e}") from e
 
 
