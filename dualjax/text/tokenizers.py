@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, Protocol
 
@@ -35,6 +36,7 @@ from dualjax.text.words import (
 )
 from dualjax.text.words import str_list as _str_list
 
+_ASCII_ALNUM = re.compile("[A-Za-z0-9]")
 _WORD_KEY, _TRIGRAM_KEY = "w:", "t:"  # ":" never occurs in normalised text
 
 
@@ -315,9 +317,13 @@ def gives_tokens(tokenizer: Tokenizer, text: str) -> bool:
     """Whether `text` gives the tokenizer any token of its own (special tokens aside).
     A text that gives none is encoded as the towers' bias alone: one vector shared by
     every such text, so it is skipped (an index, an evaluation corpus) or refused."""
-    if hasattr(tokenizer, "content_ids"):  # hf: [CLS] and [SEP] are always there
-        return bool(tokenizer.content_ids(text))
-    return bool(tokenizer.token_ids(text))
+    # An ASCII letter or digit is a token in every form of `normalize`, a piece of every
+    # sentencepiece model and at worst an hf tokenizer's unknown token: most texts are
+    # answered here, not tokenised twice (0.1 s for 196k Wikipedia paragraphs, not 13 s).
+    hf = hasattr(tokenizer, "content_ids")  # hf: [CLS] and [SEP] are always there
+    if _ASCII_ALNUM.search(text) and not (hf and tokenizer.drop_unknown):
+        return True
+    return bool(tokenizer.content_ids(text) if hf else tokenizer.token_ids(text))
 
 
 def without_tokens(tokenizer: Tokenizer, texts: Sequence[str]) -> list[int]:
