@@ -35,11 +35,19 @@ NOT_INSIDE = ("bundle", "corpus index")
 
 def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "tpu"),
            overwrite: bool = False) -> Encoder:
-    """Writes the bundle of `workdir`'s latest checkpoint to `out` and returns it loaded.
-    `out` must be new, empty or (with `overwrite`) a bundle holding only its own files;
-    never the workdir, a folder holding it, or a folder inside a bundle or an index
-    (`workdir.check_output`). Written beside `out`, then renamed:
-    a failure leaves `out` as it was and nothing else behind."""
+    """Writes the bundle of `workdir`'s latest checkpoint to `out`. Written beside `out`,
+    then renamed: a failure leaves `out` as it was and nothing else behind.
+
+    Args:
+      workdir: a training run's workdir with at least one checkpoint.
+      out: new, empty or (with `overwrite`) a bundle holding only its own files; never the
+        workdir, a folder holding it, or a folder inside a bundle or an index
+        (`runtime.files.check_output`).
+      platforms: the jax platforms the exported functions are lowered for.
+
+    Returns:
+      The bundle, loaded from `out`.
+    """
     unknown = sorted(set(platforms) - set(PLATFORMS)) or ([] if platforms else ["(none)"])
     if unknown:
         raise ValueError(f"--platforms: {', '.join(unknown)} is not one of jax's: "

@@ -50,12 +50,23 @@ def _eval_config() -> dict:
 def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: str = "scann",
           k: int = 100, batch_size: int = 256, inputs: tuple[str, ...] = (),
           overwrite: bool = False) -> "CorpusIndex":
-    """Encodes `texts` with the encoder's document side (a progress bar over batches),
-    builds a `kind` index ("scann", "hnsw" or "exact") for `k` results and writes it all
-    to `out`: new, empty or (with `overwrite`) an index holding only its own files, never
-    one of `inputs` (the bundle, the corpus), a folder holding one, or a folder inside a
-    bundle, an index or a workdir. Written beside `out`, then renamed: a
-    failure leaves `out` as it was and nothing else behind. Returns it loaded."""
+    """Encodes a corpus with the encoder's document side (a progress bar over batches),
+    builds its index and writes it all to `out`. Written beside `out`, then renamed: a
+    failure leaves `out` as it was and nothing else behind.
+
+    Args:
+      encoder: the bundle whose document tower encodes the corpus.
+      ids, texts: the corpus, one id per text (texts that give no token are skipped).
+      out: new, empty or (with `overwrite`) an index holding only its own files; never one
+        of `inputs` (the bundle, the corpus file), a folder holding one, or a folder
+        inside a bundle, an index or a workdir.
+      kind: "scann", "hnsw" (faiss) or "exact".
+      k: the results a search returns at most.
+      batch_size: texts per encoding call.
+
+    Returns:
+      The index, loaded from `out` (its files checked).
+    """
     check_build(kind, batch_size)
     with staged_output(out) as stage:  # one writer: a second build into `out` is refused
         check_output(out, META, "corpus index", inputs=(encoder.directory, *inputs),

@@ -124,12 +124,14 @@ def from_workdir(workdir: str, split: str = "test", k: int = 10, task: str = "")
     dataset, with the index its final evaluation saved (rebuilt if stale)."""
     # The training stack is imported only here: serving a bundle needs none of it.
     from dualjax import models
+    from dualjax.config import specs
     from dualjax.eval import scoring
     from dualjax.retrieval import ann, encoding
     from dualjax.runtime import sharding
     from dualjax.train import tasks as tasks_lib
     from dualjax.train.trained import load_trained
     config, inputs, model, params, step = load_trained(workdir)
+    spec = specs.eval_spec(config)
     mesh = sharding.make_mesh()
     encode_queries, encode_documents = models.make_encoders(model)
     tasks = {t.name: t for t in tasks_lib.make_tasks(config, workdir)}
@@ -146,12 +148,12 @@ def from_workdir(workdir: str, split: str = "test", k: int = 10, task: str = "")
         keys = [keys[i] for i in dense.rows]
     corpus_emb = encoding.encode_texts(
         lambda x: encode_documents(params, x), texts, inputs.document,
-        config.eval.batch_size, mesh, desc="encode corpus", fields=dense.fields)
+        spec.batch_size, mesh, desc="encode corpus", fields=dense.fields)
     searcher, info = ann.make_index(
-        config.eval.index, corpus_emb, config.eval, min(k, len(texts)),
+        spec.index, corpus_emb, spec.index_settings, min(k, len(texts)),
         directory=os.path.join(workdir, "index", *([name] if name else []), split),
         extra=f"step {step}")
-    logging.info("%s index over %d candidates (%s)", config.eval.index, len(texts),
+    logging.info("%s index over %d candidates (%s)", spec.index, len(texts),
                  "built" if info["built"] else "loaded")
     encode = lambda texts: encoding.encode_texts(
         lambda x: encode_queries(params, x), texts, inputs.query, max(len(texts), 1), mesh,

@@ -3,7 +3,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -106,11 +105,13 @@ TASK = RetrievalTask(
 )
 
 
-def _eval_cfg(**overrides):
-    cfg = ml_collections.ConfigDict(dict(index="exact", top_k=100, batch_size=3,
-                                         query_chunk=2, corpus_chunk=2))
-    cfg.update(overrides)
-    return cfg
+BASE = dict(index="exact", top_k=100, batch_size=3)
+CHUNKS = dict(query_chunk=2, corpus_chunk=2)
+
+
+def _eval_cfg(**overrides) -> scoring.EvalSpec:
+    chunks = {k: overrides.pop(k) for k in ("query_chunk", "corpus_chunk") if k in overrides}
+    return scoring.EvalSpec(**{**BASE, **overrides}, index_settings={**CHUNKS, **chunks})
 
 
 def _exact_metrics(encode_queries, encode_documents, eval_cfg, mesh):

@@ -6,12 +6,12 @@ import os
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import pytest
 
 from conftest import load_config
 from dualjax.eval import scoring
 from dualjax.eval import evaluators
+from dualjax.config import specs
 from dualjax.runtime import sharding
 from dualjax.data.clusters import RetrievalTask, task_from_clusters
 from dualjax.text.features import Inputs, Side
@@ -57,13 +57,15 @@ def mesh():
     return sharding.make_mesh()
 
 
-def _eval_cfg(**overrides) -> ml_collections.ConfigDict:
-    # hybrid_weight 0.55 is not on the grid val chooses from: a row with it was not chosen.
-    cfg = ml_collections.ConfigDict(dict(index="exact", top_k=100, batch_size=16, query_chunk=8,
-                                         corpus_chunk=16, hybrid="bm25", hybrid_rrf_k=60.0,
-                                         hybrid_weight=0.55, select_by=""))
-    cfg.update(overrides)
-    return cfg
+# hybrid_weight 0.55 is not on the grid val chooses from: a row with it was not chosen.
+BASE = dict(index="exact", top_k=100, batch_size=16, hybrid="bm25", hybrid_rrf_k=60.0,
+            hybrid_weight=0.55, select_by="", baselines=("bm25",), system="dual_encoder")
+CHUNKS = dict(query_chunk=8, corpus_chunk=16)
+
+
+def _eval_cfg(**overrides) -> scoring.EvalSpec:
+    chunks = {k: overrides.pop(k) for k in ("query_chunk", "corpus_chunk") if k in overrides}
+    return scoring.EvalSpec(**{**BASE, **overrides}, index_settings={**CHUNKS, **chunks})
 
 
 def _retrieval(tmp_path, mesh, main=True, splits=("val", "test"), name=""):
@@ -71,7 +73,7 @@ def _retrieval(tmp_path, mesh, main=True, splits=("val", "test"), name=""):
     log = MetricsLog(str(tmp_path))
     task = FakeTask(name, {s: TASK for s in splits})
     return evaluators.Retrieval(task, splits, INPUTS, _eval_cfg(), mesh, str(tmp_path), log,
-                                system="dual_encoder", baselines=("bm25",), main=main), log
+                                main=main), log
 
 
 def _labels(rows):
@@ -149,7 +151,7 @@ def test_the_typo_sweep_runs_at_the_end_on_the_last_split_with_vals_weight(tmp_p
     assert len([r for r in log.read() if r["split"] == "test" and "typo_p" in r]) == 10
 
 
-def test_from_config_builds_a_retrieval_evaluator_per_task_and_the_typo_sweep_if_set(
+def test_make_builds_a_retrieval_evaluator_per_task_and_the_typo_sweep_if_set(
         tmp_path, mesh):
     config = load_config("tiny")
     tasks = [FakeTask("docs", {}), FakeTask("a", {"test": TASK}),
@@ -157,16 +159,16 @@ def test_from_config_builds_a_retrieval_evaluator_per_task_and_the_typo_sweep_if
     splits = {"docs": (), "a": ("test",), "b": ("val", "test")}
     log = MetricsLog(str(tmp_path))
     config.eval.typo_probs = ""
-    built = evaluators.from_config(config, tasks, splits, INPUTS, mesh, str(tmp_path), log,
-                                   main=True)
+    built = evaluators.make(specs.eval_spec(config), tasks, splits, INPUTS, mesh,
+                            str(tmp_path), log, main=True)
     assert [type(e).__name__ for e in built] == ["Retrieval", "Retrieval"]
     assert [(e.task.name, e.splits) for e in built] == [("a", ("test",)), ("b", ("val", "test"))]
     assert built[0].system == config.model.name
     config.eval.typo_probs = "0, 0.25"
-    built = evaluators.from_config(config, tasks, splits, INPUTS, mesh, str(tmp_path), log,
-                                   main=True)
+    built = evaluators.make(specs.eval_spec(config), tasks, splits, INPUTS, mesh,
+                            str(tmp_path), log, main=True)
     assert [type(e).__name__ for e in built] == ["Retrieval", "Retrieval", "TypoSweep"]
     assert built[2].retrieval is built[0] and built[2].splits == ("test",)
     assert built[2].probs == (0.0, 0.25) and built[2].seed == config.eval.typo_seed
-    assert evaluators.from_config(config, tasks[:1], splits, INPUTS, mesh, str(tmp_path), log,
-                                  main=True) == []
+    assert evaluators.make(specs.eval_spec(config), tasks[:1], splits, INPUTS, mesh,
+                           str(tmp_path), log, main=True) == []

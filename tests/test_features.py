@@ -13,7 +13,7 @@ from conftest import load_config
 from dualjax.config import validation as config_lib
 from dualjax.text import features
 from dualjax.models import dual_encoder
-from dualjax.config.specs import model_spec
+from dualjax.config.specs import max_lens, model_spec
 
 
 def test_parse_spec():
@@ -117,9 +117,9 @@ def test_bad_feature_and_length_configs_fail_at_config_time(overrides, message):
 
 def test_max_lens_default_to_max_len():
     cfg = load_config("tiny").model
-    assert config_lib.max_lens(cfg) == (cfg.max_len, cfg.max_len)
+    assert max_lens(cfg) == (cfg.max_len, cfg.max_len)
     cfg.query_max_len, cfg.doc_max_len = 64, 288
-    assert config_lib.max_lens(cfg) == (64, 288)
+    assert max_lens(cfg) == (64, 288)
 
 
 def test_a_text_far_over_max_len_is_warned_about_once(monkeypatch, caplog):

@@ -19,7 +19,7 @@ from dualjax.config import validation as config_lib
 from dualjax.runtime import sharding
 from dualjax.models import dual_encoder, towers
 from dualjax.objectives import in_batch as de_objective
-from dualjax.config.specs import model_spec
+from dualjax.config.specs import model_spec, objective_spec
 
 VOCAB, B, L, K_HARD, U = 60, 32, 11, 2, 32  # 32 mixed negatives: a multiple of 4 x 8 devices
 MLP_DIM = 48  # the transformer's MLP width, found by it in the compiled program
@@ -239,7 +239,7 @@ def test_encode_chunks_config_checks_and_plumbing():
     batch, extras = make_batch(negatives=False)
     for chunks, chunked in ((0, False), (4, True)):
         cfg.train.encode_chunks = chunks
-        objective = objectives.from_config(cfg, model, sharding.make_mesh())
+        objective = objectives.make(objective_spec(cfg), model, sharding.make_mesh())
         params = jax.eval_shape(objective.init, jax.random.key(0))
         jaxpr = str(jax.make_jaxpr(objective.loss)(params, batch, jax.random.key(1), extras))
         assert ("checkpoint" in jaxpr or "remat" in jaxpr) == chunked

@@ -17,7 +17,7 @@ from dualjax.config import validation as config_lib
 from dualjax.losses import frequency
 from dualjax.runtime import sharding
 from dualjax.models import dual_encoder
-from dualjax.config.specs import model_spec
+from dualjax.config.specs import loss_options, model_spec, objective_spec
 
 
 def sigmoid(x):
@@ -561,13 +561,13 @@ def test_config_accepts_every_in_batch_loss_and_passes_its_options():
                  "triplet_margin", "sdml"):
         _validate(name=name)
     cfg = _validate(name="triplet_margin", distance="euclidean", hard=True, margin=0.2)
-    assert config_lib.loss_options(cfg.loss) == {"distance": "euclidean", "margin": 0.2,
+    assert loss_options(cfg.loss) == {"distance": "euclidean", "margin": 0.2,
                                                "hard": True, "remove_accidental_hits": True}
     cfg = _validate(name="sdml", label_smoothing=0.1)
-    assert losses.resolve_options("sdml", config_lib.loss_options(cfg.loss))["label_smoothing"] == 0.1
+    assert losses.resolve_options("sdml", loss_options(cfg.loss))["label_smoothing"] == 0.1
     _validate(name="sdml", column_block=1024)
     cfg = _validate(name="triplet_margin", distance="squared_euclidean")
-    resolved = losses.resolve_options("triplet_margin", config_lib.loss_options(cfg.loss))
+    resolved = losses.resolve_options("triplet_margin", loss_options(cfg.loss))
     assert resolved["margin"] == 0.5
 
 
@@ -600,5 +600,5 @@ def test_the_dual_encoder_objective_streams_config_loss_column_block(monkeypatch
 
     monkeypatch.setattr(losses, "sharded", spy)
     cfg = _validate(name="in_batch_softmax", column_block=256)
-    objectives.from_config(cfg, dual_encoder.make_model(model_spec(cfg.model), 100), sharding.make_mesh())
+    objectives.make(objective_spec(cfg), dual_encoder.make_model(model_spec(cfg.model), 100), sharding.make_mesh())
     assert seen == [256]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import load_config
+from dualjax.config import specs
 from dualjax.eval import scoring
 from dualjax.runtime import sharding
 from dualjax.text import tokenizers
@@ -116,8 +117,9 @@ def test_an_evaluation_never_retrieves_a_document_without_a_token():
     task = RetrievalTask(queries=queries, corpus=corpus,
                          relevant=[np.array([0]), np.array([3]), np.array([4])],
                          query_corpus_index=np.array([-1, 3, -1]))
-    cfg = load_config("tiny").eval
-    cfg.index, cfg.baselines = "exact", ""
+    config = load_config("tiny")
+    config.eval.index, config.eval.baselines = "exact", ""
+    cfg = specs.eval_spec(config)
     encode = _bias_encoder(tok.vocab_size)
     side = Side(tok, 16)
     _, ranked = scoring.evaluate_split(task, {"dual_encoder": (encode, encode)},

@@ -24,7 +24,7 @@ from dualjax.train import tasks as tasks_lib
 from dualjax.data import builders, mining, reqa
 from dualjax.models import pses as pses_model
 from dualjax.objectives import pses
-from dualjax.config.specs import dataset_spec, model_spec
+from dualjax.config.specs import dataset_spec, model_spec, objective_spec
 from test_train import preempt_at, tiny, train_rows  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -45,7 +45,7 @@ def pses_objective(mesh=None, **overrides):
     cfg = tiny_pses(**overrides)
     model = models.make_model(model_spec(cfg.model), 60)
     mesh = mesh or sharding.make_mesh(cfg.mesh.num_devices)
-    return cfg, model, objectives.from_config(cfg, model, mesh)
+    return cfg, model, objectives.make(objective_spec(cfg), model, mesh)
 
 
 def critic_state(critic, seed: int = 1) -> dict:
@@ -309,7 +309,7 @@ def test_objective_loss_is_the_weighted_sum_of_its_terms(pairwise):
                        "loss.pses.regularization_weight": 0.125, "loss.pses.pairwise": pairwise})
     mesh = sharding.make_mesh()
     model = models.make_model(model_spec(cfg.model), 60)
-    objective = objectives.from_config(cfg, model, mesh)
+    objective = objectives.make(objective_spec(cfg), model, mesh)
     params = jax.jit(objective.init)(jax.random.key(0))
     assert set(params) == {"trunk", "shared", "query_specific", "doc_specific", "query_decoder",
                            "doc_decoder", "alpha", "beta"}
@@ -407,7 +407,7 @@ def test_fine_tuning_the_shared_encoder_alone():
     """loss.pses.trainable=shared: the optimizer moves NN_s (and the similarity) only."""
     cfg = tiny_pses(**{"loss.pses.trainable": "shared", "loss.pses.pairwise": "in_batch"})
     model = models.make_model(model_spec(cfg.model), 60)
-    objective = objectives.from_config(cfg, model, sharding.make_mesh())
+    objective = objectives.make(objective_spec(cfg), model, sharding.make_mesh())
     params = jax.jit(objective.init)(jax.random.key(0))
     critic = objectives.init_critic_state(objective.critic, jax.random.key(1))["params"]
     rng = np.random.default_rng(0)

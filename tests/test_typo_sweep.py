@@ -6,11 +6,11 @@ import json
 import jax
 import jax.numpy as jnp
 import matplotlib.image
-import ml_collections
 import numpy as np
 import pytest
 
 from conftest import load_config
+from dualjax.config import specs
 from dualjax.config import validation as config_lib
 from dualjax.eval import scoring
 from dualjax.eval import report
@@ -71,11 +71,13 @@ ENCODE = _bag_of_words_encoder()
 TOWERS = {"bow_random": (ENCODE, ENCODE)}
 
 
-def _eval_cfg(**overrides) -> ml_collections.ConfigDict:
-    cfg = ml_collections.ConfigDict(dict(index="exact", top_k=100, batch_size=16,
-                                         query_chunk=8, corpus_chunk=16))
-    cfg.update(overrides)
-    return cfg
+BASE = dict(index="exact", top_k=100, batch_size=16)
+CHUNKS = dict(query_chunk=8, corpus_chunk=16)
+
+
+def _eval_cfg(**overrides) -> scoring.EvalSpec:
+    chunks = {k: overrides.pop(k) for k in ("query_chunk", "corpus_chunk") if k in overrides}
+    return scoring.EvalSpec(**{**BASE, **overrides}, index_settings={**CHUNKS, **chunks})
 
 
 def _metrics(row: dict) -> dict:
@@ -169,10 +171,10 @@ def test_config_rejects_bad_typo_probs(value):
 
 def test_config_parses_typo_probs():
     cfg = load_config("tiny")
-    assert cfg.eval.typo_probs == "" and config_lib.typo_probs(cfg) == ()
+    assert cfg.eval.typo_probs == "" and specs.typo_probs(cfg) == ()
     cfg.eval.typo_probs = "0, 0.25,0.5 ,0.75"
     config_lib.validate(cfg, 8)
-    assert config_lib.typo_probs(cfg) == (0.0, 0.25, 0.5, 0.75)
+    assert specs.typo_probs(cfg) == (0.0, 0.25, 0.5, 0.75)
 
 
 def test_training_run_writes_typo_rows_and_plot(tmp_path):

@@ -1,7 +1,8 @@
 """The config resolved into what the lower layers take: plain values and small frozen
-dataclasses, computed here once. The data builders, the models, the losses and the
-indexes never read a ConfigDict (tests/test_layers.py guards it); the ConfigDict stays
-the user's interface (config files, --config.KEY=VALUE, WORKDIR/config.json).
+dataclasses, computed here once. The data builders, the models, the losses, the
+objectives, the indexes and the evaluation never read a ConfigDict (tests/test_layers.py
+guards it); the ConfigDict stays the user's interface (config files, --config.KEY=VALUE,
+WORKDIR/config.json).
 """
 
 from __future__ import annotations
@@ -13,10 +14,15 @@ import os
 
 import ml_collections
 
+from dualjax import losses
 from dualjax.data.builders import CANDIDATES, DatasetSpec, file_settings
-from dualjax.data.pairs_file import DataError
+from dualjax.errors import ConfigError, DataError
+from dualjax.eval.scoring import EvalSpec
 from dualjax.models import towers
 from dualjax.models.spec import ModelSpec, PsesSpec, TransformerSpec
+from dualjax.objectives import ObjectiveSpec, PsesLoss
+from dualjax.retrieval import baselines
+from dualjax.text import features
 
 QUORA_PATH = os.path.join("..", "shared", "data", "quora", "pairs.tsv")
 SQUAD_PATH = os.path.join("..", "shared", "data", "squad", "dev-v1.1.json")
@@ -53,6 +59,18 @@ def model_spec(model: ml_collections.ConfigDict) -> ModelSpec:
         init_scale=model.init_scale, init_bias=model.init_bias,
         pses=PsesSpec() if p is None else PsesSpec(**{
             f.name: p[f.name] for f in dataclasses.fields(PsesSpec)}))
+
+
+def feature_specs(model: ml_collections.ConfigDict
+                  ) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:
+    """(query, document) categorical fields as ((name, embedding size), ...); ConfigError
+    for a spec that does not parse."""
+    try:
+        return tuple(features.parse_spec(model.get(key, ""), model.get("feature_dim", 32),
+                                         f"config.model.{key}")
+                     for key in ("query_features", "doc_features"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def dataset_spec(data: ml_collections.ConfigDict, seed: int) -> DatasetSpec:
@@ -153,3 +171,87 @@ def task_configs(config: ml_collections.ConfigDict
     if not tasks:
         return [("", config.data, 1.0)]
     return [(name, t.data, float(t.get("weight", 1.0))) for name, t in tasks.items()]
+
+
+def loss_options(loss: ml_collections.ConfigDict) -> dict:
+    """The options of loss `loss.name` from `config.loss` (fields = option names), for
+    `losses.sharded` / `losses.reference`."""
+    return {k: loss[k] for k in losses.LOSSES[loss.name].options}
+
+
+def max_lens(model: ml_collections.ConfigDict) -> tuple[int, int]:
+    """(query, document) max lengths in tokens: model.query_max_len / doc_max_len where
+    set (> 0), else model.max_len (Chang et al. 2020: 64 and 288)."""
+    return (model.get("query_max_len", 0) or model.max_len,
+            model.get("doc_max_len", 0) or model.max_len)
+
+
+def bm25_options(eval_cfg: ml_collections.ConfigDict) -> dict:
+    """The run's BM25 settings as `baselines.rank`'s options (eval.bm25_k1, bm25_b,
+    bm25_stemmer; a config from before they existed: the defaults, the field's BM25)."""
+    defaults = baselines.bm25_defaults()
+    return {key: eval_cfg.get(f"bm25_{key}", value) for key, value in defaults.items()}
+
+
+def baseline_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """config.eval.baselines ("bm25,tfidf,identity" or "") as a tuple of names."""
+    return tuple(n.strip() for n in config.eval.baselines.split(",") if n.strip())
+
+
+def typo_probs(config: ml_collections.ConfigDict) -> tuple[float, ...]:
+    """config.eval.typo_probs ("0,0.25,0.5,0.75" or "": no typo sweep) as a tuple of
+    floats; ConfigError unless each is a number in [0, 1]."""
+    probs = []
+    for item in (s.strip() for s in config.eval.typo_probs.split(",")):
+        if not item:
+            continue
+        try:
+            p = float(item)
+        except ValueError:
+            p = None
+        if p is None or not 0.0 <= p <= 1.0:
+            raise ConfigError(f"config.eval.typo_probs={config.eval.typo_probs!r}: {item!r} is "
+                              "not a probability in [0, 1]; give comma-separated numbers such "
+                              "as '0,0.25,0.5,0.75' ('': off)")
+        probs.append(p)
+    return tuple(probs)
+
+
+def is_mlm(config: ml_collections.ConfigDict) -> bool:
+    """Whether the run pre-trains with MLM (data.name="pretrain", data.tasks="mlm")."""
+    return any(d.name == PRETRAIN and d.tasks.strip() == "mlm" for _, d, _ in task_configs(config))
+
+
+def objective_spec(config: ml_collections.ConfigDict) -> ObjectiveSpec:
+    """What the run's step learns: MLM when data.tasks="mlm", PSES when model.name="pses",
+    else the dual encoder with `config.loss` (max_len: MLM's documents', else the longer
+    side's)."""
+    q_len, d_len = max_lens(config.model)
+    kind = ("mlm" if is_mlm(config) else "pses" if config.model.name == "pses"
+            else "in_batch")
+    loss, pses = config.loss, config.loss.get("pses")
+    return ObjectiveSpec(
+        kind=kind, loss=loss.name, loss_options=loss_options(loss),
+        column_block=loss.column_block, remove_query_hits=loss.remove_query_hits,
+        remove_cluster_hits=loss.remove_cluster_hits,
+        max_len=d_len if kind == "mlm" else max(q_len, d_len),
+        encode_chunks=config.get("train", {}).get("encode_chunks", 0),
+        pses=PsesLoss() if pses is None else PsesLoss(**{
+            f.name: pses[f.name] for f in dataclasses.fields(PsesLoss)}))
+
+
+def eval_spec(config: ml_collections.ConfigDict) -> EvalSpec:
+    """`config.eval` (and model.name) as the evaluation takes it; keys a saved config from
+    before them lacks take their defaults. ConfigError for eval.typo_probs that do not
+    parse."""
+    e = config.eval
+    plain = lambda group: group.to_dict() if hasattr(group, "to_dict") else group
+    return EvalSpec(
+        batch_size=e.batch_size, top_k=e.top_k, index=e.index,
+        index_settings={"query_chunk": e.query_chunk, "corpus_chunk": e.corpus_chunk,
+                        "scann": plain(e.get("scann")), "hnsw": plain(e.get("hnsw"))},
+        bm25=bm25_options(e), baselines=baseline_names(config), hybrid=e.get("hybrid", ""),
+        hybrid_rrf_k=e.get("hybrid_rrf_k", EvalSpec.hybrid_rrf_k),
+        hybrid_weight=e.get("hybrid_weight", EvalSpec.hybrid_weight),
+        select_by=e.get("select_by", ""), typo_probs=typo_probs(config),
+        typo_seed=e.get("typo_seed", 0), system=config.model.name)

@@ -17,7 +17,7 @@ from dualjax.errors import ConfigError  # noqa: F401 (raised here)
 from dualjax.models import dual_encoder, pses, towers
 from dualjax.retrieval import ann, baselines, metrics
 from dualjax.runtime import sharding
-from dualjax.text import features, tokenizers
+from dualjax.text import tokenizers
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 TABLE_UPDATES = ("dense", "lazy")  # optimizer.table_updates (dualjax/train/lazy_rows.py)
@@ -71,10 +71,6 @@ def _check_loss(loss: ml_collections.ConfigDict) -> None:
                               f"{users(option)}, not loss.name={loss.name!r}{default}")
 
 
-def loss_options(loss: ml_collections.ConfigDict) -> dict:
-    """The options of loss `loss.name` from `config.loss` (fields = option names), for
-    `losses.sharded` / `losses.reference`."""
-    return {k: loss[k] for k in losses.LOSSES[loss.name].options}
 
 
 def _check_towers(model: ml_collections.ConfigDict) -> None:
@@ -93,7 +89,7 @@ def _check_towers(model: ml_collections.ConfigDict) -> None:
         spec = specs.model_spec(model)
         if "transformer" in used:
             max_positions = spec.transformer.max_positions
-            for key, length in zip(("query_max_len", "doc_max_len"), max_lens(model)):
+            for key, length in zip(("query_max_len", "doc_max_len"), specs.max_lens(model)):
                 if length > max_positions:
                     key = key if model.get(key, 0) else "max_len"  # the key that set it
                     raise ValueError(f"model.{key}={length} is longer than "
@@ -151,7 +147,7 @@ def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = "") -> N
         if m.shared_embedding:
             raise ConfigError("config.model.shared_embedding: two bert towers start from one "
                               "table already; set it to False")
-        for key, length in zip(("query_max_len", "doc_max_len"), max_lens(m)):
+        for key, length in zip(("query_max_len", "doc_max_len"), specs.max_lens(m)):
             if length > start.bert.max_positions:
                 key = key if m.get(key, 0) else "max_len"
                 raise ConfigError(f"config.model.{key}={length} is longer than {name}'s "
@@ -206,29 +202,14 @@ def _check_pses(config: ml_collections.ConfigDict, pretraining: bool) -> None:
                           "sampling options of the dual encoder; model.name='pses' uses neither")
 
 
-def max_lens(model: ml_collections.ConfigDict) -> tuple[int, int]:
-    """(query, document) max lengths in tokens: model.query_max_len / doc_max_len where
-    set (> 0), else model.max_len (Chang et al. 2020: 64 and 288)."""
-    return (model.get("query_max_len", 0) or model.max_len,
-            model.get("doc_max_len", 0) or model.max_len)
 
 
-def feature_specs(model: ml_collections.ConfigDict
-                  ) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:
-    """(query, document) categorical fields as ((name, embedding size), ...); ConfigError
-    for a spec that does not parse."""
-    try:
-        return tuple(features.parse_spec(model.get(key, ""), model.get("feature_dim", 32),
-                                         f"config.model.{key}")
-                     for key in ("query_features", "doc_features"))
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
 
 
 def _check_features(model: ml_collections.ConfigDict) -> None:
     """Categorical fields: parseable, fed to a tower with layers above the text vector,
     one set for a shared tower."""
-    sides = feature_specs(model)
+    sides = specs.feature_specs(model)
     for key, spec, tower in zip(("query_features", "doc_features"), sides,
                                 specs.tower_names(model)):
         if spec and tower in ("bow", "bert"):
@@ -342,7 +323,7 @@ def _check_eval(config: ml_collections.ConfigDict) -> None:
     if config.eval.index == "hnsw" and importlib.util.find_spec("faiss") is None:
         raise ConfigError("config.eval.index='hnsw' needs faiss: pip install 'dualjax[bench]' "
                           "(or pip install faiss-cpu)")
-    for name in baseline_names(config):
+    for name in specs.baseline_names(config):
         _one_of("eval.baselines", name, baselines.BASELINES)
     if config.eval.get("select_by", ""):
         names = [k for k in metrics.retrieval_metrics(np.zeros((1, 1), int), [{0}])
@@ -360,7 +341,7 @@ def _check_eval(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config.eval.top_k={config.eval.top_k} is below the metrics' "
                           f"deepest cutoff ({deepest}: map@100, recall@100): retrieve at least "
                           f"--config.eval.top_k={deepest}")
-    _one_of("eval.bm25_stemmer", bm25_options(config.eval)["stemmer"], baselines.STEMMERS)
+    _one_of("eval.bm25_stemmer", specs.bm25_options(config.eval)["stemmer"], baselines.STEMMERS)
     for key in ("bm25_k1", "bm25_b"):
         if key in config.eval:
             _positive(config, f"eval.{key}", allow_zero=True)
@@ -373,7 +354,7 @@ def _check_eval(config: ml_collections.ConfigDict) -> None:
         if not 0 <= config.eval.hybrid_weight <= 1:
             raise ConfigError(f"config.eval.hybrid_weight={config.eval.hybrid_weight} must be "
                               "in [0, 1]")
-    typo_probs(config)
+    specs.typo_probs(config)
 
 
 def _check_numbers(config: ml_collections.ConfigDict) -> None:
@@ -399,7 +380,8 @@ def _check_batch(config: ml_collections.ConfigDict, task_list, num_devices: int)
     if mixed < 0 or mixed % num_devices:
         raise ConfigError(f"config.loss.num_mixed_negatives={mixed} must be a multiple of the "
                           f"{num_devices} devices of the mesh (0: off)")
-    if any(d.get("pseudo_labels", 0) for _, d, _ in task_list) and any(feature_specs(config.model)):
+    if (any(d.get("pseudo_labels", 0) for _, d, _ in task_list)
+            and any(specs.feature_specs(config.model))):
         raise ConfigError("config.data.pseudo_labels: pseudo-labelled pairs carry no categorical "
                           "fields; unset model.query_features / model.doc_features")
     if any(d.get("hard_negatives", 0) for _, d, _ in task_list):
@@ -407,7 +389,7 @@ def _check_batch(config: ml_collections.ConfigDict, task_list, num_devices: int)
             raise ConfigError("config.data.hard_negatives does not combine with "
                               "loss.log_q_buckets (the logQ correction of in-batch sampling); "
                               "set one of them to 0")
-        if feature_specs(config.model)[1]:
+        if specs.feature_specs(config.model)[1]:
             raise ConfigError("config.data.hard_negatives: mined negatives are texts without "
                               "categorical fields; unset model.doc_features or set "
                               "data.hard_negatives=0")
@@ -481,34 +463,3 @@ def _check_data(data: ml_collections.ConfigDict, key: str) -> None:
         if not (val > 0 and test > 0 and val + test < 1):
             raise ConfigError(f"config.{key}.val_fraction={val} and config.{key}.test_fraction="
                               f"{test} must be > 0 with a sum below 1 (both splits are evaluated)")
-
-
-def bm25_options(eval_cfg: ml_collections.ConfigDict) -> dict:
-    """The run's BM25 settings as `baselines.rank`'s options (eval.bm25_k1, bm25_b,
-    bm25_stemmer; a config from before they existed: the defaults, the field's BM25)."""
-    defaults = baselines.bm25_defaults()
-    return {key: eval_cfg.get(f"bm25_{key}", value) for key, value in defaults.items()}
-
-
-def baseline_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
-    """config.eval.baselines ("bm25,tfidf,identity" or "") as a tuple of names."""
-    return tuple(n.strip() for n in config.eval.baselines.split(",") if n.strip())
-
-
-def typo_probs(config: ml_collections.ConfigDict) -> tuple[float, ...]:
-    """config.eval.typo_probs ("0,0.25,0.5,0.75" or "": no typo sweep) as a tuple of
-    floats; ConfigError unless each is a number in [0, 1]."""
-    probs = []
-    for item in (s.strip() for s in config.eval.typo_probs.split(",")):
-        if not item:
-            continue
-        try:
-            p = float(item)
-        except ValueError:
-            p = None
-        if p is None or not 0.0 <= p <= 1.0:
-            raise ConfigError(f"config.eval.typo_probs={config.eval.typo_probs!r}: {item!r} is "
-                              "not a probability in [0, 1]; give comma-separated numbers such "
-                              "as '0,0.25,0.5,0.75' ('': off)")
-        probs.append(p)
-    return tuple(probs)

@@ -1,4 +1,4 @@
-"""Evaluators built from the config (as big_vision's `evaluators/common.py`): each task's
+"""Evaluators built from the run's `EvalSpec` (as big_vision's `evaluators/common.py`): each task's
 retrieval evaluation and the typo sweep.
 
 An evaluator is given the systems to evaluate as {name: (encode_queries,
@@ -15,9 +15,7 @@ import os
 from typing import Protocol, Sequence
 
 import jax
-import ml_collections
 
-from dualjax.config import validation as config_lib
 from dualjax.eval import report, scoring
 from dualjax.eval.metrics_log import MetricsLog
 from dualjax.retrieval import encoding
@@ -42,23 +40,22 @@ class Retrieval:
 
     During training (not `final`) it evaluates the val split only, by exact search and
     without the baselines. The final evaluation adds the lexical baselines, an approximate
-    index of the trained system (eval.index = "scann" or "hnsw"; saved under
+    index of the trained system (spec.system; spec.index = "scann" or "hnsw"; saved under
     WORKDIR/index/[TASK/]SPLIT)
     and, per split, report[_TASK].md with its recall plot; after the last split it prints
-    that split's table. With eval.hybrid, the trained system's interpolation weight is
+    that split's table. With spec.hybrid, the trained system's interpolation weight is
     chosen on val and carried to the task's later splits (and to a typo sweep of it).
     Only process 0 (`main`) writes files.
     """
 
     def __init__(self, task: Task, splits: Sequence[str], inputs: Inputs,
-                 eval_cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, workdir: str,
-                 log: MetricsLog, *, system: str, baselines: Sequence[str] = (),
-                 main: bool = True):
+                 spec: scoring.EvalSpec, mesh: jax.sharding.Mesh, workdir: str,
+                 log: MetricsLog, *, main: bool = True):
         self.task, self.splits = task, tuple(splits)
-        self.inputs, self.eval_cfg, self.mesh = inputs, eval_cfg, mesh
+        self.inputs, self.spec, self.mesh = inputs, spec, mesh
         self.workdir, self.log, self.main = workdir, log, main
-        self.system = system  # the trained model's rows: "dual_encoder" or "pses"
-        self.baselines = tuple(baselines)
+        self.system = spec.system  # the trained model's rows: "dual_encoder" or "pses"
+        self.baselines = spec.baselines
         self.hybrid_weights: dict[str, float] = {}  # system -> the weight val chose
 
     def run(self, systems: Systems, step: int, final: bool = False,
@@ -79,7 +76,7 @@ class Retrieval:
             scoring.log_missing_fields(data, self.inputs)
         where = os.path.join(self.workdir, "index", *([task.name] if task.name else []), split)
         rows, ranked = scoring.evaluate_split(
-            data, systems, self.inputs, self.eval_cfg, self.mesh,
+            data, systems, self.inputs, self.spec, self.mesh,
             baselines=self.baselines if final else (),
             index_dir=where if final and self.main else None,
             ann_systems=(self.system,) if final else (), index_extra=f"step {step}",
@@ -109,7 +106,7 @@ class Retrieval:
 
 
 class TypoSweep:
-    """Typo robustness (`scoring.typo_sweep`, eval.typo_probs) on the last split of a
+    """Typo robustness (`scoring.typo_sweep`, spec.typo_probs) on the last split of a
     retrieval evaluator's task, with its settings and its val-chosen hybrid weight; final
     evaluation only. Writes its rows (each with "typo_p") and, on process 0,
     WORKDIR/typo_robustness.png."""
@@ -123,7 +120,7 @@ class TypoSweep:
         if not final:
             return {}
         r, (last,) = self.retrieval, self.splits
-        rows = scoring.typo_sweep(self.task.eval_task(last), systems, r.inputs, r.eval_cfg,
+        rows = scoring.typo_sweep(self.task.eval_task(last), systems, r.inputs, r.spec,
                                    r.mesh, self.probs, self.seed, r.baselines, (r.system,),
                                    r.hybrid_weights)
         for row in rows:
@@ -138,19 +135,16 @@ class TypoSweep:
         return {last: rows}
 
 
-def from_config(config: ml_collections.ConfigDict, tasks: Sequence[Task],
-                splits: dict[str, tuple[str, ...]], inputs: Inputs, mesh: jax.sharding.Mesh,
-                workdir: str, log: MetricsLog, *, main: bool) -> list[Retrieval | TypoSweep]:
+def make(spec: scoring.EvalSpec, tasks: Sequence[Task], splits: dict[str, tuple[str, ...]],
+         inputs: Inputs, mesh: jax.sharding.Mesh, workdir: str, log: MetricsLog, *,
+         main: bool) -> list[Retrieval | TypoSweep]:
     """The evaluators of a run, in the order they run: a `Retrieval` per task with
     evaluation splits (`splits[task.name]`; a pre-training collection has none), then,
-    when eval.typo_probs is set, the `TypoSweep` of the first of them. `main`: this is
+    when spec.typo_probs is set, the `TypoSweep` of the first of them. `main`: this is
     process 0, which writes the files."""
     evaluators: list[Retrieval | TypoSweep] = [
-        Retrieval(t, splits[t.name], inputs, config.eval, mesh, workdir, log,
-                  system=config.model.name, baselines=config_lib.baseline_names(config),
-                  main=main)
+        Retrieval(t, splits[t.name], inputs, spec, mesh, workdir, log, main=main)
         for t in tasks if splits[t.name]]
-    probs = config_lib.typo_probs(config)
-    if probs and evaluators:
-        evaluators.append(TypoSweep(evaluators[0], probs, config.eval.typo_seed))
+    if spec.typo_probs and evaluators:
+        evaluators.append(TypoSweep(evaluators[0], spec.typo_probs, spec.typo_seed))
     return evaluators

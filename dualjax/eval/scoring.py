@@ -8,20 +8,43 @@ metrics.py.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import jax
-import ml_collections
 import numpy as np
 from absl import logging
 
-from dualjax.config import validation as config_lib
 from dualjax.retrieval import ann, hybrid, metrics
 from dualjax.retrieval import baselines as baselines_lib
 from dualjax.retrieval.encoding import EncodeFn, encode_texts
 from dualjax.retrieval.task import RetrievalTask
 from dualjax.text import tokenizers, typos
 from dualjax.text.features import Fields, Inputs
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSpec:
+    """What an evaluation reads of the run (config.eval and model.name), resolved once by
+    `config.specs.eval_spec`; configs/default.py's eval group says what each key does.
+
+    index_settings: `ann.make_index`'s (query_chunk, corpus_chunk, scann, hnsw); bm25:
+    `baselines.rank`'s BM25 options; system: the trained model's rows ("dual_encoder" or
+    "pses"), the one searched approximately and fused with eval.hybrid.
+    """
+    batch_size: int = 512
+    top_k: int = 100
+    index: str = "exact"
+    index_settings: Mapping[str, Any] = dataclasses.field(
+        default_factory=lambda: {"query_chunk": 256, "corpus_chunk": 4096})
+    bm25: Mapping[str, Any] = dataclasses.field(default_factory=baselines_lib.bm25_defaults)
+    baselines: tuple[str, ...] = ()
+    hybrid: str = ""
+    hybrid_rrf_k: float = 60.0
+    hybrid_weight: float = 0.5
+    select_by: str = ""
+    typo_probs: tuple[float, ...] = ()
+    typo_seed: int = 0
+    system: str = "dual_encoder"
 
 
 class Ranking(NamedTuple):
@@ -105,7 +128,7 @@ class DenseCorpus:
 
 
 def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]],
-                   inputs: Inputs, eval_cfg: ml_collections.ConfigDict,
+                   inputs: Inputs, spec: EvalSpec,
                    mesh: jax.sharding.Mesh, baselines: Sequence[str] = (),
                    index_dir: str | None = None, ann_systems: Sequence[str] = ("dual_encoder",),
                    index_extra: str = "", hybrid_systems: Sequence[str] | None = None,
@@ -115,20 +138,20 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
 
     towers: system name -> (encode_queries, encode_documents), reading `inputs` (each
     side's tokens, max length and categorical fields). Each is searched exactly; with
-    eval.index = "scann" or "hnsw", the systems in `ann_systems` are also searched with
+    spec.index = "scann" or "hnsw", the systems in `ann_systems` are also searched with
     that approximate index (saved under `index_dir`), whose row adds `ann_recall@10`
     (overlap with the exact top 10) and `map@100_gap` (exact minus it). Lexical
-    `baselines` run on the same task. With eval.hybrid (a lexical system, e.g. "bm25"),
+    `baselines` run on the same task. With spec.hybrid (a lexical system, e.g. "bm25"),
     each tower's (of `hybrid_systems`; None: all) exact ranking is fused with that
     system's (hybrid search, `hybrid.py`) twice: by reciprocal rank fusion
-    (eval.hybrid_rrf_k) as the system "<tower>+<lexical>", and by score interpolation as
+    (spec.hybrid_rrf_k) as the system "<tower>+<lexical>", and by score interpolation as
     "<tower>+<lexical>_interp" with the dense weight `hybrid_weights[tower]`, or, where
     `hybrid_weights` is None (a validation split), the weight that scores best here on
-    `eval.select_by` (else map@100); the row says it as "hybrid_weight". Returns (rows
+    `spec.select_by` (else map@100); the row says it as "hybrid_weight". Returns (rows
     {"system", "index", metrics...}, {label: its `Ranking`}).
     """
-    enc = dict(batch_size=eval_cfg.batch_size, mesh=mesh)
-    k = min(eval_cfg.top_k, len(task.corpus))
+    enc = dict(batch_size=spec.batch_size, mesh=mesh)
+    k = min(spec.top_k, len(task.corpus))
     dense = DenseCorpus.of(task, inputs.document.tokenizer, k)
     rows, ranked, scored = [], {}, {}
 
@@ -145,35 +168,35 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
                               desc=f"{system}: corpus", fields=dense.fields, **enc)
         queries = encode_texts(encode_queries, task.queries, inputs.query,
                                desc=f"{system}: queries", fields=task.query_fields, **enc)
-        exact_index, _ = ann.make_index("exact", corpus, eval_cfg, dense.k)
+        exact_index, _ = ann.make_index("exact", corpus, spec.index_settings, dense.k)
         scored[system] = dense.ranking(exact_index.search(queries, dense.k, dense.exclude))
         exact = add(system, "exact", scored[system])
-        if eval_cfg.index != "exact" and system in ann_systems:
-            _approximate(add, system, corpus, queries, (exact, scored[system][0]), eval_cfg,
+        if spec.index != "exact" and system in ann_systems:
+            _approximate(add, system, corpus, queries, (exact, scored[system][0]), spec,
                          dense, index_dir, index_extra)
     exclude = task.query_corpus_index
-    lexical = eval_cfg.get("hybrid", "")
+    lexical = spec.hybrid
     for name in dict.fromkeys(list(baselines) + ([lexical] if lexical else [])):
         scores, ids = baselines_lib.rank_texts(
             name, task.corpus, task.queries, k, exclude,
-            **baselines_lib.options_for(name, config_lib.bm25_options(eval_cfg)))
+            **baselines_lib.options_for(name, spec.bm25))
         scored[name] = (ids, scores)
         if name in baselines:
             add(name, "exact", scored[name])
     if lexical:  # each tower's exact ranking fused with the lexical one
         for system in towers if hybrid_systems is None else hybrid_systems:
-            _hybrid(add, system, lexical, scored, task, eval_cfg, k, hybrid_weights)
+            _hybrid(add, system, lexical, scored, task, spec, k, hybrid_weights)
     return rows, ranked
 
 
 def _approximate(add, system: str, corpus: np.ndarray, queries: np.ndarray,
-                 exact: tuple[dict, np.ndarray], eval_cfg, dense: DenseCorpus,
+                 exact: tuple[dict, np.ndarray], spec: EvalSpec, dense: DenseCorpus,
                  index_dir: str | None, index_extra: str) -> None:
-    """`system`'s row searched with eval.index ("scann" or "hnsw") beside its exact one:
+    """`system`'s row searched with spec.index ("scann" or "hnsw") beside its exact one:
     the overlap of their top 10, the MAP@100 it loses, and the index's time to be ready."""
-    kind = eval_cfg.index
-    ann_index, info = ann.make_index(kind, corpus, eval_cfg, dense.k, directory=index_dir,
-                                     extra=index_extra)
+    kind = spec.index
+    ann_index, info = ann.make_index(kind, corpus, spec.index_settings, dense.k,
+                                     directory=index_dir, extra=index_extra)
     ann_ids, ann_scores = dense.ranking(ann_index.search(queries, dense.k, dense.exclude))
     exact_row, exact_ids = exact
     row = add(system, kind, (ann_ids, ann_scores),
@@ -185,26 +208,26 @@ def _approximate(add, system: str, corpus: np.ndarray, queries: np.ndarray,
                  info["settings"], info["build_seconds"], info["bytes_on_disk"] / 2**20)
 
 
-def _hybrid(add, system: str, lexical: str, scored: dict, task: RetrievalTask, eval_cfg,
+def _hybrid(add, system: str, lexical: str, scored: dict, task: RetrievalTask, spec: EvalSpec,
             k: int, weights: dict[str, float] | None) -> None:
     """`system`'s exact ranking fused with `lexical`'s: by reciprocal rank fusion, and by
     score interpolation at weights[system] (None: the weight best here)."""
     ids, scores = scored[lexical]
     add(f"{system}+{lexical}", "exact",
-        hybrid.fuse_rrf([scored[system][0], ids], k, eval_cfg.hybrid_rrf_k, with_scores=True))
+        hybrid.fuse_rrf([scored[system][0], ids], k, spec.hybrid_rrf_k, with_scores=True))
     if weights is None:
         weight, _ = hybrid.choose_weight(scored[system], (ids, scores), task.relevant, k,
-                                         eval_cfg.get("select_by", "") or "map@100",
+                                         spec.select_by or "map@100",
                                          grades=task.grades)
     else:
-        weight = weights.get(system, eval_cfg.hybrid_weight)
+        weight = weights.get(system, spec.hybrid_weight)
     add(f"{system}+{lexical}_interp", "exact",
         hybrid.fuse_scores(scored[system], (ids, scores), weight, k, with_scores=True),
         hybrid_weight=weight)
 
 
 def typo_sweep(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]],
-               inputs: Inputs, eval_cfg: ml_collections.ConfigDict,
+               inputs: Inputs, spec: EvalSpec,
                mesh: jax.sharding.Mesh, probs: Sequence[float], seed: int,
                baselines: Sequence[str] = (), hybrid_systems: Sequence[str] | None = None,
                hybrid_weights: dict[str, float] | None = None) -> list[dict]:
@@ -221,7 +244,7 @@ def typo_sweep(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]]
     rows = []
     for p in probs:
         noisy = dataclasses.replace(task, queries=typos.typo_texts(task.queries, p, seed))
-        p_rows, _ = evaluate_split(noisy, towers, inputs, eval_cfg, mesh, baselines=baselines,
+        p_rows, _ = evaluate_split(noisy, towers, inputs, spec, mesh, baselines=baselines,
                                    ann_systems=(), hybrid_systems=hybrid_systems,
                                    hybrid_weights=hybrid_weights or {})
         rows += [{"system": r["system"], "index": r["index"], "typo_p": float(p),

@@ -5,40 +5,52 @@ train step is one whatever the objective.
 - `mlm`: masked language modelling for a Transformer document tower (pre-training);
 - `pses`: partially shared embedding spaces (Li & Jia 2018), with a WGAN critic as a
   second player (`core.Critic`).
+
+`make` builds the run's from an `ObjectiveSpec` (`config.specs.objective_spec` resolves
+it from the config).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, Mapping
+
 import jax
 
 from dualjax import losses
-from dualjax.config import specs
-from dualjax.config import validation as config_lib
 from dualjax.objectives import in_batch, mlm, pses
 from dualjax.objectives.core import Critic, Objective, init_critic_state, restrict, update_critic
+from dualjax.objectives.pses import PsesLoss
 
-__all__ = ["Critic", "Objective", "PRETRAINING_HEADS", "in_batch", "from_config",
-           "init_critic_state", "is_mlm", "mlm", "pses", "restrict", "update_critic"]
+__all__ = ["Critic", "Objective", "ObjectiveSpec", "PRETRAINING_HEADS", "PsesLoss", "in_batch",
+           "init_critic_state", "make", "mlm", "pses", "restrict", "update_critic"]
 PRETRAINING_HEADS = ("mlm",)  # params a fine-tuning run does not take over
+KINDS = ("in_batch", "mlm", "pses")
 
 
-def is_mlm(config) -> bool:
-    """Whether the run pre-trains with MLM (data.name="pretrain", data.tasks="mlm")."""
-    return any(d.name == specs.PRETRAIN and d.tasks.strip() == "mlm"
-               for _, d, _ in specs.task_configs(config))
+@dataclasses.dataclass(frozen=True)
+class ObjectiveSpec:
+    """What a step learns. kind: "in_batch" (the dual encoder with an in-batch loss), "mlm"
+    (data.tasks="mlm") or "pses" (model.name="pses"); loss, loss_options, column_block:
+    `losses.sharded`'s (config.loss); max_len: the longer side's, in tokens."""
+    kind: str = "in_batch"
+    loss: str = "in_batch_softmax"
+    loss_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    column_block: int = 0
+    remove_query_hits: bool = True
+    remove_cluster_hits: bool = True
+    max_len: int = 32
+    encode_chunks: int = 0  # config.train.encode_chunks (GradCache; 0 or 1: off)
+    pses: PsesLoss = PsesLoss()
 
 
-def from_config(config, model, mesh: jax.sharding.Mesh) -> Objective:
-    """The run's objective: MLM when data.tasks="mlm", PSES when model.name="pses", else
-    the dual encoder with `config.loss`."""
-    q_len, d_len = config_lib.max_lens(config.model)
-    if is_mlm(config):
-        width = model.spec.transformer.width
-        return mlm.objective(model, d_len, width)
-    loss_fn = losses.sharded(config.loss.name, mesh, config.loss.column_block,
-                             **config_lib.loss_options(config.loss))
-    hits = config.loss.remove_query_hits, config.loss.remove_cluster_hits
-    if config.model.name == "pses":
-        return pses.objective(model, config.loss.pses, mesh, max(q_len, d_len), loss_fn, *hits)
-    return in_batch.objective(model, loss_fn, max(q_len, d_len), *hits,
-                                  encode_chunks=config.get("train", {}).get("encode_chunks", 0))
+def make(spec: ObjectiveSpec, model, mesh: jax.sharding.Mesh) -> Objective:
+    """The objective of `spec` for `model` (a dual encoder, or a `Pses` for kind "pses")."""
+    if spec.kind == "mlm":
+        return mlm.objective(model, spec.max_len, model.spec.transformer.width)
+    loss_fn = losses.sharded(spec.loss, mesh, spec.column_block, **spec.loss_options)
+    hits = spec.remove_query_hits, spec.remove_cluster_hits
+    if spec.kind == "pses":
+        return pses.objective(model, spec.pses, mesh, spec.max_len, loss_fn, *hits)
+    return in_batch.objective(model, loss_fn, spec.max_len, *hits,
+                              encode_chunks=spec.encode_chunks)

@@ -1,5 +1,5 @@
 """The PSES objective (Li & Jia 2018): a pairwise matching loss on the retrieval vectors,
-plus, each weighted by its `config.loss.pses` weight,
+plus, each weighted by its `PsesLoss` weight (config.loss.pses),
 
 - orthogonality: ||Z_sQ^T Z_Q||_F^2 + ||Z_sD^T Z_D||_F^2 over the global batch (each
   device's Gram contribution summed over the mesh, `orthogonality`);
@@ -27,10 +27,11 @@ WGAN critic's values have no fixed zero): near 0.5, the shared space is purified
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from jax.sharding import PartitionSpec as P
 
@@ -39,6 +40,22 @@ from dualjax.models.pses import Codes, Pses, retrieval_vector
 from dualjax.objectives.core import Critic, Objective
 from dualjax.objectives.in_batch import hit_extras
 from dualjax.runtime.sharding import DATA_AXIS
+
+
+@dataclasses.dataclass(frozen=True)
+class PsesLoss:
+    """The loss and critic settings (config.loss.pses; configs/default.py says each)."""
+    pairwise: str = "hinge"            # "hinge" | "in_batch"
+    margin: float = 0.5
+    orthogonality_weight: float = 1e-5
+    adversarial_weight: float = 10.0
+    reconstruction_weight: float = 0.01
+    regularization_weight: float = 1e-5
+    critic_hidden_dim: int = 64
+    critic_steps: int = 5
+    critic_clip: float = 0.01
+    critic_learning_rate: float = 5e-5
+    trainable: str = "all"             # "all" | "shared"
 
 
 class CriticNet(nn.Module):
@@ -129,10 +146,10 @@ def same_as_rolled(batch: dict, shift: jnp.ndarray) -> jnp.ndarray | None:
     return same
 
 
-def objective(model: Pses, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+def objective(model: Pses, cfg: PsesLoss, mesh: jax.sharding.Mesh,
               max_len: int, in_batch_loss=None, remove_query_hits: bool = True,
               remove_cluster_hits: bool = True) -> Objective:
-    """PSES with the weights and critic settings of `cfg` (config.loss.pses); in_batch_loss:
+    """PSES with the weights and critic settings of `cfg`; in_batch_loss:
     `losses.sharded(...)`, used when cfg.pairwise="in_batch"."""
     net = CriticNet(cfg.critic_hidden_dim)
     ortho = orthogonality(mesh)
@@ -175,7 +192,8 @@ def objective(model: Pses, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Me
             "reconstruction": reconstruction(q) + reconstruction(d),
             "regularization": weight_penalty(params),
         }
-        total = pairwise + sum(cfg[f"{k}_weight"] * v for k, v in terms.items() if k != "pairwise")
+        total = pairwise + sum(getattr(cfg, f"{k}_weight") * v
+                               for k, v in terms.items() if k != "pairwise")
         return total, {**metrics, **terms, "scale": scale}
 
     critic = Critic(

@@ -104,6 +104,8 @@ class Encoder:
 
     @classmethod
     def load(cls, directory: str) -> Encoder:
+        """The bundle `python -m dualjax.export` wrote to `directory`, its files checked
+        against encoder.json's digests (ValueError naming a file missing or changed)."""
         return cls(directory)
 
     @property
@@ -123,13 +125,21 @@ class Encoder:
 
     def encode_queries(self, texts: Sequence[str], fields: Sequence[dict] | None = None,
                        batch_size: int = 256) -> np.ndarray:
-        """Unit vectors float32 [len(texts), dim] of queries (with their categorical
-        fields, one dict per text, when the model reads any)."""
+        """The query tower's vectors.
+
+        Args:
+          texts: the queries (str each; a single str is refused).
+          fields: their categorical fields, one dict per text, when the model reads any.
+          batch_size: texts per call of the exported function.
+
+        Returns:
+          Unit vectors float32 [len(texts), dim], in the order of `texts`.
+        """
         return self._encode("query", texts, fields, batch_size)
 
     def encode_documents(self, texts: Sequence[str], fields: Sequence[dict] | None = None,
                          batch_size: int = 256) -> np.ndarray:
-        """Unit vectors float32 [len(texts), dim] of documents."""
+        """The document tower's vectors: as `encode_queries`, for documents."""
         return self._encode("document", texts, fields, batch_size)
 
     def _encode(self, side: str, texts: Sequence[str], fields, batch_size: int) -> np.ndarray:

@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 from absl import logging
 
 from dualjax import pretrained
-from dualjax.config import validation as config_lib
+from dualjax.config import specs as specs_lib
 from dualjax.text import features, tokenizers
 from dualjax.text.tokenizers import Tokenizer
 
@@ -40,11 +40,11 @@ def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
                 fields: Callable[[], Iterable[tuple[features.Fields, features.Fields]]],
                 start: pretrained.Pretrained | None = None) -> features.Inputs:
     """What each side reads: the tokenizer (`load_tokenizer`), the side's max length
-    (`config_lib.max_lens`) and its categorical fields, whose vocabularies are
+    (`config.specs.max_lens`) and its categorical fields, whose vocabularies are
     WORKDIR/features.json if it exists, else built from `fields()` ((query fields,
     document fields) per training pair) and saved there."""
     tokenizer = load_tokenizer(config, workdir, texts, start)
-    specs = config_lib.feature_specs(config.model)
+    specs = specs_lib.feature_specs(config.model)
     sides = (features.SideFeatures(), features.SideFeatures())
     if any(specs):
         path = os.path.join(workdir, "features.json")
@@ -66,7 +66,7 @@ def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
                 built.append(side)
             sides = tuple(built)
             features.save(path, *sides)
-    q_len, d_len = config_lib.max_lens(config.model)
+    q_len, d_len = specs_lib.max_lens(config.model)
     return features.Inputs(features.Side(tokenizer, q_len, sides[0]),
                            features.Side(tokenizer, d_len, sides[1]))
 

@@ -51,12 +51,21 @@ Hook = Callable[[int, dict], None]  # called after every step with (step, device
 # ----------------------------------------------------------------------------- main
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        hooks: Sequence[Hook] = ()) -> dict[str, dict]:
-    """Trains (or resumes) and evaluates; returns {"system [index]": row} of the last
-    evaluation split (test); with several tasks (`config.tasks`), {"task: system [index]"}.
+    """Trains (or resumes) and evaluates.
 
     A SIGTERM or SIGINT (Ctrl-C) during training saves a checkpoint at the end of the
     step and raises `Preempted`; running the same command again resumes from it. A
     second signal stops at once (KeyboardInterrupt), saving nothing more.
+
+    Args:
+      config: the run (configs/default.py's keys); checked, then resolved into specs.
+      workdir: where the run lives: config.json, data.json, checkpoints, metrics.jsonl,
+        report.md. A workdir of another run, or whose data changed, is refused.
+      hooks: each called after every step with (step, its device metrics).
+
+    Returns:
+      {"system [index]": metrics row} of the last evaluation split (test); with several
+      tasks (`config.tasks`), keyed "task: system [index]".
     """
     try:
         mesh = sharding.make_mesh(config.mesh.num_devices)
@@ -140,8 +149,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
             return done
     # Evaluators (evaluators.py): each task's retrieval evaluation, then the typo sweep.
     # They get encode functions; what their val rows decide (eval.select_by) is decided here.
-    evaluators = evaluators_lib.from_config(config, tasks, run.splits, run.inputs, mesh,
-                                            workdir, log, main=processes.is_main())
+    evaluators = evaluators_lib.make(specs.eval_spec(config), tasks, run.splits, run.inputs, mesh,
+                                     workdir, log, main=processes.is_main())
     selection.choose(evaluators)
     if processes.agree(
             selection.active and start and start < config.num_train_steps
@@ -219,13 +228,13 @@ def _build(config, workdir, mesh, log, signals, tasks, splits, inputs, origin) -
     model = models.make_model(specs.model_spec(config.model), inputs.query.tokenizer.vocab_size,
                               inputs.feature_sizes(), num_tasks=len(tasks),
                               bert=origin.bert if origin else None)
-    objective = objectives.from_config(config, model, mesh)
+    objective = objectives.make(specs.objective_spec(config), model, mesh)
     tx, schedule = step_lib.make_optimizer(config.optimizer, config.num_train_steps)
     tx = objectives.restrict(tx, objective)  # params the objective keeps fixed get no update
     init_state = step_lib.make_init_state(objective, tx, config.loss.log_q_buckets)
     state_sharding = sharding.state_shardings(
         jax.eval_shape(init_state, config.seed), mesh, config.mesh.param_sharding,
-        models.logical_axes(model, config_lib.max_lens(config.model)))
+        models.logical_axes(model, specs.max_lens(config.model)))
     state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(config.seed)
     table_updates = config.optimizer.get("table_updates", "dense")
     train_step = step_lib.make_train_step(
@@ -310,7 +319,7 @@ def _train_loop(run: Run, evaluators, selection: Selection, hooks: Sequence[Hook
     start = int(run.state["step"])
     weights = [t.weight for t in run.tasks]
     trim = (jax.process_count() == 1 and config.model.name == "dual_encoder"
-            and not objectives.is_mlm(config))
+            and not specs.is_mlm(config))
     rows = _TrainRows(run, start)
     last = config.num_train_steps if not selection.stopped_early(start) else start
     signals.deferring = True  # a signal now saves at the end of the step
@@ -457,7 +466,7 @@ def pseudo_labels(config, task: tasks_lib.Task, workdir: str, inputs: features.I
     return weak_labels.load_or_make(
         workdir, task.collection, config.seed, d.min_query_words, d.pseudo_weight,
         functools.partial(encode, 0), functools.partial(encode, 1),
-        main=processes.is_main(), name=task.name, bm25=config_lib.bm25_options(config.eval))
+        main=processes.is_main(), name=task.name, bm25=specs.bm25_options(config.eval))
 
 
 def labelled(task: tasks_lib.Task, rows: Iterable[dict]) -> dict[str, dict]:

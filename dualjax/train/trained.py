@@ -13,7 +13,6 @@ import ml_collections
 
 from dualjax import models, pretrained
 from dualjax.config import specs
-from dualjax.config import validation as config_lib
 from dualjax.models import dual_encoder
 from dualjax.runtime import sharding
 from dualjax.text import features
@@ -69,6 +68,6 @@ def start_params(config: ml_collections.ConfigDict, model, start) -> dict:
         raise FileNotFoundError(f"config.model.name={config.model.name!r}: an evaluation-only "
                                 "run of it has no checkpoint to read")
     init = dual_encoder.init_params(model, jax.random.PRNGKey(config.seed),
-                                    max(config_lib.max_lens(config.model)))
+                                    max(specs.max_lens(config.model)))
     return jax.device_get(warm_start.start_params(config, start, init,
                                                   sharding.replicated(sharding.make_mesh())))
