@@ -33,7 +33,7 @@ from dualjax.runtime.files import (
 )
 from dualjax.runtime.progress import Progress
 from dualjax.serve.bundle import Encoder
-from dualjax.text import features, tokenizers
+from dualjax.text import sides, tokenizers
 
 META = "index.json"
 FORMAT = 2  # 2: index.json records its files' digests
@@ -82,7 +82,7 @@ def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: st
 def _encode(encoder: Encoder, texts: list[str], batch_size: int) -> np.ndarray:
     """The documents' vectors, in corpus order, encoded longest first (so that each batch
     runs at the length bucket of texts of about its own length), with a progress bar."""
-    order = features.longest_first(texts)
+    order = sides.longest_first(texts)
     out = np.zeros((len(texts), encoder.dim), np.float32)
     step = 16 * batch_size  # texts per progress update
     with Progress(len(texts), "encode corpus", "text") as bar:

@@ -36,7 +36,7 @@ from dualjax.retrieval import baselines
 from dualjax.retrieval import hybrid
 from dualjax.retrieval import metrics
 from dualjax.data import beir, documents, pretraining
-from dualjax.text.features import length_bucket
+from dualjax.text.sides import length_bucket
 from dualjax.models.bert import BertTower
 
 SHARED = [f"../shared/data/{c}" for c in ("npl", "med", "time", "adi")]

@@ -449,7 +449,7 @@ def bench_torch_step(args: argparse.Namespace) -> dict[str, Any]:
 
 def bench_input(args: argparse.Namespace) -> dict[str, Any]:
     """Times `pipeline.train_iterator` over the synthetic dataset (run in a subprocess)."""
-    from dualjax.text import features
+    from dualjax.text import sides
     from dualjax.config import specs
     from dualjax.text import words as text
     from dualjax.data import builders, pipeline
@@ -465,11 +465,11 @@ def bench_input(args: argparse.Namespace) -> dict[str, Any]:
             (r[k].decode("utf-8") for r in records for k in ("query", "document")),
             config.model.vocab_size, config.model.num_oov_buckets)
         tokenizer_s = time.perf_counter() - t0
-        side = features.Side(tok, args.seq_len)
+        side = sides.Side(tok, args.seq_len)
         modes = {}
         for pretokenize in (False, True):  # each record encoded per batch / once up front
             t0 = time.perf_counter()
-            it = pipeline.train_iterator(source, features.Inputs(side, side), args.batch,
+            it = pipeline.train_iterator(source, sides.Inputs(side, side), args.batch,
                                          config.seed, config.data.worker_count,
                                          prefetch_batches=args.prefetch_batches,
                                          pretokenize=pretokenize)

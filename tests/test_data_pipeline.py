@@ -9,7 +9,8 @@ import pytest
 
 from conftest import load_config
 from dualjax.text import features as feature_lib
-from dualjax.text.features import Inputs, Side, SideFeatures
+from dualjax.text.features import SideFeatures
+from dualjax.text.sides import Inputs, Side
 from dualjax.data import builders, pipeline, synthetic
 from dualjax.data.pairs_file import DataError
 from dualjax.config.specs import dataset_spec as spec

@@ -11,7 +11,7 @@ from dualjax.eval import scoring
 from dualjax.retrieval import encoding, hybrid
 from dualjax.runtime import sharding
 from dualjax.retrieval.task import RetrievalTask
-from dualjax.text.features import Inputs, Side
+from dualjax.text.sides import Inputs, Side
 from dualjax.models import dual_encoder
 from dualjax.text.words import WordTokenizer, build_word_tokenizer
 from dualjax.config.specs import model_spec
@@ -282,17 +282,17 @@ def test_batches_are_cut_to_a_power_of_two_length():
     cuts each text field of a training batch longer than 128 tokens to its own bucket (of
     half steps; hard negatives [b, k, len] too) and leaves fields of at most 128 tokens as
     they are."""
-    from dualjax.text import features
-    assert [features.length_bucket(n, 256) for n in (0, 1, 32, 33, 64, 65, 200, 256)] == \
+    from dualjax.text import sides
+    assert [sides.length_bucket(n, 256) for n in (0, 1, 32, 33, 64, 65, 200, 256)] == \
         [32, 32, 32, 64, 64, 128, 256, 256]
-    assert features.length_bucket(300, 288) == 288
-    assert features.length_bucket(5, 512, min_bucket=128) == 128
+    assert sides.length_bucket(300, 288) == 288
+    assert sides.length_bucket(5, 512, min_bucket=128) == 128
     lengths = lambda *shape_and_longest: np.arange(shape_and_longest[-2]) < shape_and_longest[-1]
     batch = {"q_ids": np.ones((4, 64), np.int32), "q_mask": np.tile(lengths(64, 20), (4, 1)),
              "d_ids": np.ones((4, 512), np.int32), "d_mask": np.tile(lengths(512, 130), (4, 1)),
              "n_ids": np.ones((4, 2, 512), np.int32),
              "n_mask": np.tile(lengths(512, 10), (4, 2, 1)), "doc_ids": np.arange(4)}
-    out = features.trim_padding(batch)
+    out = sides.trim_padding(batch)
     assert out["q_ids"].shape == (4, 64)  # max_len 64 <= 128: never cut
     assert out["d_ids"].shape == out["d_mask"].shape == (4, 192)  # 130 tokens: 192
     assert out["n_ids"].shape == (4, 2, 32)

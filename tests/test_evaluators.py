@@ -14,7 +14,7 @@ from dualjax.eval import evaluators
 from dualjax.config import specs
 from dualjax.runtime import sharding
 from dualjax.data.clusters import RetrievalTask, task_from_clusters
-from dualjax.text.features import Inputs, Side
+from dualjax.text.sides import Inputs, Side
 from dualjax.eval.metrics_log import MetricsLog
 from dualjax.text.words import build_word_tokenizer
 

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import load_config
 from dualjax.config import validation as config_lib
-from dualjax.text import features
+from dualjax.text import features, sides
 from dualjax.models import dual_encoder
 from dualjax.config.specs import max_lens, model_spec
 
@@ -125,8 +125,8 @@ def test_max_lens_default_to_max_len():
 def test_a_text_far_over_max_len_is_warned_about_once(monkeypatch, caplog):
     from dualjax.text import words as text
     tok = text.build_word_tokenizer(["a b c"], 10, 2)
-    side = features.Side(tok, max_len=4)
-    monkeypatch.setattr(features, "_warned_long", [False])
+    side = sides.Side(tok, max_len=4)
+    monkeypatch.setattr(sides, "_warned_long", [False])
     side.encode(["a " * 400])  # 400 words: exactly 100 x max_len, not over
     assert not [m for m in caplog.messages if "max_len" in m]
     out = side.encode(["a b", "b " * 401, "c " * 999])

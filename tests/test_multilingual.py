@@ -17,7 +17,7 @@ from dualjax.runtime import sharding
 from dualjax.text import tokenizers
 from dualjax.retrieval.task import RetrievalTask
 from dualjax.data.pairs_file import DataError, read_pairs
-from dualjax.text.features import Inputs, Side
+from dualjax.text.sides import Inputs, Side
 from dualjax.text.words import build_word_tokenizer
 
 SCRIPTS = {

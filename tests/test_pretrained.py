@@ -18,7 +18,7 @@ import pytest
 from conftest import load_config
 from dualjax import pretrained
 from dualjax.config import validation as config_lib
-from dualjax.text import features
+from dualjax.text import sides
 from dualjax.train import warm_start
 from dualjax.models import dual_encoder
 from dualjax.models.bert import BertTower
@@ -63,7 +63,7 @@ def start_encoder(cfg, side: str = "documents"):
     params = dual_encoder.init_params(model, jax.random.PRNGKey(0), 8)
     params = warm_start.pretrained_params(start, jax.device_get(params))
     fn = jax.jit(lambda x: model.apply({"params": params}, **x, method=f"encode_{side}"))
-    side_inputs = features.Side(tok, cfg.model.max_len)
+    side_inputs = sides.Side(tok, cfg.model.max_len)
     return start, lambda texts: np.asarray(fn(side_inputs.encode(list(texts))))
 
 

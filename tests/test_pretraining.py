@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from dualjax.text import features
+from dualjax.text import sides
 from dualjax.text import words as text
 from dualjax.data import documents, pipeline, pretraining
 from dualjax.data.pairs_file import DataError
@@ -138,7 +138,7 @@ def test_mixture_interleaves_tasks_and_is_a_function_of_seed_and_position(collec
 def test_generated_iterator_resumes_exactly(collection):
     g = pretraining.PairGenerator(collection, ("ict", "bfs", "wlp"), seed=0)
     tok = text.build_word_tokenizer(g.texts(), vocab_size=100, num_oov_buckets=5)
-    inputs = features.Inputs(features.Side(tok, 8), features.Side(tok, 24))
+    inputs = sides.Inputs(sides.Side(tok, 8), sides.Side(tok, 24))
     it = pipeline.generated_iterator(g, inputs, global_batch_size=4)
     for _ in range(3):
         next(it)

@@ -18,7 +18,7 @@ from dualjax.runtime import sharding
 from dualjax.train import loop as train
 from dualjax.text import typos
 from dualjax.data.clusters import task_from_clusters
-from dualjax.text.features import Inputs, Side
+from dualjax.text.sides import Inputs, Side
 from dualjax.text.words import build_word_tokenizer
 
 # A small hand-made task: each pair of paraphrases shares two rare words and differs in a

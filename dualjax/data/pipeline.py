@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from dualjax.data import shuffle
-from dualjax.text.features import Inputs, Side
+from dualjax.text.sides import Inputs, Side
 from dualjax.text.words import normalize
 
 

@@ -20,7 +20,7 @@ from dualjax.eval import report, scoring
 from dualjax.eval.metrics_log import MetricsLog
 from dualjax.retrieval import encoding
 from dualjax.retrieval.task import RetrievalTask
-from dualjax.text.features import Inputs
+from dualjax.text.sides import Inputs
 
 
 class Task(Protocol):

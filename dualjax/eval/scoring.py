@@ -19,7 +19,8 @@ from dualjax.retrieval import baselines as baselines_lib
 from dualjax.retrieval.encoding import EncodeFn, encode_texts
 from dualjax.retrieval.task import RetrievalTask
 from dualjax.text import tokenizers, typos
-from dualjax.text.features import Fields, Inputs
+from dualjax.text.features import Fields
+from dualjax.text.sides import Inputs
 
 
 @dataclasses.dataclass(frozen=True)

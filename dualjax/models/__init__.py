@@ -33,7 +33,7 @@ def logical_axes(model, max_lens: tuple[int, int]):
 
 def make_encoders(model) -> tuple[Callable, Callable]:
     """Jitted (params, inputs) -> unit vectors, for the query and the document side;
-    inputs: `features.Side.encode`'s dict {"ids", "mask"[, "cats"]}."""
+    inputs: `sides.Side.encode`'s dict {"ids", "mask"[, "cats"]}."""
     q = jax.jit(lambda p, x: model.apply({"params": p}, **x, method="encode_queries"))
     d = jax.jit(lambda p, x: model.apply({"params": p}, **x, method="encode_documents"))
     return q, d

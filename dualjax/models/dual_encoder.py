@@ -174,7 +174,7 @@ def make_model(spec: ModelSpec, vocab_size: int,
                feature_sizes: dict[str, tuple[tuple[int, int], ...]] | None = None,
                num_tasks: int = 1, bert: BertConfig | None = None) -> DualEncoder:
     """feature_sizes: {"query": ((rows, size), ...), "document": ...} of the categorical
-    fields (`features.Inputs.feature_sizes()`); None: none. num_tasks: training tasks,
+    fields (`sides.Inputs.feature_sizes()`); None: none. num_tasks: training tasks,
     each with its own learned scale and bias. bert: the "bert" tower's sizes."""
     sizes = feature_sizes or {}
     return DualEncoder(spec, vocab_size,

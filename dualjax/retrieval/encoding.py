@@ -10,7 +10,8 @@ import numpy as np
 
 from dualjax.runtime import sharding
 from dualjax.runtime.progress import Progress
-from dualjax.text.features import Fields, Side, longest_first
+from dualjax.text.features import Fields
+from dualjax.text.sides import Side, longest_first
 
 # {"ids", "mask" [b, len], "cats" [b, fields] (a side with categorical fields)} -> [b, dim]
 EncodeFn = Callable[[dict[str, jax.Array]], jax.Array]

@@ -27,7 +27,7 @@ import numpy as np
 from flax import serialization
 
 from dualjax.runtime.files import verify_digests
-from dualjax.text import features, tokenizers
+from dualjax.text import features, sides, tokenizers
 
 FORMAT = 2  # encoder.json "format": bumped when a bundle's layout changes (2: "files")
 SIDES = ("query", "document")
@@ -74,7 +74,7 @@ def _readable(path: str, read, data):
 class Encoder:
     """Encodes texts into the model's unit vectors, query side or document side."""
 
-    min_bucket = features.MIN_BUCKET  # the shortest length a batch is cut to
+    min_bucket = sides.MIN_BUCKET  # the shortest length a batch is cut to
 
     def __init__(self, directory: str):
         self.directory = directory
@@ -88,7 +88,7 @@ class Encoder:
         fields = (features.load(os.path.join(directory, "features.json"))
                   if os.path.exists(os.path.join(directory, "features.json"))
                   else (features.SideFeatures(), features.SideFeatures()))
-        self.sides = {side: features.Side(tokenizer, self.meta["max_len"][side], f)
+        self.sides = {side: sides.Side(tokenizer, self.meta["max_len"][side], f)
                       for side, f in zip(SIDES, fields)}
         # The digests match, so a file that cannot be read was written by another version.
         path = os.path.join(directory, "params.msgpack")
@@ -159,7 +159,7 @@ class Encoder:
             raise TypeError(f"{method}: text {bad} is {type(texts[bad]).__name__} "
                             f"{texts[bad]!r:.40}, not str")
         out = np.zeros((len(texts), self.dim), np.float32)
-        order = features.longest_first(texts)
+        order = sides.longest_first(texts)
         s = self.sides[side]
         # an older bundle's functions take max_len alone
         min_bucket = self.min_bucket if self.meta.get("length") == "symbolic" else s.max_len

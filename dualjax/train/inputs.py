@@ -1,6 +1,6 @@
 """What each side of the model reads, loaded or built once per workdir: the tokenizer
 (WORKDIR/vocab.json) and the categorical fields' vocabularies (WORKDIR/features.json),
-with each side's max length (`features.Inputs`). A run builds them from its training
+with each side's max length (`sides.Inputs`). A run builds them from its training
 pairs (`train._prepare_input`); a trained workdir reads them back (`trained.py`)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from absl import logging
 
 from dualjax import pretrained
 from dualjax.config import specs as specs_lib
-from dualjax.text import features, tokenizers
+from dualjax.text import features, sides, tokenizers
 from dualjax.text.tokenizers import Tokenizer
 
 
@@ -38,7 +38,7 @@ def load_tokenizer(config, workdir: str, texts: Callable[[], Iterable[str]],
 
 def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
                 fields: Callable[[], Iterable[tuple[features.Fields, features.Fields]]],
-                start: pretrained.Pretrained | None = None) -> features.Inputs:
+                start: pretrained.Pretrained | None = None) -> sides.Inputs:
     """What each side reads: the tokenizer (`load_tokenizer`), the side's max length
     (`config.specs.max_lens`) and its categorical fields, whose vocabularies are
     WORKDIR/features.json if it exists, else built from `fields()` ((query fields,
@@ -67,8 +67,8 @@ def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
             sides = tuple(built)
             features.save(path, *sides)
     q_len, d_len = specs_lib.max_lens(config.model)
-    return features.Inputs(features.Side(tokenizer, q_len, sides[0]),
-                           features.Side(tokenizer, d_len, sides[1]))
+    return sides.Inputs(sides.Side(tokenizer, q_len, sides[0]),
+                           sides.Side(tokenizer, d_len, sides[1]))
 
 
 def unknown_tokens(tokenizer: Tokenizer, texts: Iterable[str]) -> tuple[int, int]:

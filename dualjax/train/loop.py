@@ -36,7 +36,7 @@ from dualjax.eval.metrics_log import MetricsLog
 from dualjax.retrieval import encoding
 from dualjax.runtime import malloc, processes, sharding
 from dualjax.runtime.signals import Signals
-from dualjax.text import features
+from dualjax.text import sides
 from dualjax.train import checkpoints, warm_start, weak_labels
 from dualjax.train import inputs as inputs_lib
 from dualjax.train import lazy_rows as tables
@@ -90,7 +90,7 @@ class Run:
     signals: Signals
     tasks: list[tasks_lib.Task]
     splits: dict[str, tuple[str, ...]]       # each task's evaluation splits
-    inputs: features.Inputs
+    inputs: sides.Inputs
     origin: pretrained.Pretrained | None     # model.pretrained's start
     init_state: Callable[[int], step_lib.State]
     state_sharding: Any
@@ -184,7 +184,7 @@ def capped_steps(config: ml_collections.ConfigDict, tasks: Sequence[tasks_lib.Ta
 
 def _prepare_input(config: ml_collections.ConfigDict, workdir: str,
                    tasks: Sequence[tasks_lib.Task], rebuilt: Sequence[str] = ()
-                   ) -> tuple[dict[str, tuple[str, ...]], features.Inputs,
+                   ) -> tuple[dict[str, tuple[str, ...]], sides.Inputs,
                               pretrained.Pretrained | None]:
     """The datasets' tables and one vocabulary over all tasks: (splits, inputs, start).
     With num_train_steps = 0 (evaluation only) no training pairs are needed and the
@@ -329,7 +329,7 @@ def _train_loop(run: Run, evaluators, selection: Selection, hooks: Sequence[Hook
             local = next(run.data_iters[t])
             local["task"] = np.full(len(local["q_ids"]), t, np.int32)
             if trim:  # each process's share must keep one shape: one process only
-                local = features.trim_padding(local)
+                local = sides.trim_padding(local)
             is_eval, is_ckpt, is_log = _cadence(config, step, selection.patience)
             run.state, step_metrics = run.train_step(
                 run.state, sharding.put_global_batch(run.host_rows(local), run.mesh),
@@ -448,7 +448,7 @@ def _final_evaluation(run: Run, evaluators, selection: Selection) -> dict[str, d
     return out
 
 
-def pseudo_labels(config, task: tasks_lib.Task, workdir: str, inputs: features.Inputs, mesh,
+def pseudo_labels(config, task: tasks_lib.Task, workdir: str, inputs: sides.Inputs, mesh,
                   encoders: tuple[Callable, Callable], first_params: Callable[[], dict]
                   ) -> list[tuple[str, str]]:
     """data.tasks "pseudo": the task's pseudo-labelled pairs (`weak_labels`), made with the

@@ -26,7 +26,7 @@ from dualjax.config import specs
 from dualjax.config.specs import PRETRAIN, task_configs  # noqa: F401 (tasks.PRETRAIN)
 from dualjax.data import builders, documents, pipeline, pretraining
 from dualjax.retrieval.task import RetrievalTask
-from dualjax.text import features
+from dualjax.text import features, sides
 from dualjax.train import workdir as workdir_lib
 
 
@@ -111,7 +111,7 @@ class Task:
             return iter(())
         return pipeline.pair_fields(self.train_source)
 
-    def train_iterator(self, inputs: features.Inputs, global_batch_size: int, seed: int,
+    def train_iterator(self, inputs: sides.Inputs, global_batch_size: int, seed: int,
                        num_mixed_negatives: int = 0):
         """An endless iterator of this process's share of each global training batch."""
         if self.pretraining:

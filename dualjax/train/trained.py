@@ -15,7 +15,7 @@ from dualjax import models, pretrained
 from dualjax.config import specs
 from dualjax.models import dual_encoder
 from dualjax.runtime import sharding
-from dualjax.text import features
+from dualjax.text import sides
 from dualjax.train import checkpoints, warm_start
 from dualjax.train import inputs as inputs_lib
 from dualjax.train import tasks as tasks_lib
@@ -25,7 +25,7 @@ class Trained(NamedTuple):
     """What a trained workdir holds: its config, inputs (tokenizer, max lengths,
     categorical fields), model and latest params."""
     config: ml_collections.ConfigDict
-    inputs: features.Inputs
+    inputs: sides.Inputs
     model: Any  # models.make_model's: a DualEncoder or Pses
     params: dict
     step: int

@@ -1,0 +1,133 @@
+"""What one tower reads, and the shapes of its batches.
+
+`Side` bundles it: the tokenizer, the side's max length and its categorical fields
+(`features`). `Inputs` is the pair (query side, document side); training batches,
+evaluation and search all encode texts through it. A batch is padded to few lengths
+(`length_bucket`), so each compiles once, and cut to the bucket of its longest text:
+padding never changes a vector.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+from absl import logging
+
+from dualjax.text.features import Fields, SideFeatures
+from dualjax.text.tokenizers import Tokenizer
+
+# Texts over this many times max_len words cost time and memory for tokens never read.
+LONG_TEXT_FACTOR = 100
+_warned_long = [False]  # once per process
+
+
+def _warn_if_long(texts: Sequence[str], max_len: int) -> None:
+    """Warns (once) of a text of more than LONG_TEXT_FACTOR x max_len words: only its
+    first max_len tokens are read, but all of it is normalised and split each time."""
+    if _warned_long[0]:
+        return
+    limit = LONG_TEXT_FACTOR * max_len
+    for t in texts:
+        if len(t) > limit and len(t.split()) > limit:  # the character test is the cheap one
+            _warned_long[0] = True
+            logging.warning("a text of %d words (%d characters) is over %d x max_len=%d: "
+                            "only its first %d tokens are read, but all of it is tokenised "
+                            "each time it is read; shorten such texts (said once): %r...",
+                            len(t.split()), len(t), LONG_TEXT_FACTOR, max_len, max_len,
+                            t[:60])
+            return
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """What one tower reads: tokens of at most max_len, and its categorical fields."""
+
+    tokenizer: Tokenizer
+    max_len: int
+    features: SideFeatures = SideFeatures()
+
+    def encode(self, texts: Sequence[str], fields: Sequence[Fields] | None = None
+               ) -> dict[str, np.ndarray]:
+        """{"ids", "mask"} [n, max_len] (truncated, padded), plus "cats" [n, num_fields]
+        when the side has categorical fields (all missing when `fields` is None)."""
+        texts = list(texts)
+        _warn_if_long(texts, self.max_len)
+        ids, mask = self.tokenizer.encode(texts, self.max_len)
+        out = {"ids": ids, "mask": mask}
+        if self.features:
+            given = fields if fields is not None else [None] * len(texts)
+            out["cats"] = self.features.encode(given)
+        return out
+
+    def encode_batch(self, texts: Sequence[str], fields: Sequence[Fields] | None = None,
+                     rows: int = 0, min_bucket: int | None = None) -> dict[str, np.ndarray]:
+        """`encode` of a batch padded with empty texts to `rows` (one shape per length,
+        so each compiles once), ids and mask cut to the `length_bucket` (half steps) of
+        its longest text: padding never changes a vector."""
+        pad = max(rows - len(texts), 0)
+        x = self.encode(list(texts) + [""] * pad,
+                        None if fields is None else list(fields) + [None] * pad)
+        length = length_bucket(int(x["mask"].sum(1).max()), self.max_len,
+                               min_bucket or MIN_BUCKET, half_steps=True)
+        x["ids"], x["mask"] = x["ids"][:, :length], x["mask"][:, :length]
+        return x
+
+
+def longest_first(texts: Sequence[str]) -> np.ndarray:
+    """The texts' indices, longest (in characters) first, as sentence-transformers batches
+    them: the texts of a batch are of about one length, cut to one bucket."""
+    return np.argsort([-len(t) for t in texts], kind="stable")
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """The query side and the document side."""
+
+    query: Side
+    document: Side
+
+    def feature_sizes(self) -> dict[str, tuple[tuple[int, int], ...]]:
+        return {"query": self.query.features.sizes(), "document": self.document.features.sizes()}
+
+
+MIN_BUCKET = 32  # shortest padded length a batch is cut to (`length_bucket`)
+# Training cuts only the fields of texts longer than this (max_len > 128: the BERT-family
+# towers, whose steps take seconds): each length compiles the whole train step again,
+# which a run of short texts' cheap steps never pays back. Those it cuts go to
+# `length_bucket`'s half steps from 32 (32, 48, 64, 96, 128, 192, 256, ...): a sentence
+# query of 40 tokens runs at 48, not at the documents' 256.
+TRAIN_CUT_ABOVE = 128
+TEXT_PREFIXES = ("q", "d", "m", "n")  # a batch's texts: queries, documents, mixed, hard negatives
+
+
+def length_bucket(longest: int, max_len: int, min_bucket: int = MIN_BUCKET,
+                  half_steps: bool = False) -> int:
+    """The padded length of a batch whose longest text has `longest` tokens: the next
+    power of two from `min_bucket` on, at most max_len (a few shapes, one compile each).
+    half_steps: also 1.5 times each (32, 48, 64, 96, 128, 192, ...): a few more shapes,
+    and on NPL's documents at batch 32 a fifth less work than powers of two alone."""
+    bucket = min_bucket
+    while bucket < longest:
+        if half_steps and bucket % 2 == 0 and bucket * 3 // 2 >= longest:
+            return min(bucket * 3 // 2, max_len)
+        bucket *= 2
+    return min(bucket, max_len)
+
+
+def trim_padding(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`batch` with each text field's ids and mask ("<prefix>_ids", "<prefix>_mask", last
+    axis the length) longer than TRAIN_CUT_ABOVE cut to `length_bucket` (half steps) of
+    its longest text: padding never changes a text's vector, and a batch of short texts
+    need not run at the full max length."""
+    out = dict(batch)
+    for prefix in TEXT_PREFIXES:
+        mask = batch.get(f"{prefix}_mask")
+        if mask is None or mask.shape[-1] <= TRAIN_CUT_ABOVE:
+            continue
+        length = length_bucket(int(mask.sum(-1).max(initial=0)), mask.shape[-1],
+                               half_steps=True)
+        out[f"{prefix}_ids"] = batch[f"{prefix}_ids"][..., :length]
+        out[f"{prefix}_mask"] = mask[..., :length]
+    return out
