@@ -45,11 +45,11 @@ def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
     document fields) per training pair) and saved there."""
     tokenizer = load_tokenizer(config, workdir, texts, start)
     specs = specs_lib.feature_specs(config.model)
-    sides = (features.SideFeatures(), features.SideFeatures())
+    side_fields = (features.SideFeatures(), features.SideFeatures())
     if any(specs):
         path = os.path.join(workdir, "features.json")
         if os.path.exists(path):
-            sides = features.load(path)
+            side_fields = features.load(path)
         else:
             records = list(fields())
             m = config.model
@@ -64,11 +64,11 @@ def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
                                  [f.name for f in side.fields], [len(f.vocab) for f in side.fields],
                                  features.MISSING_ID, list(missing.values()), len(records))
                 built.append(side)
-            sides = tuple(built)
-            features.save(path, *sides)
+            side_fields = tuple(built)
+            features.save(path, *side_fields)
     q_len, d_len = specs_lib.max_lens(config.model)
-    return sides.Inputs(sides.Side(tokenizer, q_len, sides[0]),
-                           sides.Side(tokenizer, d_len, sides[1]))
+    return sides.Inputs(sides.Side(tokenizer, q_len, side_fields[0]),
+                        sides.Side(tokenizer, d_len, side_fields[1]))
 
 
 def unknown_tokens(tokenizer: Tokenizer, texts: Iterable[str]) -> tuple[int, int]:
