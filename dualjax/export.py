@@ -1,10 +1,12 @@
-"""Export a trained workdir's latest checkpoint as a serving bundle (see `serve/bundle.py`).
+"""Export a trained workdir's latest checkpoint as a serving bundle (see `serve/bundle.py`)
+or as a sentence-transformers folder (see `serve/st_folder.py`).
 
     python -m dualjax.export --workdir=runs/default --out=runs/default/export
-    [--platforms=cpu,cuda,tpu]
+    [--platforms=cpu,cuda,tpu] [--format=bundle|sentence-transformers]
 
 Then `dualjax.Encoder.load(DIR)` encodes texts anywhere jax runs, without the workdir,
-the config or the optimizer state.
+the config or the optimizer state; or, for a BERT-family run, `SentenceTransformer(DIR)`
+does, with PyTorch.
 """
 
 from __future__ import annotations
@@ -23,14 +25,23 @@ from flax import serialization
 
 from dualjax import cli
 from dualjax.eval.metrics_log import setup_logging
-from dualjax.runtime.files import atomic_write, check_output, file_digests, staged_output
+from dualjax.runtime.files import (
+    OUTPUT_MARKERS,
+    atomic_write,
+    check_output,
+    file_digests,
+    staged_output,
+)
+from dualjax.serve import st_folder
 from dualjax.serve.bundle import FORMAT, SIDES, Encoder, bundle_id
 from dualjax.train import trained as trained_lib
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # what jax.export lowers for
 # A bundle never lies inside another bundle or an index, whose --overwrite would delete
 # it (inside the workdir it came from is fine: runs/NAME/export).
-NOT_INSIDE = ("bundle", "corpus index")
+NOT_INSIDE = ("bundle", "corpus index", "sentence-transformers folder")
+FORMATS = ("bundle", "sentence-transformers")
+ST_MARKER = OUTPUT_MARKERS["sentence-transformers folder"]  # records the folder's files
 
 
 def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "tpu"),
@@ -59,6 +70,36 @@ def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "t
         params = jax.device_get(trained.params)
         _write_bundle(stage(), workdir, trained, params, platforms)
     return Encoder.load(out)
+
+
+def export_sentence_transformers(workdir: str, out: str, overwrite: bool = False) -> dict:
+    """Writes `workdir`'s latest checkpoint as a sentence-transformers folder at `out`
+    (`serve/st_folder.py`): `SentenceTransformer(out)` gives the bundle's vectors. Written
+    beside `out`, then renamed, as `export`.
+
+    Args:
+      workdir: a training run with a BERT-family tower (model.pretrained) on each side.
+      out: as `export`'s; an existing folder must be one this command wrote.
+
+    Returns:
+      The folder's record (dualjax_export.json): the run, the step and every file's
+      sha256. ValueError, before anything is written, for a model sentence-transformers
+      cannot represent, naming the part.
+    """
+    with staged_output(out) as stage:
+        check_output(out, ST_MARKER, "sentence-transformers folder", inputs=[workdir],
+                     overwrite=overwrite, not_inside=NOT_INSIDE)
+        trained = trained_lib.load_trained(workdir)
+        why = st_folder.refusal(trained.model.spec, trained.inputs, trained.model.bert)
+        if why:
+            raise ValueError(f"--format=sentence-transformers: {why}")
+        tmp = stage()
+        names = st_folder.write(tmp, trained.model.spec, trained.inputs,
+                                jax.device_get(trained.params), trained.model.bert)
+        record = {"format": "sentence-transformers", "workdir": os.path.abspath(workdir),
+                  "step": trained.step, "files": file_digests(tmp, sorted(names))}
+        atomic_write(os.path.join(tmp, ST_MARKER), json.dumps(record, indent=1) + "\n")
+    return record
 
 
 def _write_bundle(tmp: str, workdir: str, trained, params, platforms) -> None:
@@ -103,9 +144,17 @@ def main(argv: list[str]) -> None:
     setup_logging()
     f = flags.FLAGS
     try:
-        encoder = export(f.workdir, f.out, f.platforms, f.overwrite)
+        if f.format == "sentence-transformers":
+            record = export_sentence_transformers(f.workdir, f.out, f.overwrite)
+        else:
+            encoder = export(f.workdir, f.out, f.platforms, f.overwrite)
     except (FileNotFoundError, ValueError) as e:  # OutputError is a ValueError
         sys.exit(f"dualjax.export: {e}")
+    if f.format == "sentence-transformers":
+        size = sum(os.path.getsize(os.path.join(f.out, n)) for n in record["files"])
+        print(f"{f.out}: a sentence-transformers folder of step {record['step']}, "
+              f"{size / 2**20:.1f} MB; load it with SentenceTransformer({f.out!r})")
+        return
     size = sum(os.path.getsize(os.path.join(f.out, n)) for n in os.listdir(f.out))
     print(f"{f.out}: {encoder.meta['model']} at step {encoder.meta['step']}, "
           f"{encoder.dim}-d vectors, {size / 2**20:.1f} MB, for {', '.join(f.platforms)}")
@@ -119,7 +168,10 @@ def run() -> None:
                         "replace with --overwrite (never the workdir).")
     flags.DEFINE_bool("overwrite", False, "Replace the bundle already at --out.")
     flags.DEFINE_list("platforms", ["cpu", "cuda", "tpu"],
-                      "Platforms the exported encoders run on.")
+                      "Platforms the exported encoders run on (--format=bundle).")
+    flags.DEFINE_enum("format", "bundle", FORMATS,
+                      "bundle: dualjax.Encoder's (jax.export); sentence-transformers: a "
+                      "folder SentenceTransformer(DIR) loads (BERT-family towers).")
     flags.mark_flags_as_required(["workdir", "out"])
     cli.run(main, __name__)
 

@@ -39,7 +39,7 @@ META = "index.json"
 FORMAT = 2  # 2: index.json records its files' digests
 # An index never lies inside a bundle or another index (whose --overwrite would delete
 # it) or inside a run's workdir.
-NOT_INSIDE = ("bundle", "corpus index", "workdir")
+NOT_INSIDE = ("bundle", "corpus index", "sentence-transformers folder", "workdir")
 
 
 def _eval_config() -> dict:

@@ -25,6 +25,7 @@ import json
 import os
 from typing import Any, Iterator
 
+import jax
 import numpy as np
 
 from dualjax.models.bert import POOLINGS, BertConfig
@@ -306,5 +307,56 @@ def bert_params(tensors: dict[str, np.ndarray], c: BertConfig, path: str) -> dic
     except ValueError as e:
         raise PretrainedError(f"{path}: a tensor does not fit the sizes in config.json: "
                               f"{e}") from None
-    import jax
     return jax.tree.map(lambda x: np.ascontiguousarray(x, np.float32), out)
+
+
+def hf_tensors(params: dict, c: BertConfig) -> dict[str, np.ndarray]:
+    """A `BertTower`'s params as a Hugging Face BertModel's tensors (the names
+    `bert_params` reads; torch's Linear weight is [out, in]): the inverse of `bert_params`.
+    The token-type table gets two rows, both the tower's one row (a single text is type
+    0; the tower never had a second type); BertModel's pooler, which no sentence vector
+    reads and the tower does not have, is the identity (so `transformers` finds every
+    tensor it builds)."""
+    p = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
+    h = c.hidden_size
+    out = {"embeddings.word_embeddings.weight": p["embed"]["embedding"],
+           "embeddings.position_embeddings.weight": p["pos_embed"],
+           "embeddings.token_type_embeddings.weight": np.stack([p["type_embed"]] * 2),
+           "embeddings.LayerNorm.weight": p["ln_embed"]["scale"],
+           "embeddings.LayerNorm.bias": p["ln_embed"]["bias"]}
+
+    def linear(name: str, kernel: np.ndarray, bias: np.ndarray, rows: int) -> None:
+        out[f"{name}.weight"] = kernel.reshape(-1, rows).T
+        out[f"{name}.bias"] = bias.reshape(rows)
+
+    for i in range(c.num_layers):
+        layer, prefix = p[f"layer_{i}"], f"encoder.layer.{i}."
+        attn = layer["attn"]
+        for side in ("query", "key", "value"):
+            linear(prefix + "attention.self." + side, attn[f"{side}_kernel"],
+                   attn[f"{side}_bias"], h)
+        linear(prefix + "attention.output.dense", attn["out_kernel"], attn["out_bias"], h)
+        linear(prefix + "intermediate.dense", layer["mlp_in"]["kernel"],
+               layer["mlp_in"]["bias"], c.intermediate_size)
+        linear(prefix + "output.dense", layer["mlp_out"]["kernel"], layer["mlp_out"]["bias"], h)
+        for ours, theirs in (("ln_attn", "attention.output.LayerNorm"),
+                             ("ln_mlp", "output.LayerNorm")):
+            out[f"{prefix}{theirs}.weight"] = layer[ours]["scale"]
+            out[f"{prefix}{theirs}.bias"] = layer[ours]["bias"]
+    out["pooler.dense.weight"] = np.eye(h, dtype=np.float32)
+    out["pooler.dense.bias"] = np.zeros(h, np.float32)
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def hf_config(c: BertConfig) -> dict:
+    """A Hugging Face BertModel config.json for `c` (the fields `BertConfig.from_hf`
+    reads, and the ones `transformers` needs to build the model)."""
+    return {"architectures": ["BertModel"], "model_type": "bert",
+            "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+            "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
+            "intermediate_size": c.intermediate_size, "hidden_act": "gelu",
+            "max_position_embeddings": c.max_positions, "type_vocab_size": 2,
+            "layer_norm_eps": c.layer_norm_eps, "initializer_range": c.init_std,
+            "position_embedding_type": "absolute", "hidden_dropout_prob": 0.1,
+            "attention_probs_dropout_prob": 0.1, "pad_token_id": 0,
+            "torch_dtype": "float32"}

@@ -122,7 +122,8 @@ def check_output(out: str, marker: str, what: str, inputs: Sequence[str] = (),
 
 
 # The files that mark a command's output folder; each records the others it wrote.
-OUTPUT_MARKERS = {"bundle": "encoder.json", "corpus index": "index.json"}
+OUTPUT_MARKERS = {"bundle": "encoder.json", "corpus index": "index.json",
+                  "sentence-transformers folder": "dualjax_export.json"}
 
 
 def folder_kind(folder: str) -> str:

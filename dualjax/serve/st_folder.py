@@ -1,0 +1,183 @@
+"""A trained dual encoder as a sentence-transformers folder, for the tools outside dualjax
+(`python -m dualjax.export --format=sentence-transformers`).
+
+The folder is what sentence-transformers (v3 and later) saves, in its long-standing file
+format, so `SentenceTransformer(DIR)` loads it and `encode_query` / `encode_document`
+give the dual encoder's vectors:
+- one BERT-family tower for both sides (shared towers, one max length): the Hugging
+  Face model files at the top (config.json, model.safetensors with BertModel's tensor
+  names, tokenizer.json and its config; `transformers.AutoModel.from_pretrained(DIR)`
+  reads them too), then 1_Pooling (the tower's mean or [CLS] pooling) and 2_Normalize;
+- a tower per side, or one tower read at two max lengths: sentence-transformers' Router
+  module, one route per side (query_0_Transformer, ..., document_2_Normalize), so each
+  side takes its own tower.
+Towers it has no module for (cnn, transformer, bow_mlp, PSES, categorical fields) are
+refused by `refusal`, before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from dualjax import pretrained
+from dualjax.models.bert import BertConfig
+from dualjax.models.spec import ModelSpec
+from dualjax.text.hf import HFTokenizer
+from dualjax.text.sides import Inputs
+
+SIDES = ("query", "document")
+MARKER = "modules.json"  # the file that makes a folder a sentence-transformers model
+_TYPES = {kind: f"sentence_transformers.models.{kind}"
+          for kind in ("Transformer", "Pooling", "Normalize", "Router")}
+_POOLING = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token"}
+# Special tokens a tokenizer config names, where the vocabulary has them.
+_SPECIAL = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]",
+            "sep_token": "[SEP]", "mask_token": "[MASK]"}
+
+
+def refusal(spec: ModelSpec, inputs: Inputs, bert: BertConfig | None) -> str | None:
+    """Why a model cannot be written as a sentence-transformers folder (None: it can):
+    the part it has that no sentence-transformers module computes."""
+    if spec.name == "pses":
+        return ("model.name='pses': its vectors are built from shared and specific codes "
+                "(Li & Jia 2018), which no sentence-transformers module computes")
+    for side, names in (("query", "model.query_features"), ("document", "model.doc_features")):
+        if getattr(inputs, side).features:
+            return (f"{names}: the {side} tower reads categorical fields, and "
+                    "sentence-transformers modules read text alone")
+    for side, kind in zip(SIDES, (spec.query_tower, spec.doc_tower)):
+        if kind != "bert":
+            return (f"the {side} tower is model.tower={kind!r}: only BERT-family towers "
+                    "(model.pretrained) are written as sentence-transformers folders; "
+                    "export the bundle (--format=bundle)")
+    if bert is None:
+        return "the run records no BERT sizes (WORKDIR/pretrained.json)"
+    for side in SIDES:
+        tok = getattr(inputs, side).tokenizer
+        if not isinstance(tok, HFTokenizer) or tok.drop_unknown or not tok.add_special_tokens:
+            return (f"the {side} side's tokenizer is not a Hugging Face tokenizer with its "
+                    "special tokens (model.tokenizer='hf'), which sentence-transformers needs")
+    return None
+
+
+def write(directory: str, spec: ModelSpec, inputs: Inputs, params: dict[str, Any],
+          bert: BertConfig) -> list[str]:
+    """Writes the folder's files into `directory` (an empty folder; the caller renames it
+    into place) and returns their paths, relative to it. `refusal` must be None."""
+    towers = _towers(spec, params)
+    lengths = {side: getattr(inputs, side).max_len for side in SIDES}
+    tokenizers = {side: getattr(inputs, side).tokenizer for side in SIDES}
+    written: list[str] = []
+
+    def put(rel: str, data: bytes | str) -> None:  # into a staged folder: no reader yet
+        path = os.path.join(directory, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        written.append(rel)
+
+    single = spec.shared_towers and lengths["query"] == lengths["document"]
+    routes = {"": "query"} if single else {f"{side}_": side for side in SIDES}
+    for prefix, side in routes.items():
+        folder = f"{prefix}0_Transformer" if prefix else ""
+        _transformer(put, folder, towers[side], bert, tokenizers[side], lengths[side])
+        put(f"{prefix}1_Pooling/config.json", _json(_pooling_config(bert)))
+        os.makedirs(os.path.join(directory, f"{prefix}2_Normalize"), exist_ok=True)
+    if single:
+        modules = [_module(0, "", "Transformer"), _module(1, "1_Pooling", "Pooling"),
+                   _module(2, "2_Normalize", "Normalize")]
+    else:
+        modules = [_module(0, "", "Router")]
+        put("router_config.json", _json(_router_config()))
+    put("modules.json", _json(modules))
+    put("config_sentence_transformers.json", _json({
+        "__version__": {"dualjax": _version()}, "model_type": "SentenceTransformer",
+        "prompts": {"query": "", "document": ""}, "default_prompt_name": None,
+        "similarity_fn_name": "cosine"}))
+    return written
+
+
+def _towers(spec: ModelSpec, params: dict[str, Any]) -> dict[str, dict]:
+    """side -> its BertTower's params (a shared token table put back into each)."""
+    shared = {"embed": params["embed"]} if "embed" in params else {}
+    if spec.shared_towers:
+        return {side: params["tower"] for side in SIDES}
+    return {side: {**params[name], **shared}
+            for side, name in zip(SIDES, ("query_tower", "doc_tower"))}
+
+
+def _transformer(put, folder: str, params: dict, bert: BertConfig, tok: HFTokenizer,
+                 max_len: int) -> None:
+    """The Hugging Face model and tokenizer files of one tower, and its max length."""
+    from safetensors.numpy import save
+
+    join = lambda name: os.path.join(folder, name) if folder else name
+    put(join("config.json"), _json(pretrained.hf_config(bert)))
+    put(join("model.safetensors"), save(pretrained.hf_tensors(params, bert),
+                                        metadata={"format": "pt"}))
+    put(join("tokenizer.json"), json.dumps(_tokenizer_spec(tok), ensure_ascii=False))
+    specials = _special_tokens(tok)
+    put(join("special_tokens_map.json"), _json(specials))
+    put(join("tokenizer_config.json"), _json({
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
+        "padding_side": "right", "truncation_side": "right", "clean_up_tokenization_spaces":
+        False, **specials}))
+    put(join("sentence_bert_config.json"), _json({"max_seq_length": max_len,
+                                                  "do_lower_case": False}))
+
+
+def _tokenizer_spec(tok: HFTokenizer) -> dict:
+    """The tokenizers JSON as dualjax reads it: a lowercasing tokenizer gets a Lowercase
+    normaliser in front; the file's padding and truncation are left to the caller, as
+    dualjax leaves them (sentence-transformers pads and truncates at max_seq_length)."""
+    out = dict(tok.spec, padding=None, truncation=None)
+    if tok.lowercase:
+        first = [out["normalizer"]] if out.get("normalizer") else []
+        out["normalizer"] = {"type": "Sequence",
+                             "normalizers": [{"type": "Lowercase"}, *first]}
+    return out
+
+
+def _special_tokens(tok: HFTokenizer) -> dict[str, str]:
+    vocab = tok.spec.get("model", {}).get("vocab", {})
+    known = set(vocab) if isinstance(vocab, dict) else {v[0] for v in vocab}
+    known |= {t["content"] for t in tok.spec.get("added_tokens", [])}
+    return {key: token for key, token in _SPECIAL.items() if token in known}
+
+
+def _pooling_config(bert: BertConfig) -> dict:
+    out = {"word_embedding_dimension": bert.hidden_size}
+    out.update({mode: False for mode in ("pooling_mode_cls_token", "pooling_mode_mean_tokens",
+                                         "pooling_mode_max_tokens",
+                                         "pooling_mode_mean_sqrt_len_tokens")})
+    out[_POOLING[bert.pooling]] = True
+    return out
+
+
+def _router_config() -> dict:
+    names = {side: [f"{side}_0_Transformer", f"{side}_1_Pooling", f"{side}_2_Normalize"]
+             for side in SIDES}
+    kinds = ("Transformer", "Pooling", "Normalize")
+    return {"types": {name: _TYPES[kind] for side in SIDES
+                      for name, kind in zip(names[side], kinds)},
+            "structure": names,
+            "parameters": {"default_route": "document", "allow_empty_key": True}}
+
+
+def _module(idx: int, path: str, kind: str) -> dict:
+    return {"idx": idx, "name": str(idx), "path": path, "type": _TYPES[kind]}
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, indent=2) + "\n"
+
+
+def _version() -> str:
+    from importlib import metadata
+    try:
+        return metadata.version("dualjax")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+

