@@ -123,6 +123,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.max_len = 32            # tokens per text (longer texts are truncated)
     c.model.query_max_len = 0       # tokens per query (0: max_len); Chang et al.: 64
     c.model.doc_max_len = 0         # tokens per document (0: max_len); Chang et al.: 288
+    c.model.query_prompt = ""       # put before every query, in training, evaluation, the
+                                    # bundle and an exported folder (E5: "query: "; its
+                                    # tokens count in the max length). "": the pretrained
+                                    # start's (its config_sentence_transformers.json), if any
+    c.model.document_prompt = ""    # the same for documents (E5: "passage: ")
     c.model.tower = "bow_mlp"       # "bow" (mean of embeddings) | "bow_mlp" (+ 2-layer tanh MLP)
                                     # | "cnn" (convolutions + max pooling, Bonadiman et al.
                                     # 2019) | "transformer" (pre-LN encoder, Chang et al. 2020)

@@ -134,6 +134,7 @@ def _write_bundle(tmp: str, workdir: str, trained, params, platforms) -> None:
             "step": trained.step,
             "workdir": os.path.abspath(workdir), "dim": dims["query"],
             "max_len": {side: getattr(inputs, side).max_len for side in SIDES},
+            "prompts": {side: getattr(inputs, side).prompt for side in SIDES},
             "length": "symbolic",  # texts are encoded at their batch's length bucket
             "platforms": list(platforms), "jax": jax.__version__}
     atomic_write(os.path.join(tmp, "encoder.json"), json.dumps(meta, indent=1) + "\n")

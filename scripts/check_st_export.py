@@ -32,6 +32,8 @@ CASES = {  # name -> model settings
     "MiniLM, shared towers": dict(shared_towers=True, max_len=64),
     "MiniLM, separate towers, query 32 / document 128 tokens": dict(
         shared_towers=False, query_max_len=32, doc_max_len=128, max_len=128),
+    "MiniLM, shared towers, prompts 'query: ' / 'passage: '": dict(
+        shared_towers=True, max_len=64, query_prompt="query: ", document_prompt="passage: "),
     "WordLlama bow, shared towers": dict(
         pretrained="wordllama:l2_supercat_256", tower="bow", embed_dim=256,
         shared_towers=True, max_len=64),
@@ -78,8 +80,8 @@ def main() -> None:
         diffs = {"query": np.abs(st.encode_query(TEXTS) - bundle.encode_queries(TEXTS)).max(),
                  "document": np.abs(st.encode_document(TEXTS)
                                     - bundle.encode_documents(TEXTS)).max()}
-        if model.get("shared_towers") and "tower" not in model and "query_max_len" not in model:
-            # the same folder as a plain BertModel, mean-pooled
+        plain = not {"tower", "query_max_len", "query_prompt"} & set(model)
+        if model.get("shared_towers") and plain:  # the folder as a BertModel, mean-pooled
             tok = transformers.AutoTokenizer.from_pretrained(folder)
             hf = transformers.AutoModel.from_pretrained(folder).eval()
             x = tok(TEXTS, padding=True, truncation=True, max_length=model["max_len"],

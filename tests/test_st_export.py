@@ -30,7 +30,8 @@ def _run(tmp_path, **model) -> str:
     """A 2-step run from the tiny BERT folder; its workdir."""
     from dualjax.train import loop as train
     cfg = load_config("tiny")
-    cfg.model.update(tower="bert", tokenizer="hf", pretrained=TINY, max_len=24, **model)
+    cfg.model.update({"tower": "bert", "tokenizer": "hf", "pretrained": TINY, "max_len": 24,
+                      **model})
     cfg.num_train_steps, cfg.checkpoint_every_steps = 2, 2
     cfg.optimizer.update(learning_rate=1e-3, warmup_steps=1)
     cfg.eval.update(index="exact", baselines="", untrained=False)
@@ -136,10 +137,11 @@ def test_sentence_transformers_loads_the_folder_with_the_runs_vectors(tmp_path):
     st = pytest.importorskip("sentence_transformers",
                              reason="sentence-transformers is not installed (torch): "
                                     "scripts/check_st_export.py runs this check")
-    workdir = _run(tmp_path, shared_towers=False, query_max_len=12, doc_max_len=24)
+    workdir = _run(tmp_path, shared_towers=False, query_max_len=12, doc_max_len=24,
+                   query_prompt="query: ", document_prompt="passage: ")
     out = str(tmp_path / "st")
     export.export_sentence_transformers(workdir, out)
-    model = st.SentenceTransformer(out, device="cpu")
+    model = st.SentenceTransformer(out, device="cpu")  # encode_query puts "query: " first
     np.testing.assert_allclose(model.encode_query(TEXTS), _run_vectors(workdir, "query"),
                                atol=1e-5)
     np.testing.assert_allclose(model.encode_document(TEXTS),
@@ -221,3 +223,34 @@ def test_sentence_transformers_loads_a_static_folder_with_the_models_vectors(tmp
         x = {k: jax.numpy.asarray(v) for k, v in getattr(inputs, side).encode(texts).items()}
         want = model.apply({"params": params}, **x, method=method)
         np.testing.assert_allclose(encode(texts), want, atol=1e-5)
+
+
+def test_prompts_of_the_start_reach_training_the_bundle_and_the_folder(tmp_path):
+    """A start whose config_sentence_transformers.json declares prompts (E5's names:
+    "query", "passage") brings them; model.query_prompt overrides the start's. Every
+    text of a side is read with its prompt in front: the run's inputs, the bundle and
+    the exported folder's prompts."""
+    import shutil
+    from dualjax.train import trained
+    start = tmp_path / "start"
+    shutil.copytree(TINY, start)
+    (start / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "query: ", "passage": "passage: "}}))
+    assert pretrained.resolve(str(start)).prompts == {"query": "query: ",
+                                                      "document": "passage: "}
+    workdir = _run(tmp_path, pretrained=str(start), query_prompt="question: ")
+    inputs = trained.load_trained(workdir).inputs
+    assert (inputs.query.prompt, inputs.document.prompt) == ("question: ", "passage: ")
+    bare = inputs.document.tokenizer.encode(["passage: " + t for t in TEXTS], 24)
+    assert (inputs.document.encode(TEXTS)["ids"] == bare[0]).all()
+
+    encoder = export.export(workdir, str(tmp_path / "bundle"), platforms=("cpu",))
+    assert encoder.meta["prompts"] == {"query": "question: ", "document": "passage: "}
+    np.testing.assert_allclose(encoder.encode_queries(TEXTS), _run_vectors(workdir, "query"),
+                               atol=1e-5)
+    out = str(tmp_path / "st")
+    export.export_sentence_transformers(workdir, out)
+    saved = json.loads(pathlib.Path(out, "config_sentence_transformers.json").read_text())
+    assert saved["prompts"] == {"query": "question: ", "document": "passage: "}
+    start_again = pretrained.resolve(out)  # the folder, as a start, brings them along
+    assert start_again.prompts == {"query": "question: ", "document": "passage: "}

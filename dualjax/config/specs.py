@@ -61,6 +61,15 @@ def model_spec(model: ml_collections.ConfigDict) -> ModelSpec:
             f.name: p[f.name] for f in dataclasses.fields(PsesSpec)}))
 
 
+def prompts(model: ml_collections.ConfigDict, start_prompts: dict[str, str] | None = None
+            ) -> tuple[str, str]:
+    """(query prompt, document prompt): model.query_prompt / document_prompt where set,
+    else the pretrained start's (`Pretrained.prompts`), else ""."""
+    start_prompts = start_prompts or {}
+    return (model.get("query_prompt", "") or start_prompts.get("query", ""),
+            model.get("document_prompt", "") or start_prompts.get("document", ""))
+
+
 def feature_specs(model: ml_collections.ConfigDict
                   ) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:
     """(query, document) categorical fields as ((name, embedding size), ...); ConfigError

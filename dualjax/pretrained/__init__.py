@@ -65,6 +65,8 @@ class Pretrained:
     table: str = ""
     dim: int = 0
     max_seq_length: int = 0
+    # sentence-transformers' prompts the start was trained with: {"query", "document"}
+    prompts: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def tokenizer(self) -> HFTokenizer:
         return HFTokenizer.from_file(os.path.join(self.folder, "tokenizer.json"),
@@ -187,6 +189,22 @@ def _st_pooling(folder: str) -> str | None:
     return None
 
 
+# The names sentence-transformers models give their document prompt.
+_DOCUMENT_PROMPTS = ("document", "passage", "corpus")
+
+
+def _st_prompts(folder: str) -> dict[str, str]:
+    """The query and document prompts of a sentence-transformers folder's
+    config_sentence_transformers.json ({} without one; empty ones left out)."""
+    path = os.path.join(folder, "config_sentence_transformers.json")
+    prompts = _read_json(path).get("prompts") if os.path.isfile(path) else None
+    if not isinstance(prompts, dict):
+        return {}
+    found = {"query": prompts.get("query"),
+             "document": next((prompts[k] for k in _DOCUMENT_PROMPTS if prompts.get(k)), "")}
+    return {side: p for side, p in found.items() if isinstance(p, str) and p}
+
+
 def resolve(value: str, pooling: str = "") -> Pretrained:
     """What model.pretrained=`value` is (weights not read). pooling: a BERT folder's
     pooling when it has no sentence-transformers Pooling module ("" there: "cls"); given
@@ -215,7 +233,7 @@ def resolve(value: str, pooling: str = "") -> Pretrained:
     max_len = (_read_json(st_config).get("max_seq_length") if os.path.isfile(st_config)
                else None) or bert.max_positions
     return Pretrained(value, folder, "bert", {"lowercase": False, "add_special_tokens": True},
-                      sha, bert=bert, max_seq_length=int(max_len))
+                      sha, bert=bert, max_seq_length=int(max_len), prompts=_st_prompts(folder))
 
 
 def _static(value: str, folder: str, marker: dict, sha: str,
@@ -232,7 +250,8 @@ def _static(value: str, folder: str, marker: dict, sha: str,
     settings = {"lowercase": bool(marker.get("lowercase", False)),
                 "add_special_tokens": bool(marker.get("add_special_tokens", False)),
                 "drop_unknown": "kind" not in marker}
-    return Pretrained(value, folder, "static", settings, sha, table=table, dim=int(shape[1]))
+    return Pretrained(value, folder, "static", settings, sha, table=table, dim=int(shape[1]),
+                      prompts=_st_prompts(folder))
 
 
 def read_tokenizer(path: str) -> HFTokenizer:

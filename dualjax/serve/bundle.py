@@ -88,7 +88,9 @@ class Encoder:
         fields = (features.load(os.path.join(directory, "features.json"))
                   if os.path.exists(os.path.join(directory, "features.json"))
                   else (features.SideFeatures(), features.SideFeatures()))
-        self.sides = {side: sides.Side(tokenizer, self.meta["max_len"][side], f)
+        prompts = self.meta.get("prompts", {})  # a bundle from before prompts: none
+        self.sides = {side: sides.Side(tokenizer, self.meta["max_len"][side], f,
+                                       prompts.get(side, ""))
                       for side, f in zip(SIDES, fields)}
         # The digests match, so a file that cannot be read was written by another version.
         path = os.path.join(directory, "params.msgpack")

@@ -117,7 +117,8 @@ def write(directory: str, spec: ModelSpec, inputs: Inputs, params: dict[str, Any
     put("modules.json", _json(modules))
     put("config_sentence_transformers.json", _json({
         "__version__": {"dualjax": _version()}, "model_type": "SentenceTransformer",
-        "prompts": {"query": "", "document": ""}, "default_prompt_name": None,
+        "prompts": {side: getattr(inputs, side).prompt for side in SIDES},
+        "default_prompt_name": None,
         "similarity_fn_name": "cosine"}))
     return written
 

@@ -42,11 +42,15 @@ def _warn_if_long(texts: Sequence[str], max_len: int) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Side:
-    """What one tower reads: tokens of at most max_len, and its categorical fields."""
+    """What one tower reads: tokens of at most max_len, and its categorical fields.
+    prompt: put before every text of the side before it is tokenised (E5/BGE's "query: ",
+    sentence-transformers' `prompts`), its tokens counted in max_len, as
+    sentence-transformers counts them."""
 
     tokenizer: Tokenizer
     max_len: int
     features: SideFeatures = SideFeatures()
+    prompt: str = ""
 
     def encode(self, texts: Sequence[str], fields: Sequence[Fields] | None = None
                ) -> dict[str, np.ndarray]:
@@ -54,7 +58,8 @@ class Side:
         when the side has categorical fields (all missing when `fields` is None)."""
         texts = list(texts)
         _warn_if_long(texts, self.max_len)
-        ids, mask = self.tokenizer.encode(texts, self.max_len)
+        ids, mask = self.tokenizer.encode(
+            [self.prompt + t for t in texts] if self.prompt else texts, self.max_len)
         out = {"ids": ids, "mask": mask}
         if self.features:
             given = fields if fields is not None else [None] * len(texts)

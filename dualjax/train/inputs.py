@@ -67,8 +67,9 @@ def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
             side_fields = tuple(built)
             features.save(path, *side_fields)
     q_len, d_len = specs_lib.max_lens(config.model)
-    return sides.Inputs(sides.Side(tokenizer, q_len, side_fields[0]),
-                        sides.Side(tokenizer, d_len, side_fields[1]))
+    q_prompt, d_prompt = specs_lib.prompts(config.model, start.prompts if start else None)
+    return sides.Inputs(sides.Side(tokenizer, q_len, side_fields[0], q_prompt),
+                        sides.Side(tokenizer, d_len, side_fields[1], d_prompt))
 
 
 def unknown_tokens(tokenizer: Tokenizer, texts: Iterable[str]) -> tuple[int, int]:
