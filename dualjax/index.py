@@ -94,14 +94,16 @@ def _encode(encoder: Encoder, texts: list[str], batch_size: int) -> np.ndarray:
 
 
 def check_build(kind: str, batch_size: int) -> None:
-    """ValueError (ImportError for a missing faiss) naming the setting that cannot work,
-    before anything is read or encoded."""
+    """ValueError (ImportError for a missing faiss or ScaNN) naming the setting that
+    cannot work, before anything is read or encoded."""
     if kind not in ann.INDEXES:
         raise ValueError(f"--kind={kind!r} is not one of: {', '.join(ann.INDEXES)}")
     if batch_size < 1:
         raise ValueError(f"--batch_size={batch_size}: give the texts per batch, at least 1")
     if kind == "hnsw":
         ann.require_faiss()
+    if kind == "scann":
+        ann.require_scann()
 
 
 def with_tokens(ids: list[str], texts: list[str], tokenizer) -> tuple[list[str], list[str]]:

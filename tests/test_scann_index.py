@@ -344,3 +344,47 @@ def test_make_index_without_directory_and_exact():
                                   exact.search(corpus[:20], K, exclude)[1])
     with pytest.raises(ValueError, match="faiss"):
         ann.make_index("faiss", corpus, _eval_cfg(), K)
+
+
+# --- an install without ScaNN (issue 32): its wheels are for Linux only ----------------
+def test_scann_is_a_dependency_on_linux_only():
+    import pathlib
+    import tomllib
+    from packaging.requirements import Requirement
+    pyproject = pathlib.Path(__file__).parent.parent / "pyproject.toml"
+    project = tomllib.loads(pyproject.read_text())["project"]
+    (scann,) = [Requirement(r) for r in project["dependencies"] if r.startswith("scann")]
+    assert scann.marker.evaluate({"sys_platform": "linux"})
+    for platform in ("darwin", "win32"):
+        assert not scann.marker.evaluate({"sys_platform": platform})
+    assert project["optional-dependencies"]["scann"] == ["scann>=1.4.2"]
+
+
+def test_without_scann_each_way_in_says_what_to_install_and_exact_search_works(
+        monkeypatch, tmp_path):
+    import importlib.util
+    import sys
+    from conftest import load_config
+    from dualjax import index
+    from dualjax.config import validation
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "scann" else find_spec(name, *a))
+    for name in [m for m in sys.modules if m == "scann" or m.startswith("scann.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "scann", None)  # `import scann` raises ImportError
+    cfg = load_config("tiny")
+    cfg.eval.index = "scann"
+    with pytest.raises(validation.ConfigError, match=r"config.eval.index='scann': ScaNN is "
+                                                     r"not installed .* pip install "
+                                                     r"'dualjax\[scann\]' on Linux"):
+        validation.validate(cfg, 8)
+    cfg.eval.index = "exact"
+    validation.validate(cfg, 8)
+    corpus = _unit(np.random.default_rng(0).normal(size=(50, 8)))
+    with pytest.raises(ImportError, match="ScaNN is not installed"):
+        ann.make_index("scann", corpus, _eval_cfg(), K, str(tmp_path / "idx"))
+    with pytest.raises(ImportError, match="ScaNN is not installed"):
+        index.check_build("scann", 16)
+    searcher, _ = ann.make_index("exact", corpus, _eval_cfg(), K)
+    assert searcher.search(corpus[:2], 1)[1][:, 0].tolist() == [0, 1]

@@ -320,6 +320,9 @@ def _check_eval(config: ml_collections.ConfigDict) -> None:
             ann.hnsw_settings(1, 1, 1, config.eval.hnsw)
         except ValueError as e:
             raise ConfigError(f"config.eval.{e}") from None
+    if config.eval.index == "scann" and importlib.util.find_spec("scann") is None:
+        raise ConfigError(f"config.eval.index='scann': {ann.SCANN_MISSING} "
+                          "(--config.eval.index=exact or hnsw)")
     if config.eval.index == "hnsw" and importlib.util.find_spec("faiss") is None:
         raise ConfigError("config.eval.index='hnsw' needs faiss: pip install 'dualjax[bench]' "
                           "(or pip install faiss-cpu)")

@@ -301,7 +301,7 @@ class ScannIndex:
     def build(cls, corpus: np.ndarray, scann_cfg: Settings, k: int
               ) -> "ScannIndex":
         """Trains a searcher over corpus [n, dim] (unit vectors: dot product = cosine)."""
-        from scann import scann_ops_pybind
+        scann_ops_pybind = require_scann().scann_ops_pybind
         corpus = np.ascontiguousarray(corpus, np.float32)
         s = scann_settings(*corpus.shape, k, scann_cfg)
         b = scann_ops_pybind.builder(corpus, k, "dot_product").set_n_training_threads(
@@ -374,7 +374,7 @@ class ScannIndex:
             "scann": importlib.metadata.version("scann")})
         if meta is None:
             return None
-        from scann import scann_ops_pybind
+        scann_ops_pybind = require_scann().scann_ops_pybind
         try:
             searcher = scann_ops_pybind.load_searcher(directory)
         except (RuntimeError, ValueError, OSError) as e:
@@ -402,6 +402,20 @@ def hnsw_settings(n: int, dim: int, k: int, cfg: Settings) -> dict:
                          f"hnsw.ef_search={cfg['ef_search']} >= 0 (0: auto)")
     return {"M": int(cfg["M"]), "ef_construction": int(cfg["ef_construction"]),
             "ef_search": int(cfg["ef_search"]) or max(128, 2 * (k + 1))}
+
+
+SCANN_MISSING = ("ScaNN is not installed (its wheels are for Linux only): pip install "
+                 "'dualjax[scann]' on Linux, or search exactly or with HNSW")
+
+
+def require_scann():
+    """scann, imported on first use; ImportError saying what to install or use instead."""
+    try:
+        import scann
+        from scann import scann_ops_pybind  # noqa: F401 (the module the searcher uses)
+    except ImportError:
+        raise ImportError(SCANN_MISSING) from None
+    return scann
 
 
 def require_faiss():
