@@ -234,6 +234,11 @@ def get_config() -> ml_collections.ConfigDict:
                                     # gathered columns this many at a time, recomputing each
                                     # block in the backward pass ([rows, column_block] scores
                                     # at most instead of [rows, C]); 0: all columns at once
+    c.loss.matryoshka_dims = ""     # "64,128": the loss also on each prefix of the vectors
+                                    # (their first m coordinates, renormalised), summed with
+                                    # the full one, so each prefix is usable alone
+                                    # (Kusupati et al. 2022; sentence-transformers'
+                                    # MatryoshkaLoss). "": the full vectors only
 
     c.loss.pses = ml_collections.ConfigDict()  # model.name="pses": loss = pairwise + the
                                     # weighted terms below (Li & Jia 2018 eq. 6)
@@ -277,6 +282,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.hnsw.ef_search = 0       # candidate list per query (0: max(128, 2 * (top_k + 1));
                                     # at least k + 1; lower: faster, less recall)
     c.eval.top_k = 100              # results kept per query (>= every metric's cutoff)
+    c.eval.dims = ""                # "64,128": the trained model also searched with its
+                                    # vectors cut to each of these dimensions (rows
+                                    # "dual_encoder@64"), as Encoder(dim=) and --dim read them
     c.eval.batch_size = 512         # texts per jitted encoding batch
     c.eval.query_chunk = 256        # queries scored at once against the corpus
     c.eval.corpus_chunk = 4096      # corpus rows scored at once (memory: query_chunk x corpus_chunk)

@@ -141,6 +141,17 @@ def _write(tmp: str, encoder: Encoder, ids: list[str], texts: list[str], embeddi
     atomic_write(os.path.join(tmp, META), json.dumps(meta, indent=1) + "\n")
 
 
+def recorded_dim(directory: str) -> int | None:
+    """The width of the vectors an index was built over (index.json's "dim"; None when it
+    cannot be read: `CorpusIndex` then says why)."""
+    try:
+        with open(os.path.join(directory, META), encoding="utf-8") as f:
+            dim = json.load(f).get("dim")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return dim if isinstance(dim, int) else None
+
+
 def _searcher_dir(directory: str, kind: str) -> str | None:
     return None if kind == "exact" else os.path.join(directory, kind)
 
@@ -200,7 +211,7 @@ def main(argv: list[str]) -> None:
     f = flags.FLAGS
     try:
         check_build(f.kind, f.batch_size)  # before anything is read
-        encoder = Encoder.load(f.encoder)
+        encoder = Encoder.load(f.encoder, f.dim or None)
         check_output(f.out, META, "corpus index", inputs=(f.encoder, f.corpus),
                      overwrite=f.overwrite, not_inside=NOT_INSIDE)
         ids, texts = read_corpus(f.corpus)
@@ -224,6 +235,9 @@ def run() -> None:
     flags.DEFINE_enum("kind", "scann", list(ann.INDEXES), "The searcher to build "
                       "(hnsw needs faiss-cpu).")
     flags.DEFINE_integer("batch_size", 256, "Texts per encoding batch.")
+    flags.DEFINE_integer("dim", 0, "Index the vectors cut to their first DIM coordinates, "
+                         "renormalised (a model trained with loss.matryoshka_dims); 0: all. "
+                         "dualjax.search reads the queries at the same width.")
     flags.mark_flags_as_required(["encoder", "corpus", "out"])
     cli.run(main, __name__)
 

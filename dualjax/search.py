@@ -26,6 +26,7 @@ import numpy as np
 from absl import flags, logging
 
 from dualjax import cli
+from dualjax import index as index_lib
 from dualjax.errors import WorkdirError
 from dualjax.eval.metrics_log import setup_logging
 from dualjax.index import CorpusIndex
@@ -113,6 +114,9 @@ def from_bundle(encoder_dir: str, index_dir: str, k: int = 10) -> Searcher:
     """An exported encoder and a corpus index built with it: no training state is read
     and the corpus is not encoded again."""
     encoder = Encoder.load(encoder_dir)
+    dim = index_lib.recorded_dim(index_dir)
+    if dim is not None and dim < encoder.dim:  # built with --dim: queries at that width
+        encoder = encoder.at_dim(dim)
     corpus_index = CorpusIndex(index_dir, encoder.id)
     return Searcher(corpus_index.texts, corpus_index, encoder.encode_queries,
                     encoder.sides["query"].tokenizer, k, {"built": False, **corpus_index.meta},

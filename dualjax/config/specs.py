@@ -226,6 +226,22 @@ def typo_probs(config: ml_collections.ConfigDict) -> tuple[float, ...]:
     return tuple(probs)
 
 
+def dims(value: str, key: str) -> tuple[int, ...]:
+    """A comma-separated list of embedding dimensions ("64,128") as increasing ints;
+    ConfigError naming `key` for anything else."""
+    out = []
+    for item in (s.strip() for s in value.split(",")):
+        if not item:
+            continue
+        if not item.isdigit() or int(item) < 1:
+            raise ConfigError(f"config.{key}={value!r}: {item!r} is not a dimension (an int "
+                              ">= 1); give them as '64,128,256' ('': none)")
+        out.append(int(item))
+    if out != sorted(set(out)):
+        raise ConfigError(f"config.{key}={value!r}: give each dimension once, smallest first")
+    return tuple(out)
+
+
 def is_mlm(config: ml_collections.ConfigDict) -> bool:
     """Whether the run pre-trains with MLM (data.name="pretrain", data.tasks="mlm")."""
     return any(d.name == PRETRAIN and d.tasks.strip() == "mlm" for _, d, _ in task_configs(config))
@@ -245,6 +261,7 @@ def objective_spec(config: ml_collections.ConfigDict) -> ObjectiveSpec:
         remove_cluster_hits=loss.remove_cluster_hits,
         max_len=d_len if kind == "mlm" else max(q_len, d_len),
         encode_chunks=config.get("train", {}).get("encode_chunks", 0),
+        matryoshka_dims=dims(loss.get("matryoshka_dims", ""), "loss.matryoshka_dims"),
         pses=PsesLoss() if pses is None else PsesLoss(**{
             f.name: pses[f.name] for f in dataclasses.fields(PsesLoss)}))
 
@@ -263,4 +280,5 @@ def eval_spec(config: ml_collections.ConfigDict) -> EvalSpec:
         hybrid_rrf_k=e.get("hybrid_rrf_k", EvalSpec.hybrid_rrf_k),
         hybrid_weight=e.get("hybrid_weight", EvalSpec.hybrid_weight),
         select_by=e.get("select_by", ""), typo_probs=typo_probs(config),
-        typo_seed=e.get("typo_seed", 0), system=config.model.name)
+        typo_seed=e.get("typo_seed", 0), system=config.model.name,
+        dims=dims(e.get("dims", ""), "eval.dims"))

@@ -232,6 +232,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, workdir: str =
     _check_model(config, workdir)
     pretraining = _check_pretraining(config, task_list)
     _check_loss(config.loss)
+    if specs.dims(config.loss.get("matryoshka_dims", ""), "loss.matryoshka_dims") and (
+            config.model.name == "pses" or specs.is_mlm(config)):
+        raise ConfigError("config.loss.matryoshka_dims: the Matryoshka loss is the dual "
+                          "encoder's in-batch loss on prefixes; model.name='pses' and MLM "
+                          "pre-training have none")
+    specs.dims(config.eval.get("dims", ""), "eval.dims")
     _check_pses_data(config, task_list, pretraining)
     _check_optimizer(config, task_list)
     _check_eval(config)

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from dualjax import losses
 from dualjax.retrieval import ann, hybrid, metrics
 from dualjax.retrieval import baselines as baselines_lib
 from dualjax.retrieval.encoding import EncodeFn, encode_texts
@@ -46,6 +47,7 @@ class EvalSpec:
     typo_probs: tuple[float, ...] = ()
     typo_seed: int = 0
     system: str = "dual_encoder"
+    dims: tuple[int, ...] = ()  # the trained system also searched at these prefixes
 
 
 class Ranking(NamedTuple):
@@ -172,6 +174,14 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
         exact_index, _ = ann.make_index("exact", corpus, spec.index_settings, dense.k)
         scored[system] = dense.ranking(exact_index.search(queries, dense.k, dense.exclude))
         exact = add(system, "exact", scored[system])
+        for m in spec.dims if system in ann_systems else ():  # Matryoshka prefixes, exactly
+            if m >= corpus.shape[1]:
+                raise ValueError(f"eval.dims: {m} is not below {system}'s "
+                                 f"{corpus.shape[1]} dimensions")
+            cut = np.asarray(losses.prefix(corpus, m))
+            found = ann.make_index("exact", cut, spec.index_settings, dense.k)[0].search(
+                np.asarray(losses.prefix(queries, m)), dense.k, dense.exclude)
+            add(f"{system}@{m}", "exact", dense.ranking(found))
         if spec.index != "exact" and system in ann_systems:
             _approximate(add, system, corpus, queries, (exact, scored[system][0]), spec,
                          dense, index_dir, index_extra)

@@ -211,3 +211,41 @@ def sharded(name: str, mesh: jax.sharding.Mesh, column_block: int = 0, **options
                              out_specs=(P(), P()))(q, d, scale, bias, extras)
 
     return fn
+
+
+# ----------------------------------------------------------------------------- Matryoshka
+VECTOR_EXTRAS = ("hard_negatives", "mixed_negatives")  # extras that are embeddings
+
+
+def prefix(x: jax.Array, dim: int) -> jax.Array:
+    """The first `dim` coordinates of unit vectors x [..., full], made unit again: what a
+    Matryoshka embedding is read as at `dim` (Kusupati et al. 2022)."""
+    head = x[..., :dim]
+    return head * jax.lax.rsqrt(jax.numpy.maximum(
+        jax.numpy.sum(head * head, axis=-1, keepdims=True), 1e-12))
+
+
+def matryoshka(fn: LossFn, dims: tuple[int, ...]) -> LossFn:
+    """`fn` summed over nested prefixes of the embeddings (MatryoshkaLoss of
+    sentence-transformers, weight 1 each): the full vectors, then their first m
+    coordinates, renormalised, for each m in `dims` (below the full width; query,
+    document and negative vectors alike). Metrics are the full vectors', with
+    "loss@m" for each prefix."""
+    if not dims:
+        return fn
+
+    def wrapped(q, d, scale, bias, extras: Extras | None = None):
+        total, metrics = fn(q, d, scale, bias, extras)
+        metrics = dict(metrics)
+        for m in dims:
+            if m >= q.shape[-1]:
+                raise ValueError(f"loss.matryoshka_dims: {m} is not below the embedding's "
+                                 f"{q.shape[-1]} dimensions")
+            cut = {k: prefix(v, m) if k in VECTOR_EXTRAS else v
+                   for k, v in (extras or {}).items()}
+            value, _ = fn(prefix(q, m), prefix(d, m), scale, bias, cut or None)
+            metrics[f"loss@{m}"] = value
+            total = total + value
+        return total, metrics
+
+    return wrapped

@@ -41,6 +41,7 @@ class ObjectiveSpec:
     remove_cluster_hits: bool = True
     max_len: int = 32
     encode_chunks: int = 0  # config.train.encode_chunks (GradCache; 0 or 1: off)
+    matryoshka_dims: tuple[int, ...] = ()  # in_batch: the loss also on these prefixes
     pses: PsesLoss = PsesLoss()
 
 
@@ -52,5 +53,6 @@ def make(spec: ObjectiveSpec, model, mesh: jax.sharding.Mesh) -> Objective:
     hits = spec.remove_query_hits, spec.remove_cluster_hits
     if spec.kind == "pses":
         return pses.objective(model, spec.pses, mesh, spec.max_len, loss_fn, *hits)
+    loss_fn = losses.matryoshka(loss_fn, spec.matryoshka_dims)
     return in_batch.objective(model, loss_fn, spec.max_len, *hits,
                               encode_chunks=spec.encode_chunks)

@@ -17,6 +17,7 @@ never the training workdir.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -76,7 +77,7 @@ class Encoder:
 
     min_bucket = sides.MIN_BUCKET  # the shortest length a batch is cut to
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, dim: int | None = None):
         self.directory = directory
         path = os.path.join(directory, "encoder.json")
         if not os.path.exists(path):
@@ -97,6 +98,7 @@ class Encoder:
         with open(path, "rb") as f:
             self.params = jax.device_put(_readable(path, serialization.msgpack_restore,
                                                    f.read()))
+        self._dim = self._checked_dim(dim)
         self._fns = {}
         for side in SIDES:
             path = os.path.join(directory, f"{side}.jax_export")
@@ -105,20 +107,43 @@ class Encoder:
                                                     bytearray(f.read())).call)
 
     @classmethod
-    def load(cls, directory: str) -> Encoder:
+    def load(cls, directory: str, dim: int | None = None) -> Encoder:
         """The bundle `python -m dualjax.export` wrote to `directory`, its files checked
-        against encoder.json's digests (ValueError naming a file missing or changed)."""
-        return cls(directory)
+        against encoder.json's digests (ValueError naming a file missing or changed).
+
+        Args:
+          directory: the bundle's folder.
+          dim: read its vectors at their first `dim` coordinates, renormalised (a model
+            trained with loss.matryoshka_dims keeps them usable); None: all of them.
+        """
+        return cls(directory, dim)
+
+    def _checked_dim(self, dim: int | None) -> int | None:
+        """Matryoshka: the vectors cut to their first `dim` coordinates, renormalised
+        (None: all of them)."""
+        full = int(self.meta["dim"])
+        if dim is not None and not 1 <= dim <= full:
+            raise ValueError(f"dim={dim}: this bundle's vectors have {full} dimensions; "
+                             f"give 1 to {full}")
+        return None if dim in (None, full) else int(dim)
+
+    def at_dim(self, dim: int | None) -> Encoder:
+        """This encoder with its vectors read at `dim` (as `load`'s), sharing its files
+        and compiled functions."""
+        out = copy.copy(self)
+        out._dim = self._checked_dim(dim)
+        return out
 
     @property
     def dim(self) -> int:
-        return int(self.meta["dim"])
+        """The width of the vectors it returns (`dim` when given)."""
+        return self._dim or int(self.meta["dim"])
 
     @property
     def id(self) -> str:
-        """A digest of the bundle's files (checked when loaded): an index built with this
-        encoder records it."""
-        return self.meta["id"]
+        """A digest of the bundle's files (checked when loaded), with "@dim" when its
+        vectors are cut: an index built with this encoder records it."""
+        return self.meta["id"] + (f"@{self._dim}" if self._dim else "")
 
     def known_query_tokens(self, text: str) -> int:
         """How many of the query's tokens are in the model's vocabulary (0: the query's
@@ -171,5 +196,8 @@ class Encoder:
                                None if fields is None else [fields[i] for i in rows],
                                batch_size if len(texts) > batch_size else 0, min_bucket)
             args = [x["ids"], x["mask"]] + ([x["cats"]] if "cats" in x else [])
-            out[rows] = np.asarray(self._fns[side](self.params, *args))[:len(rows)]
+            y = np.asarray(self._fns[side](self.params, *args))[:len(rows), :self.dim]
+            if self._dim:
+                y = y / np.maximum(np.linalg.norm(y, axis=1, keepdims=True), 1e-6)
+            out[rows] = y
         return out
