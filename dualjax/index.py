@@ -4,8 +4,9 @@
     python -m dualjax.search --encoder=runs/default/export --index=IDX --query="..."
 
 The corpus is a TSV, a JSONL or a BEIR folder (`data/corpus_file.py`). OUT holds
-corpus.jsonl (id and text per line, in index order), embeddings.npy (float32 [n, dim]),
-scann/ or hnsw/ (the searcher of --kind, none for exact) and index.json, written last,
+corpus.jsonl (id and text per line, in index order), embeddings.npy (float32 [n, dim];
+with --quantize=int8|binary, quantized.npz: the codes alone), scann/ or hnsw/ (the
+searcher of --kind, none for exact) and index.json, written last,
 with the encoder's id (a digest of its bundle). Loading checks the encoder's id against
 it and never re-encodes the corpus: the searcher is keyed by the saved vectors.
 """
@@ -22,7 +23,7 @@ from absl import flags, logging
 
 from dualjax import cli
 from dualjax.data.corpus_file import read_corpus
-from dualjax.retrieval import ann
+from dualjax.retrieval import ann, quantized
 from dualjax.runtime.files import (
     atomic_write,
     check_output,
@@ -49,7 +50,7 @@ def _eval_config() -> dict:
 
 def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: str = "scann",
           k: int = 100, batch_size: int = 256, inputs: tuple[str, ...] = (),
-          overwrite: bool = False) -> "CorpusIndex":
+          overwrite: bool = False, quantize: str = "", rescore: int = 0) -> "CorpusIndex":
     """Encodes a corpus with the encoder's document side (a progress bar over batches),
     builds its index and writes it all to `out`. Written beside `out`, then renamed: a
     failure leaves `out` as it was and nothing else behind.
@@ -63,11 +64,14 @@ def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: st
       kind: "scann", "hnsw" (faiss) or "exact".
       k: the results a search returns at most.
       batch_size: texts per encoding call.
+      quantize: "int8" or "binary": keep the corpus vectors quantized alone
+        (`retrieval.quantized`; kind "exact"), the top `rescore` (0: 4 x k) candidates
+        of each search rescored with the float query; "": float vectors.
 
     Returns:
       The index, loaded from `out` (its files checked).
     """
-    check_build(kind, batch_size)
+    check_build(kind, batch_size, quantize, rescore)
     with staged_output(out) as stage:  # one writer: a second build into `out` is refused
         check_output(out, META, "corpus index", inputs=(encoder.directory, *inputs),
                      overwrite=overwrite, not_inside=NOT_INSIDE)
@@ -75,7 +79,8 @@ def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: st
         start = time.perf_counter()
         embeddings = _encode(encoder, texts, batch_size)
         encoded = time.perf_counter() - start
-        _write(stage(), encoder, ids, texts, embeddings, kind, k, start, encoded)
+        _write(stage(), encoder, ids, texts, embeddings, kind, k, start, encoded,
+               quantize, rescore)
     return CorpusIndex(out, encoder.id)
 
 
@@ -93,13 +98,21 @@ def _encode(encoder: Encoder, texts: list[str], batch_size: int) -> np.ndarray:
     return out
 
 
-def check_build(kind: str, batch_size: int) -> None:
+def check_build(kind: str, batch_size: int, quantize: str = "", rescore: int = 0) -> None:
     """ValueError (ImportError for a missing faiss or ScaNN) naming the setting that
     cannot work, before anything is read or encoded."""
     if kind not in ann.INDEXES:
         raise ValueError(f"--kind={kind!r} is not one of: {', '.join(ann.INDEXES)}")
     if batch_size < 1:
         raise ValueError(f"--batch_size={batch_size}: give the texts per batch, at least 1")
+    if quantize and quantize not in quantized.KINDS:
+        raise ValueError(f"--quantize={quantize!r} is not one of: {', '.join(quantized.KINDS)}")
+    if quantize and kind != "exact":
+        raise ValueError(f"--quantize={quantize} searches the codes themselves: give "
+                         f"--kind=exact (not {kind!r}, which keeps float vectors)")
+    if rescore < 0 or (rescore and not quantize):
+        raise ValueError(f"--rescore={rescore}: the candidates a quantized index rescores "
+                         "(>= 0, with --quantize)")
     if kind == "hnsw":
         ann.require_faiss()
     if kind == "scann":
@@ -124,18 +137,24 @@ def with_tokens(ids: list[str], texts: list[str], tokenizer) -> tuple[list[str],
 
 
 def _write(tmp: str, encoder: Encoder, ids: list[str], texts: list[str], embeddings: np.ndarray,
-           kind: str, k: int, start: float, encoded: float) -> None:
-    np.save(os.path.join(tmp, "embeddings.npy"), embeddings)
+           kind: str, k: int, start: float, encoded: float, quantize: str = "",
+           rescore: int = 0) -> None:
+    if quantize:  # the codes alone: the float vectors are what it saves
+        quantized.QuantizedIndex.build(embeddings, quantize, rescore).save(tmp)
+    else:
+        np.save(os.path.join(tmp, "embeddings.npy"), embeddings)
     with open(os.path.join(tmp, "corpus.jsonl"), "w", encoding="utf-8") as f:
         f.writelines(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n"
                      for i, t in zip(ids, texts))
     k = min(k, len(texts))
-    _, info = ann.make_index(kind, embeddings, _eval_config(), k,
-                                   directory=_searcher_dir(tmp, kind), extra=encoder.id)
+    info = {"settings": {"quantize": quantize, "rescore": rescore}} if quantize else (
+        ann.make_index(kind, embeddings, _eval_config(), k,
+                       directory=_searcher_dir(tmp, kind), extra=encoder.id)[1])
     # Every file the index reads, the searcher's own included, checked on loading.
     files = file_digests(tmp, [name for name in files_under(tmp) if name != META])
     meta = {"format": FORMAT, "encoder_id": encoder.id, "files": files, "kind": kind, "k": k,
             "n": len(texts), "dim": int(embeddings.shape[1]), "settings": info["settings"],
+            **({"quantize": quantize, "rescore": rescore} if quantize else {}),
             "encode_seconds": round(encoded, 3),
             "build_seconds": round(time.perf_counter() - start - encoded, 3)}
     atomic_write(os.path.join(tmp, META), json.dumps(meta, indent=1) + "\n")
@@ -188,6 +207,13 @@ class CorpusIndex:
         with open(os.path.join(directory, "corpus.jsonl"), encoding="utf-8") as f:
             rows = [json.loads(line) for line in f]
         self.ids, self.texts = [r["id"] for r in rows], [r["text"] for r in rows]
+        if self.meta.get("quantize"):
+            self.searcher = quantized.QuantizedIndex.load(directory)
+            if len(rows) != n or len(self.searcher.codes) != n or self.searcher.dim != dim:
+                raise ValueError(f"{directory}: {len(rows)} documents and "
+                                 f"{len(self.searcher.codes)} x {self.searcher.dim} codes, "
+                                 f"but {META} records {n} x {dim}")
+            return
         # The saved vectors, not the texts again: the searcher saved beside them is loaded
         # when their fingerprint matches (else rebuilt from them, with a warning).
         embeddings = np.load(os.path.join(directory, "embeddings.npy"), mmap_mode="r")
@@ -210,13 +236,14 @@ def main(argv: list[str]) -> None:
     setup_logging()
     f = flags.FLAGS
     try:
-        check_build(f.kind, f.batch_size)  # before anything is read
+        check_build(f.kind, f.batch_size, f.quantize, f.rescore)  # before anything is read
         encoder = Encoder.load(f.encoder, f.dim or None)
         check_output(f.out, META, "corpus index", inputs=(f.encoder, f.corpus),
                      overwrite=f.overwrite, not_inside=NOT_INSIDE)
         ids, texts = read_corpus(f.corpus)
         built = build(encoder, ids, texts, f.out, f.kind, batch_size=f.batch_size,
-                      inputs=(f.corpus,), overwrite=f.overwrite)
+                      inputs=(f.corpus,), overwrite=f.overwrite, quantize=f.quantize,
+                      rescore=f.rescore)
     except (FileNotFoundError, DataError, ImportError, ValueError) as e:
         sys.exit(f"dualjax.index: {e}")
     m = built.meta
@@ -235,6 +262,11 @@ def run() -> None:
     flags.DEFINE_enum("kind", "scann", list(ann.INDEXES), "The searcher to build "
                       "(hnsw needs faiss-cpu).")
     flags.DEFINE_integer("batch_size", 256, "Texts per encoding batch.")
+    flags.DEFINE_enum("quantize", "", ["", *quantized.KINDS], "Keep the corpus vectors "
+                      "as int8 codes (a byte a dimension) or binary (a bit), searched over "
+                      "the codes and rescored (with --kind=exact); '': float32.")
+    flags.DEFINE_integer("rescore", 0, "With --quantize: the candidates rescored with the "
+                         "float query (0: 4 x k).")
     flags.DEFINE_integer("dim", 0, "Index the vectors cut to their first DIM coordinates, "
                          "renormalised (a model trained with loss.matryoshka_dims); 0: all. "
                          "dualjax.search reads the queries at the same width.")

@@ -1,5 +1,6 @@
 """The search command: a trained workdir answers typed queries with its saved index."""
 
+import json
 import os
 import subprocess
 import sys
@@ -160,6 +161,46 @@ def test_an_hnsw_corpus_index_is_built_saved_and_loaded(bundle, tmp_path):
     docs = encoder.encode_documents(texts)
     scores, ids = loaded.search(q, 5)
     assert scores[0, 0] == pytest.approx(float(np.max(q @ docs.T)), abs=1e-5)  # (ties: any id)
+
+
+@pytest.mark.parametrize("quantize", ["int8", "binary"])
+def test_a_quantized_corpus_index_keeps_codes_alone_and_answers(bundle, tmp_path, quantize):
+    """--quantize: quantized.npz instead of the float vectors, its digest checked; a
+    search rescores its candidates and answers as the float index on clear queries; the
+    command line refuses --quantize with a kind that keeps float vectors."""
+    import dualjax
+    from dualjax import index as corpus_index
+    from dualjax import search
+    from dualjax.retrieval import quantized
+    encoder = dualjax.Encoder.load(bundle)
+    texts = [f"how do i fix my {w} {i} ?" for i in range(30) for w in ("car", "bike")]
+    ids = [str(i) for i in range(60)]
+    out = str(tmp_path / "idx")
+    built = corpus_index.build(encoder, ids, texts, out, kind="exact", k=5,
+                               quantize=quantize, rescore=20)
+    assert isinstance(built.searcher, quantized.QuantizedIndex)
+    assert "embeddings.npy" not in os.listdir(out)
+    meta = json.loads(open(os.path.join(out, "index.json")).read())
+    assert meta["quantize"] == quantize and "quantized.npz" in meta["files"]
+    searcher = search.from_bundle(bundle, out, k=1)
+    found = [r[0][1] for r in searcher.search(texts[:6])]
+    if quantize == "int8":  # a byte a dimension: as the float index
+        assert found == texts[:6]
+    else:  # a bit a dimension of a 16-d model: only the kind of text is sure
+        assert [t.split()[4] for t in found] == [t.split()[4] for t in texts[:6]]
+    with open(os.path.join(out, "quantized.npz"), "ab") as f:
+        f.write(b"x")
+    with pytest.raises(ValueError, match="quantized.npz: changed since the index"):
+        corpus_index.CorpusIndex(out, encoder.id)
+    corpus = tmp_path / "corpus.tsv"
+    corpus.write_text("".join(f"{i}\t{t}\n" for i, t in zip(ids, texts)))
+    result = subprocess.run([sys.executable, "-m", "dualjax.index", f"--encoder={bundle}",
+                             f"--corpus={corpus}", f"--out={tmp_path / 'idx2'}",
+                             f"--quantize={quantize}", "--kind=scann"],
+                            capture_output=True, text=True)
+    assert result.returncode != 0 and result.stderr.strip().splitlines()[-1] == (
+        f"dualjax.index: --quantize={quantize} searches the codes themselves: give "
+        "--kind=exact (not 'scann', which keeps float vectors)")
 
 
 def test_a_bundle_refuses_a_bare_string(bundle):
