@@ -48,13 +48,14 @@ def _run_vectors(workdir: str, side: str) -> np.ndarray:
     return np.asarray(run.model.apply({"params": run.params}, **x, method=method))
 
 
-def _folder_vectors(folder: str, max_len: int, pooling: str = "") -> np.ndarray:
+def _folder_vectors(folder: str, max_len: int, pooling: str = "", prompt: str = ""
+                    ) -> np.ndarray:
     """The vectors of a Transformer folder as dualjax reads a pretrained start: its
     config.json, tensor names and pooling (a route's is beside it: `pooling`), its own
-    tokenizer.json."""
+    tokenizer.json, the texts after `prompt`."""
     start = pretrained.resolve(folder, pooling)
     params = start.tower_params()
-    ids, mask = start.tokenizer().encode(TEXTS, max_len)
+    ids, mask = start.tokenizer().encode([prompt + t for t in TEXTS], max_len)
     out = BertTower(start.bert).apply({"params": params}, ids, mask)
     return np.asarray(dual_encoder.l2_normalize(out))
 
@@ -89,28 +90,6 @@ def test_separate_towers_become_a_router_whose_routes_give_each_sides_vectors(tm
     pathlib.Path(out, "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="holds notes.txt"):
         export.export_sentence_transformers(workdir, out, overwrite=True)
-
-
-def test_one_tower_is_a_plain_folder_transformers_reads(tmp_path):
-    """Shared towers at one max length: the model files at the top, as a Hugging Face
-    BertModel folder; the weights go round the loader exactly."""
-    from dualjax.train import trained
-    workdir = _run(tmp_path)
-    out = str(tmp_path / "st")
-    export.export_sentence_transformers(workdir, out)
-    modules = json.loads(pathlib.Path(out, "modules.json").read_text())
-    assert [(m["path"], m["type"].rsplit(".", 1)[1]) for m in modules] == [
-        ("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize")]
-    config = json.loads(pathlib.Path(out, "config.json").read_text())
-    assert config["model_type"] == "bert" and config["architectures"] == ["BertModel"]
-    start = pretrained.resolve(out)
-    run = trained.load_trained(workdir)
-    assert start.bert == run.model.bert and start.max_seq_length == 24
-    jax.tree.map(np.testing.assert_array_equal, start.tower_params(),
-                 jax.tree.map(np.asarray, run.params["tower"]))
-    for side in ("query", "document"):
-        np.testing.assert_allclose(_folder_vectors(out, 24), _run_vectors(workdir, side),
-                                   atol=1e-5)
 
 
 def test_what_sentence_transformers_cannot_compute_is_refused_before_writing(tmp_path):
@@ -225,11 +204,12 @@ def test_sentence_transformers_loads_a_static_folder_with_the_models_vectors(tmp
         np.testing.assert_allclose(encode(texts), want, atol=1e-5)
 
 
-def test_prompts_of_the_start_reach_training_the_bundle_and_the_folder(tmp_path):
-    """A start whose config_sentence_transformers.json declares prompts (E5's names:
-    "query", "passage") brings them; model.query_prompt overrides the start's. Every
-    text of a side is read with its prompt in front: the run's inputs, the bundle and
-    the exported folder's prompts."""
+def test_one_tower_with_the_starts_prompts_is_a_plain_folder(tmp_path):
+    """Shared towers at one max length: the model files at the top, as a Hugging Face
+    BertModel folder, whose weights go round dualjax's loader exactly. The start's
+    config_sentence_transformers.json declares prompts (E5's names: "query", "passage"),
+    which the run brings along (model.query_prompt overrides the start's): every text of
+    a side is read with its prompt in front, in the run, the bundle and the folder."""
     import shutil
     from dualjax.train import trained
     start = tmp_path / "start"
@@ -239,18 +219,30 @@ def test_prompts_of_the_start_reach_training_the_bundle_and_the_folder(tmp_path)
     assert pretrained.resolve(str(start)).prompts == {"query": "query: ",
                                                       "document": "passage: "}
     workdir = _run(tmp_path, pretrained=str(start), query_prompt="question: ")
-    inputs = trained.load_trained(workdir).inputs
-    assert (inputs.query.prompt, inputs.document.prompt) == ("question: ", "passage: ")
-    bare = inputs.document.tokenizer.encode(["passage: " + t for t in TEXTS], 24)
-    assert (inputs.document.encode(TEXTS)["ids"] == bare[0]).all()
+    prompts = {"query": "question: ", "document": "passage: "}
+    run = trained.load_trained(workdir)
+    assert (run.inputs.query.prompt, run.inputs.document.prompt) == tuple(prompts.values())
+    bare = run.inputs.document.tokenizer.encode(["passage: " + t for t in TEXTS], 24)
+    assert (run.inputs.document.encode(TEXTS)["ids"] == bare[0]).all()
 
     encoder = export.export(workdir, str(tmp_path / "bundle"), platforms=("cpu",))
-    assert encoder.meta["prompts"] == {"query": "question: ", "document": "passage: "}
+    assert encoder.meta["prompts"] == prompts
     np.testing.assert_allclose(encoder.encode_queries(TEXTS), _run_vectors(workdir, "query"),
                                atol=1e-5)
     out = str(tmp_path / "st")
     export.export_sentence_transformers(workdir, out)
+    modules = json.loads(pathlib.Path(out, "modules.json").read_text())
+    assert [(m["path"], m["type"].rsplit(".", 1)[1]) for m in modules] == [
+        ("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize")]
+    config = json.loads(pathlib.Path(out, "config.json").read_text())
+    assert config["model_type"] == "bert" and config["architectures"] == ["BertModel"]
     saved = json.loads(pathlib.Path(out, "config_sentence_transformers.json").read_text())
-    assert saved["prompts"] == {"query": "question: ", "document": "passage: "}
-    start_again = pretrained.resolve(out)  # the folder, as a start, brings them along
-    assert start_again.prompts == {"query": "question: ", "document": "passage: "}
+    assert saved["prompts"] == prompts
+    again = pretrained.resolve(out)  # the folder, as a start, brings them along too
+    assert again.prompts == prompts and again.bert == run.model.bert
+    assert again.max_seq_length == 24
+    jax.tree.map(np.testing.assert_array_equal, again.tower_params(),
+                 jax.tree.map(np.asarray, run.params["tower"]))
+    for side in ("query", "document"):
+        np.testing.assert_allclose(_folder_vectors(out, 24, prompt=prompts[side]),
+                                   _run_vectors(workdir, side), atol=1e-5)
