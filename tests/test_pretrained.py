@@ -120,6 +120,25 @@ def test_tiny_bert_mean_and_cls_pooling_equal_transformers():
     np.testing.assert_allclose(cls, ref["cls_vectors"], atol=1e-5, rtol=0)
 
 
+def test_a_folder_saved_by_sentence_transformers_6_reads_as_one_saved_before(tmp_path):
+    """sentence-transformers 6 writes Pooling's mode as "pooling_mode": "mean" and keeps
+    max_seq_length in tokenizer_config.json's model_max_length, not in
+    sentence_bert_config.json: the same start either way."""
+    import shutil
+    folder = tmp_path / "st6"
+    shutil.copytree(TINY, folder)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"embedding_dimension": 32, "pooling_mode": "mean", "include_prompt": True}))
+    (folder / "sentence_bert_config.json").write_text(json.dumps(
+        {"transformer_task": "feature-extraction", "module_output_name": "token_embeddings"}))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 40}))
+    old, new = pretrained.resolve(TINY), pretrained.resolve(str(folder))
+    assert (new.bert, new.max_seq_length) == (old.bert, 40) and new.bert.pooling == "mean"
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "cls"}))
+    assert pretrained.resolve(str(folder)).bert.pooling == "cls"
+
+
 def dataclass_replace(obj, **changes):
     import dataclasses
     return dataclasses.replace(obj, **changes)

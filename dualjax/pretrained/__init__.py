@@ -180,13 +180,32 @@ def _st_pooling(folder: str) -> str | None:
         if m.get("type", "").endswith("models.Pooling"):
             path = os.path.join(folder, m.get("path", ""), "config.json")
             cfg = _read_json(path)
-            modes = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v]
-            mapping = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
+            if isinstance(cfg.get("pooling_mode"), str):  # sentence-transformers 6's form
+                modes = [f"pooling_mode_{cfg['pooling_mode']}"]
+            else:
+                modes = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v]
+            mapping = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
+                       "pooling_mode_mean": "mean", "pooling_mode_cls": "cls"}
             if len(modes) != 1 or modes[0] not in mapping:
                 raise PretrainedError(f"{path}: pooling {modes} is not one of "
                                       "mean_tokens, cls_token")
             return mapping[modes[0]]
     return None
+
+
+def _st_max_length(folder: str, positions: int) -> int:
+    """sentence-transformers' max_seq_length: sentence_bert_config.json's (v2 to v5), else
+    the tokenizer's model_max_length (v6 keeps it there), else the encoder's positions."""
+    for name, key in (("sentence_bert_config.json", "max_seq_length"),
+                      ("tokenizer_config.json", "model_max_length")):
+        if name == "tokenizer_config.json" and not os.path.isfile(
+                os.path.join(folder, "modules.json")):
+            break  # a plain Hugging Face folder: its tokenizer's limit is not one it chose
+        path = os.path.join(folder, name)
+        value = _read_json(path).get(key) if os.path.isfile(path) else None
+        if isinstance(value, int) and 0 < value <= positions:
+            return value
+    return positions
 
 
 # The names sentence-transformers models give their document prompt.
@@ -229,9 +248,7 @@ def resolve(value: str, pooling: str = "") -> Pretrained:
         bert = BertConfig.from_hf(hf, st or pooling or "cls")
     except (KeyError, ValueError) as e:
         raise PretrainedError(f"{config_path}: {e}") from None
-    st_config = os.path.join(folder, "sentence_bert_config.json")
-    max_len = (_read_json(st_config).get("max_seq_length") if os.path.isfile(st_config)
-               else None) or bert.max_positions
+    max_len = _st_max_length(folder, bert.max_positions)
     return Pretrained(value, folder, "bert", {"lowercase": False, "add_special_tokens": True},
                       sha, bert=bert, max_seq_length=int(max_len), prompts=_st_prompts(folder))
 
