@@ -124,7 +124,7 @@ def write(directory: str, spec: ModelSpec, inputs: Inputs, params: dict[str, Any
 
 
 def _towers(spec: ModelSpec, params: dict[str, Any]) -> dict[str, dict]:
-    """side -> its BertTower's params (a shared token table put back into each)."""
+    """side -> its tower's params (a shared token table put back into each)."""
     shared = {"embed": params["embed"]} if "embed" in params else {}
     if spec.shared_towers:
         return {side: params["tower"] for side in SIDES}
