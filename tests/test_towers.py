@@ -150,6 +150,28 @@ def test_attention_equals_jax_dot_product_attention_with_its_mask(dtype):
                                    np.delete(np.asarray(b, np.float32), 2, 0), **tol)
 
 
+def test_attention_bias_and_its_gradient_equal_jax_dot_product_attention():
+    """A shared bias [heads, keys, queries] (MPNet's relative positions): the values and
+    the gradients w.r.t. q, k, v and the bias itself (summed over the batch) are
+    jax.nn.dot_product_attention(bias=)'s."""
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.normal(size=(3, 7, 2, 4)), jnp.float32) for _ in range(3))
+    mask = jnp.asarray(rng.random((3, 7)) < 0.7).at[:, 0].set(True)
+    bias = jnp.asarray(rng.normal(size=(2, 7, 7)), jnp.float32)
+    weights = jnp.asarray(rng.normal(size=(3, 7, 2, 4)), jnp.float32)
+
+    def reference(q, k, v, bias):  # its bias is [b, heads, queries, keys]
+        full = jnp.broadcast_to(jnp.swapaxes(bias, 1, 2)[None], (3, 2, 7, 7))
+        return jax.nn.dot_product_attention(q, k, v, bias=full, mask=mask[:, None, None, :])
+
+    ours = lambda q, k, v, bias: layers.attention(q, k, v, mask, bias)
+    np.testing.assert_allclose(ours(q, k, v, bias), reference(q, k, v, bias), atol=1e-6)
+    grad = lambda f: jax.jit(jax.grad(lambda *a: (f(*a) * weights).sum(),
+                                      argnums=(0, 1, 2, 3)))(q, k, v, bias)
+    for a, b in zip(grad(ours), grad(reference)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_masked_max_ignores_pads_even_over_negative_values():
     x = -jnp.arange(1.0, 13.0).reshape(2, 3, 2)  # every value negative
     mask = jnp.array([[True, True, False], [False, False, False]])

@@ -121,8 +121,8 @@ def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = "") -> N
     if not name:
         if "bert" in used and not config.init_from:
             raise ConfigError("config.model.tower='bert' takes its sizes and weights from "
-                              "model.pretrained (e.g. all-MiniLM-L6-v2 or a Hugging Face BERT "
-                              "folder)")
+                              "model.pretrained (e.g. all-MiniLM-L6-v2, all-mpnet-base-v2 or a "
+                              "Hugging Face BERT or MPNet folder)")
         if tok == "hf" and not m.get("tokenizer_path", "") and not config.init_from:
             raise ConfigError("config.model.tokenizer='hf' reads model.tokenizer_path (a "
                               "tokenizer.json) or model.pretrained's tokenizer: set one")
@@ -142,16 +142,17 @@ def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = "") -> N
                           "are for model.name='dual_encoder'")
     if start.kind == "bert":
         if set(used) != {"bert"}:
-            raise ConfigError(f"config.model.pretrained={name!r} is a BERT encoder: set "
-                              "--config.model.tower=bert (both sides)")
+            raise ConfigError(f"config.model.pretrained={name!r} is a BERT-family encoder "
+                              f"({start.bert.family}): set --config.model.tower=bert (both "
+                              "sides)")
         if m.shared_embedding:
             raise ConfigError("config.model.shared_embedding: two bert towers start from one "
                               "table already; set it to False")
         for key, length in zip(("query_max_len", "doc_max_len"), specs.max_lens(m)):
-            if length > start.bert.max_positions:
+            if length > start.bert.max_length:
                 key = key if m.get(key, 0) else "max_len"
                 raise ConfigError(f"config.model.{key}={length} is longer than {name}'s "
-                                  f"{start.bert.max_positions} positions")
+                                  f"{start.bert.max_length} positions")
     else:
         bad = [t for t in used if t not in ("bow", "bow_mlp", "cnn")]
         if bad:

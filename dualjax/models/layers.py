@@ -22,13 +22,15 @@ def _axes(init: Callable, *names: str | None) -> Callable:
 
 class SelfAttention(nn.Module):
     """Multi-head self-attention over x [b, n, width]; keys where mask [b, n] is False are
-    ignored. Softmax in float32 whatever the activation dtype."""
+    ignored; `bias` [heads, keys, queries] (MPNet's relative positions) is added to every
+    text's logits. Softmax in float32 whatever the activation dtype."""
     num_heads: int
     init_std: float
     dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
+    def __call__(self, x: jnp.ndarray, mask: jnp.ndarray,
+                 bias: jnp.ndarray | None = None) -> jnp.ndarray:
         width = x.shape[-1]
         h, d = self.num_heads, width // self.num_heads
         init = nn.initializers.normal(stddev=self.init_std)
@@ -39,18 +41,20 @@ class SelfAttention(nn.Module):
             return jnp.einsum("bne,ehd->bnhd", x, w.astype(self.dtype)) + b.astype(self.dtype)
 
         q, k, v = project("query"), project("key"), project("value")
-        y = attention(q, k, v, mask)
+        y = attention(q, k, v, mask, bias)
         w = self.param("out_kernel", _axes(init, "heads", "kv", "embed"), (h, d, width))
         b = self.param("out_bias", _axes(_zeros, "embed"), (width,))
         return jnp.einsum("bqhd,hde->bqe", y, w.astype(self.dtype)) + b.astype(self.dtype)
 
 
 @jax.custom_vjp
-def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray
-              ) -> jnp.ndarray:
-    """softmax(q k / sqrt(d)) v over the keys where mask [b, n] is True: q, k, v [b, n,
-    heads, d] -> [b, n, heads, d], the logits and the softmax in float32 whatever the
-    inputs' dtype: jax.nn.dot_product_attention(mask=)'s values, within 1e-6.
+def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray,
+              bias: jnp.ndarray | None = None) -> jnp.ndarray:
+    """softmax(q k / sqrt(d) + bias) v over the keys where mask [b, n] is True: q, k, v
+    [b, n, heads, d] -> [b, n, heads, d], the logits and the softmax in float32 whatever
+    the inputs' dtype: jax.nn.dot_product_attention(mask=, bias=)'s values, within 1e-6.
+    bias: None, or float32 [heads, keys, queries] shared by the batch (keys-major, as the
+    logits are laid out below), with a gradient of its own.
 
     Written for XLA on CPU. Padded keys are an additive bias (`mask=` is a select pass
     of its own over the [b, heads, n, n] logits; a logit plus the bias rounds to the
@@ -65,15 +69,18 @@ def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray
     recomputation of FlashAttention, Dao et al. 2022, without its tiling). Saving the
     probabilities of every layer instead held 8.6 GiB at MiniLM's 64 x 256 tokens, more
     than the rest of the step (BENCHMARKS.md, "Adapting MiniLM")."""
-    probs = jax.nn.softmax(_logits(q, k, mask), axis=2).astype(v.dtype)
+    probs = jax.nn.softmax(_logits(q, k, mask, bias), axis=2).astype(v.dtype)
     return jnp.einsum("bnst,bsnh->btnh", probs, v)
 
 
-def _logits(q: jnp.ndarray, k: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
-    """float32 [b, heads, keys, queries]: q k / sqrt(d) plus the padded keys' bias."""
+def _logits(q: jnp.ndarray, k: jnp.ndarray, mask: jnp.ndarray,
+            bias: jnp.ndarray | None) -> jnp.ndarray:
+    """float32 [b, heads, keys, queries]: q k / sqrt(d) plus the padded keys' bias and
+    the shared `bias`, if any."""
     scale = np.float32(1 / np.sqrt(q.shape[-1]))
     logits = jnp.einsum("bsnh,btnh->bnst", k, q, preferred_element_type=jnp.float32) * scale
-    return logits + _key_bias(mask)[:, None, :, None]
+    logits = logits + _key_bias(mask)[:, None, :, None]
+    return logits if bias is None else logits + bias.astype(jnp.float32)[None]
 
 
 def _key_bias(mask: jnp.ndarray) -> jnp.ndarray:
@@ -81,30 +88,33 @@ def _key_bias(mask: jnp.ndarray) -> jnp.ndarray:
     return jnp.where(mask, 0.0, _MASKED_LOGIT).astype(jnp.float32)
 
 
-def _attention_fwd(q, k, v, mask):
-    logits = _logits(q, k, mask)
+def _attention_fwd(q, k, v, mask, bias=None):
+    logits = _logits(q, k, mask, bias)
     lse = jax.nn.logsumexp(logits, axis=2, keepdims=True)  # [b, heads, 1, queries]
     out = jnp.einsum("bnst,bsnh->btnh", jnp.exp(logits - lse).astype(v.dtype), v)
-    return out, (q, k, v, mask, out, lse)
+    return out, (q, k, v, mask, bias, out, lse)
 
 
 def _attention_bwd(residuals, g):
     """The probabilities p again from the logits and lse; then dv = p^T g, and the
-    softmax's backward dlogits = p * (g v^T - rowsum(g * out)) for dq and dk."""
+    softmax's backward dlogits = p * (g v^T - rowsum(g * out)) for dq and dk, and their
+    sum over the batch for the shared bias."""
     # The barrier ties the recomputation to g: without it XLA merges it with the forward
     # pass's (common subexpressions) or runs it early, before g is there, and every
     # layer's probabilities are alive at once again.
-    (q, k, v, mask, out, lse), g = jax.lax.optimization_barrier((residuals, g))
+    (q, k, v, mask, bias, out, lse), g = jax.lax.optimization_barrier((residuals, g))
     f32 = jnp.float32
     scale = np.float32(1 / np.sqrt(q.shape[-1]))
-    probs = jnp.exp(_logits(q, k, mask) - lse)  # [b, heads, keys, queries]
+    probs = jnp.exp(_logits(q, k, mask, bias) - lse)  # [b, heads, keys, queries]
     dv = jnp.einsum("bnst,btnh->bsnh", probs.astype(g.dtype), g)
     dprobs = jnp.einsum("btnh,bsnh->bnst", g, v, preferred_element_type=f32)
     rowsum = jnp.einsum("btnh,btnh->bnt", g.astype(f32), out.astype(f32))[:, :, None, :]
-    dlogits = probs * (dprobs - rowsum) * scale
+    dlogits = probs * (dprobs - rowsum)  # d loss / d logits
+    dbias = None if bias is None else dlogits.sum(0).astype(bias.dtype)
+    dlogits = dlogits * scale  # through q k / sqrt(d)
     dq = jnp.einsum("bnst,bsnh->btnh", dlogits, k.astype(f32))
     dk = jnp.einsum("bnst,btnh->bsnh", dlogits, q.astype(f32))
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None  # mask: none
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, dbias
 
 
 attention.defvjp(_attention_fwd, _attention_bwd)

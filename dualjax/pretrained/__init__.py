@@ -1,7 +1,8 @@
 """Pretrained starts (`model.pretrained`): outside checkpoints read into the towers.
 
 Two kinds of folder, told apart by their files:
-- a Hugging Face BERT folder (config.json with model_type "bert", model.safetensors,
+- a Hugging Face BERT or MPNet folder (config.json with model_type "bert" or "mpnet",
+  model.safetensors,
   tokenizer.json; the sentence-transformers files modules.json, 1_Pooling/config.json and
   sentence_bert_config.json when present): the `bert` tower (`models/bert.py`), its
   pooling as sentence-transformers' Pooling module says (else `model.pretrained_pooling`);
@@ -28,7 +29,7 @@ from typing import Any, Iterator
 import jax
 import numpy as np
 
-from dualjax.models.bert import POOLINGS, BertConfig
+from dualjax.models.bert import FAMILIES, POOLINGS, BertConfig
 from dualjax.pretrained.sources import (
     MARKER,
     SOURCES,
@@ -234,9 +235,9 @@ def resolve(value: str, pooling: str = "") -> Pretrained:
     hf = _read_json(config_path) if os.path.isfile(config_path) else {}
     if marker.get("kind") == "static" or hf.get("model_type") == "model2vec":
         return _static(value, folder, marker, sha, header)
-    if hf.get("model_type") != "bert":
+    if hf.get("model_type") not in FAMILIES:
         raise PretrainedError(f"{config_path}: model_type {hf.get('model_type')!r}; "
-                              f"model.pretrained reads BERT folders and static tables")
+                              "model.pretrained reads BERT and MPNet folders and static tables")
     st = _st_pooling(folder)
     if pooling and pooling not in POOLINGS:
         raise PretrainedError(f"model.pretrained_pooling={pooling!r} is not one of "
@@ -248,7 +249,7 @@ def resolve(value: str, pooling: str = "") -> Pretrained:
         bert = BertConfig.from_hf(hf, st or pooling or "cls")
     except (KeyError, ValueError) as e:
         raise PretrainedError(f"{config_path}: {e}") from None
-    max_len = _st_max_length(folder, bert.max_positions)
+    max_len = _st_max_length(folder, bert.max_length)
     return Pretrained(value, folder, "bert", {"lowercase": False, "add_special_tokens": True},
                       sha, bert=bert, max_seq_length=int(max_len), prompts=_st_prompts(folder))
 
@@ -310,36 +311,51 @@ def _norm(tensors: dict, name: str) -> dict[str, np.ndarray]:
     return {"scale": scale, "bias": bias}
 
 
+# Where a layer's tensors sit in each family's Hugging Face model (the rest is shared):
+# (the attention's q, k, v, output projections; the LayerNorm after the attention).
+_ATTENTION_NAMES = {
+    "bert": (("attention.self.query", "attention.self.key", "attention.self.value",
+              "attention.output.dense"), "attention.output.LayerNorm"),
+    "mpnet": (("attention.attn.q", "attention.attn.k", "attention.attn.v",
+               "attention.attn.o"), "attention.LayerNorm"),
+}
+
+
 def bert_params(tensors: dict[str, np.ndarray], c: BertConfig, path: str) -> dict:
-    """A Hugging Face BertModel's tensors (with or without the "bert." prefix) as a
-    `BertTower`'s params; PretrainedError naming a missing tensor or a wrong shape."""
-    t = {k.removeprefix("bert."): v for k, v in tensors.items()}
+    """A Hugging Face BertModel's or MPNetModel's tensors (with or without the "bert." /
+    "mpnet." prefix) as a `BertTower`'s params; PretrainedError naming a missing tensor
+    or a wrong shape."""
+    t = {k.removeprefix(f"{c.family}."): v for k, v in tensors.items()}
     h, heads = c.hidden_size, c.num_heads
     d = h // heads
+    projections, attention_norm = _ATTENTION_NAMES[c.family]
     try:
         out = {"embed": {"embedding": t["embeddings.word_embeddings.weight"]},
                "pos_embed": t["embeddings.position_embeddings.weight"],
-               "type_embed": t["embeddings.token_type_embeddings.weight"][0],
                "ln_embed": _norm(t, "embeddings.LayerNorm")}
+        if c.family == "bert":
+            out["type_embed"] = t["embeddings.token_type_embeddings.weight"][0]
+        if c.relative_buckets:
+            out["rel_bias"] = t["encoder.relative_attention_bias.weight"]
         for i in range(c.num_layers):
             p = f"encoder.layer.{i}."
             attn = {}
-            for ours, theirs in (("query", "query"), ("key", "key"), ("value", "value")):
-                w, b = _linear(t, p + "attention.self." + theirs)
+            for ours, theirs in zip(("query", "key", "value"), projections):
+                w, b = _linear(t, p + theirs)
                 attn[f"{ours}_kernel"] = w.reshape(h, heads, d)
                 attn[f"{ours}_bias"] = b.reshape(heads, d)
-            w, b = _linear(t, p + "attention.output.dense")
+            w, b = _linear(t, p + projections[3])
             attn["out_kernel"], attn["out_bias"] = w.reshape(heads, d, h), b
             w_in, b_in = _linear(t, p + "intermediate.dense")
             w_out, b_out = _linear(t, p + "output.dense")
             out[f"layer_{i}"] = {"attn": attn,
-                                 "ln_attn": _norm(t, p + "attention.output.LayerNorm"),
+                                 "ln_attn": _norm(t, p + attention_norm),
                                  "mlp_in": {"kernel": w_in, "bias": b_in},
                                  "mlp_out": {"kernel": w_out, "bias": b_out},
                                  "ln_mlp": _norm(t, p + "output.LayerNorm")}
     except KeyError as e:
-        raise PretrainedError(f"{path}: no tensor {e.args[0]} (a BERT of {c.num_layers} "
-                              "layers?)") from None
+        raise PretrainedError(f"{path}: no tensor {e.args[0]} (a {c.family} of "
+                              f"{c.num_layers} layers?)") from None
     except ValueError as e:
         raise PretrainedError(f"{path}: a tensor does not fit the sizes in config.json: "
                               f"{e}") from None
@@ -347,19 +363,23 @@ def bert_params(tensors: dict[str, np.ndarray], c: BertConfig, path: str) -> dic
 
 
 def hf_tensors(params: dict, c: BertConfig) -> dict[str, np.ndarray]:
-    """A `BertTower`'s params as a Hugging Face BertModel's tensors (the names
-    `bert_params` reads; torch's Linear weight is [out, in]): the inverse of `bert_params`.
-    The token-type table gets two rows, both the tower's one row (a single text is type
-    0; the tower never had a second type); BertModel's pooler, which no sentence vector
-    reads and the tower does not have, is the identity (so `transformers` finds every
-    tensor it builds)."""
+    """A `BertTower`'s params as a Hugging Face BertModel's or MPNetModel's tensors (the
+    names `bert_params` reads; torch's Linear weight is [out, in]): the inverse of
+    `bert_params`. BERT's token-type table gets two rows, both the tower's one row (a
+    single text is type 0; the tower never had a second type); the pooler, which no
+    sentence vector reads and the tower does not have, is the identity (so
+    `transformers` finds every tensor it builds)."""
     p = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
     h = c.hidden_size
+    projections, attention_norm = _ATTENTION_NAMES[c.family]
     out = {"embeddings.word_embeddings.weight": p["embed"]["embedding"],
            "embeddings.position_embeddings.weight": p["pos_embed"],
-           "embeddings.token_type_embeddings.weight": np.stack([p["type_embed"]] * 2),
            "embeddings.LayerNorm.weight": p["ln_embed"]["scale"],
            "embeddings.LayerNorm.bias": p["ln_embed"]["bias"]}
+    if c.family == "bert":
+        out["embeddings.token_type_embeddings.weight"] = np.stack([p["type_embed"]] * 2)
+    if c.relative_buckets:
+        out["encoder.relative_attention_bias.weight"] = p["rel_bias"]
 
     def linear(name: str, kernel: np.ndarray, bias: np.ndarray, rows: int) -> None:
         out[f"{name}.weight"] = kernel.reshape(-1, rows).T
@@ -368,15 +388,13 @@ def hf_tensors(params: dict, c: BertConfig) -> dict[str, np.ndarray]:
     for i in range(c.num_layers):
         layer, prefix = p[f"layer_{i}"], f"encoder.layer.{i}."
         attn = layer["attn"]
-        for side in ("query", "key", "value"):
-            linear(prefix + "attention.self." + side, attn[f"{side}_kernel"],
-                   attn[f"{side}_bias"], h)
-        linear(prefix + "attention.output.dense", attn["out_kernel"], attn["out_bias"], h)
+        for side, name in zip(("query", "key", "value"), projections):
+            linear(prefix + name, attn[f"{side}_kernel"], attn[f"{side}_bias"], h)
+        linear(prefix + projections[3], attn["out_kernel"], attn["out_bias"], h)
         linear(prefix + "intermediate.dense", layer["mlp_in"]["kernel"],
                layer["mlp_in"]["bias"], c.intermediate_size)
         linear(prefix + "output.dense", layer["mlp_out"]["kernel"], layer["mlp_out"]["bias"], h)
-        for ours, theirs in (("ln_attn", "attention.output.LayerNorm"),
-                             ("ln_mlp", "output.LayerNorm")):
+        for ours, theirs in (("ln_attn", attention_norm), ("ln_mlp", "output.LayerNorm")):
             out[f"{prefix}{theirs}.weight"] = layer[ours]["scale"]
             out[f"{prefix}{theirs}.bias"] = layer[ours]["bias"]
     out["pooler.dense.weight"] = np.eye(h, dtype=np.float32)
@@ -385,8 +403,19 @@ def hf_tensors(params: dict, c: BertConfig) -> dict[str, np.ndarray]:
 
 
 def hf_config(c: BertConfig) -> dict:
-    """A Hugging Face BertModel config.json for `c` (the fields `BertConfig.from_hf`
-    reads, and the ones `transformers` needs to build the model)."""
+    """A Hugging Face BertModel or MPNetModel config.json for `c` (the fields
+    `BertConfig.from_hf` reads, and the ones `transformers` needs to build the model)."""
+    if c.family == "mpnet":
+        return {"architectures": ["MPNetModel"], "model_type": "mpnet",
+                "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+                "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
+                "intermediate_size": c.intermediate_size, "hidden_act": "gelu",
+                "max_position_embeddings": c.max_positions,
+                "relative_attention_num_buckets": c.relative_buckets,
+                "layer_norm_eps": c.layer_norm_eps, "initializer_range": c.init_std,
+                "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+                "pad_token_id": c.position_offset - 1, "bos_token_id": 0, "eos_token_id": 2,
+                "torch_dtype": "float32"}
     return {"architectures": ["BertModel"], "model_type": "bert",
             "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
             "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,

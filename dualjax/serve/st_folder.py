@@ -40,9 +40,11 @@ _TYPES = {kind: f"sentence_transformers.models.{kind}"
 _MODULES = {"bert": ("Transformer", "Pooling", "Normalize"),
             "bow": ("StaticEmbedding", "Normalize")}
 _POOLING = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token"}
-# Special tokens a tokenizer config names, where the vocabulary has them.
-_SPECIAL = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]",
-            "sep_token": "[SEP]", "mask_token": "[MASK]"}
+# Special tokens a tokenizer config names, where the vocabulary has them: BERT's, else
+# MPNet's (whose padding must be <pad>: its positions count the tokens that are not).
+_SPECIAL = {"pad_token": ("[PAD]", "<pad>"), "unk_token": ("[UNK]", "<unk>"),
+            "cls_token": ("[CLS]", "<s>"), "sep_token": ("[SEP]", "</s>"),
+            "mask_token": ("[MASK]", "<mask>"), "bos_token": ("<s>",), "eos_token": ("</s>",)}
 
 
 def refusal(spec: ModelSpec, inputs: Inputs, bert: BertConfig | None) -> str | None:
@@ -184,7 +186,9 @@ def _special_tokens(tok: HFTokenizer) -> dict[str, str]:
     vocab = tok.spec.get("model", {}).get("vocab", {})
     known = set(vocab) if isinstance(vocab, dict) else {v[0] for v in vocab}
     known |= {t["content"] for t in tok.spec.get("added_tokens", [])}
-    return {key: token for key, token in _SPECIAL.items() if token in known}
+    found = {key: next((t for t in tokens if t in known), None)
+             for key, tokens in _SPECIAL.items()}
+    return {key: token for key, token in found.items() if token}
 
 
 def _pooling_config(bert: BertConfig) -> dict:
