@@ -85,7 +85,10 @@ def get_config() -> ml_collections.ConfigDict:
                                     # two random spans of a passage), "pseudo" (a sentence of
                                     # each passage, labelled by the start's hybrid with BM25:
                                     # needs model.pretrained or init_from), mixed uniformly;
-                                    # or "mlm" alone (masked language modelling, transformer)
+                                    # or "mlm" alone (masked language modelling, transformer);
+                                    # or "distill" alone (a sentence of each passage with
+                                    # candidates scored by distill.teacher, learnt as c.distill
+                                    # says)
     c.data.ict_mask_rate = 0.9      # pretrain ICT: P(the query sentence is removed from its
                                     # passage) (ORQA: 0.9)
     c.data.min_query_words = 5      # pretrain: shorter sentences are never queries
@@ -257,6 +260,31 @@ def get_config() -> ml_collections.ConfigDict:
     c.loss.pses.critic_learning_rate = 5e-5  # the critic's RMSProp (WGAN)
     c.loss.pses.trainable = "all"   # params that train: "all" | "shared" (NN_s and the
                                     # similarity only: fine-tuning as the paper does)
+
+    c.distill = ml_collections.ConfigDict()  # data.tasks="distill": the student learns a
+                                    # teacher's scores of each pseudo-query's candidates,
+                                    # mined and scored once before training and kept in
+                                    # WORKDIR/teacher_scores.jsonl (dualjax/train/teacher.py)
+    c.distill.teacher = ""          # a pretrained start, by name (all-mpnet-base-v2, ...) or
+                                    # folder, as model.pretrained takes them; its vocabulary
+                                    # and width need not be the student's
+    c.distill.teacher_weight = 0.5  # the teacher's dense weight in its fusion with BM25
+                                    # (score interpolation, as eval.hybrid_weight); 1: alone
+    c.distill.negatives = 3         # k negatives per query, besides its positive (the
+                                    # teacher's first): each step encodes 1 + k documents a pair
+    c.distill.depth = 30            # ... drawn at random from the teacher's top `depth`
+    c.distill.margin = 0.1          # a candidate the teacher scores within this of the
+                                    # positive (scores in [0, 1]) is dropped: likely relevant
+                                    # too (a false negative)
+    c.distill.max_len = 0           # the teacher's tokens per text; 0: its own max length
+    c.distill.loss = "kl"           # "kl": KL(teacher || student) over each query's 1 + k
+                                    # candidates | "margin_mse": the squared error of the
+                                    # positive-negative margins (losses/distillation.py)
+    c.distill.weight = 1.0          # the distillation term's weight, added to ...
+    c.distill.in_batch_weight = 1.0  # ... loss.name's over the global batch times this (0:
+                                    # the teacher's scores alone)
+    c.distill.temperature = 0.1     # the teacher's logits are its scores over this; the
+                                    # student's, the model's own (model.temperature)
 
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.name = "adamw"      # "sgd" (with momentum) | "adam" | "adamw"

@@ -262,8 +262,24 @@ def objective_spec(config: ml_collections.ConfigDict) -> ObjectiveSpec:
         max_len=d_len if kind == "mlm" else max(q_len, d_len),
         encode_chunks=config.get("train", {}).get("encode_chunks", 0),
         matryoshka_dims=dims(loss.get("matryoshka_dims", ""), "loss.matryoshka_dims"),
+        **distill_options(config),
         pses=PsesLoss() if pses is None else PsesLoss(**{
             f.name: pses[f.name] for f in dataclasses.fields(PsesLoss)}))
+
+
+def is_distill(config: ml_collections.ConfigDict) -> bool:
+    """Whether a task of the run learns a teacher's scores (data.tasks "distill")."""
+    return any(d.name == PRETRAIN and "distill" in (t.strip() for t in d.tasks.split(","))
+               for _, d, _ in task_configs(config))
+
+
+def distill_options(config: ml_collections.ConfigDict) -> dict:
+    """The `ObjectiveSpec` fields of config.distill, when the run distills ({} else)."""
+    if not is_distill(config):
+        return {}
+    d = config.distill
+    return {"distill": d.loss, "distill_weight": d.weight, "in_batch_weight": d.in_batch_weight,
+            "teacher_temperature": d.temperature}
 
 
 def eval_spec(config: ml_collections.ConfigDict) -> EvalSpec:

@@ -289,6 +289,7 @@ def _check_pretraining(config: ml_collections.ConfigDict, task_list) -> bool:
                                               or config.init_from):
         raise ConfigError("config.data.tasks 'pseudo' labels queries with the run's start: set "
                           "model.pretrained or config.init_from")
+    _check_distill(config, task_list)
     if pretrain and config.loss.num_mixed_negatives:
         raise ConfigError("config.loss.num_mixed_negatives: mixed negatives are drawn from a "
                           "table of training pairs, which data.name='pretrain' does not have")
@@ -421,6 +422,49 @@ def _check_batch(config: ml_collections.ConfigDict, task_list, num_devices: int)
     if config.global_batch_size % num_devices:
         raise ConfigError(f"config.global_batch_size={config.global_batch_size} must be divisible "
                           f"by the {num_devices} devices of the mesh (config.mesh.num_devices)")
+
+
+def _check_distill(config: ml_collections.ConfigDict, task_list: list) -> None:
+    """data.tasks="distill" and config.distill: a teacher that is there, a loss that takes
+    the candidates as columns, settings in range; distill.teacher without the task is
+    refused (it would be ignored)."""
+    from dualjax import pretrained
+    from dualjax.losses import DISTILL_KINDS
+    d = config.get("distill")
+    if not specs.is_distill(config):
+        if d is not None and d.get("teacher", ""):
+            raise ConfigError("config.distill.teacher is read only with "
+                              "--config.data.name=pretrain --config.data.tasks=distill")
+        return
+    if len(task_list) > 1:
+        raise ConfigError("config.data.tasks='distill' learns one teacher's scores; it does "
+                          "not mix with config.tasks")
+    if config.model.name != "dual_encoder":
+        raise ConfigError(f"config.data.tasks='distill': model.name={config.model.name!r}; "
+                          "distillation trains a dual encoder")
+    if config.loss.name == "pointwise_logistic":
+        raise ConfigError("config.data.tasks='distill' adds the teacher's candidates as "
+                          "columns of an in-batch loss; loss.name='pointwise_logistic' has "
+                          "none")
+    if not d.teacher:
+        raise ConfigError("config.distill.teacher must name the teacher (e.g. "
+                          "all-mpnet-base-v2, fetched with python -m dualjax.pretrained "
+                          "fetch all-mpnet-base-v2, or a folder)")
+    _one_of("distill.loss", d.loss, DISTILL_KINDS)
+    for key, ok, rule in (("teacher_weight", 0 <= d.teacher_weight <= 1, "between 0 and 1"),
+                          ("negatives", d.negatives >= 1, ">= 1"),
+                          ("depth", d.depth > d.negatives, "above distill.negatives"),
+                          ("margin", d.margin >= 0, ">= 0"),
+                          ("max_len", d.max_len >= 0, ">= 0"),
+                          ("temperature", d.temperature > 0, "> 0"),
+                          ("weight", d.weight >= 0, ">= 0"),
+                          ("in_batch_weight", d.in_batch_weight >= 0, ">= 0")):
+        if not ok:
+            raise ConfigError(f"config.distill.{key}={d[key]} must be {rule}")
+    try:
+        pretrained.resolve(d.teacher)
+    except pretrained.PretrainedError as e:
+        raise ConfigError(f"config.distill.teacher: {e}") from None
 
 
 def _check_data(data: ml_collections.ConfigDict, key: str) -> None:

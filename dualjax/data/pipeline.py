@@ -130,13 +130,18 @@ class ReadPairs(grain.transforms.Map):
             if any(len(n) < self._k for n in negatives):
                 raise ValueError(f"{self._k} hard negatives per pair asked for, but the data "
                                  "has fewer: prepare it with data.hard_negatives set")
-            flat = [t for n in negatives for t in n]
-            enc = self._inputs.document.encode(flat)
-            b = len(records)
-            out["n_ids"] = enc["ids"].reshape(b, self._k, -1)
-            out["n_mask"] = enc["mask"].reshape(b, self._k, -1)
-            out["n_doc_ids"] = text_ids(flat).reshape(b, self._k)
+            out.update(encode_negatives(negatives, self._inputs.document))
         return out
+
+
+def encode_negatives(negatives: Sequence[Sequence[str]], side: Side) -> dict[str, np.ndarray]:
+    """k negative documents per pair -> n_ids, n_mask [batch, k, document max_len] and
+    n_doc_ids [batch, k] (`text_ids`, for accidental hits)."""
+    b, k = len(negatives), len(negatives[0])
+    flat = [t for n in negatives for t in n]
+    enc = side.encode(flat)
+    return {"n_ids": enc["ids"].reshape(b, k, -1), "n_mask": enc["mask"].reshape(b, k, -1),
+            "n_doc_ids": text_ids(flat).reshape(b, k)}
 
 
 def distinct_documents(source) -> np.ndarray:
@@ -221,15 +226,21 @@ def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
 
 class GeneratePairs(grain.transforms.Map):
     """A batch of stream positions -> `encode_pairs` of the pairs a pre-training
-    `PairGenerator` makes at those positions."""
+    `PairGenerator` makes at those positions; for "distill" pairs also their negatives
+    (`encode_negatives`) and "teacher" [batch, 1 + k], the teacher's scores."""
 
     def __init__(self, generator, inputs: Inputs):
         self._generator, self._inputs = generator, inputs
 
     def map(self, positions: np.ndarray) -> dict[str, np.ndarray]:
         pairs = [self._generator.pair(int(p)) for p in positions]
-        return encode_pairs([{"query": q.encode(), "document": d.encode()} for q, d, _ in pairs],
-                            self._inputs)
+        out = encode_pairs([{"query": q.encode(), "document": d.encode()} for q, d, _ in pairs],
+                           self._inputs)
+        if "distill" in self._generator.tasks:  # alone (pretraining.ALONE)
+            candidates = [self._generator.candidates(int(p)) for p in positions]
+            out.update(encode_negatives([c[0] for c in candidates], self._inputs.document))
+            out["teacher"] = np.stack([c[1] for c in candidates])
+        return out
 
 
 def generated_iterator(generator, inputs: Inputs, global_batch_size: int,

@@ -18,6 +18,10 @@ Three paragraph-level tasks, each making (query, document) pairs from a `Collect
   pairs made before training, e.g. a sentence of each passage labelled with the
   document the start's hybrid with BM25 ranks first among the others; given to the
   generator as `pseudo_pairs`.
+- DISTILL, a teacher's scores (`dualjax.train.teacher`): pseudo-queries each with a
+  positive and k negatives (passage indices) and the teacher's scores of them, given to
+  the generator as `distill`; `candidates(position)` gives a pair's negatives and scores.
+  Alone in data.tasks: every pair of a batch then has its candidates.
 And for MLM (`objectives.mlm.objective`, alone): the document is a passage, the query
 empty.
 
@@ -41,19 +45,24 @@ from dualjax.data.beir import document_text
 from dualjax.data.documents import Collection
 from dualjax.data.pairs_file import DataError
 
-TASKS = ("ict", "bfs", "wlp", "crop", "pseudo", "mlm")
+TASKS = ("ict", "bfs", "wlp", "crop", "pseudo", "distill", "mlm")
+ALONE = ("mlm", "distill")  # tasks that do not mix with others
 CROP_RATIO = (0.1, 0.5)  # Contriever's span lengths, as fractions of the passage's words
 CROP_MIN_WORDS = 4  # passages shorter than this are not cropped (nothing to split)
 
 
 def parse_tasks(spec: str) -> tuple[str, ...]:
     """"ict,bfs,wlp" -> ("ict", "bfs", "wlp"); ValueError for an unknown or repeated name,
-    or "mlm" with another task (a token-level objective, not pairs)."""
+    or "mlm" (a token-level objective, not pairs) or "distill" (pairs with scored
+    candidates) with another task."""
     names = tuple(t.strip() for t in spec.split(",") if t.strip())
     bad = [t for t in names if t not in TASKS]
-    if not names or bad or len(set(names)) != len(names) or ("mlm" in names and len(names) > 1):
+    alone = any(t in ALONE for t in names) and len(names) > 1
+    if not names or bad or len(set(names)) != len(names) or alone:
+        mixed = [t for t in TASKS if t not in ALONE]
         raise ValueError(f"data.tasks={spec!r} must name distinct tasks among "
-                         f"{', '.join(TASKS[:-1])}, separated by commas, or mlm alone")
+                         f"{', '.join(mixed)}, separated by commas, or one of "
+                         f"{', '.join(ALONE)} alone")
     return names
 
 
@@ -74,9 +83,11 @@ class PairGenerator:
 
     def __init__(self, collection: Collection, tasks: tuple[str, ...], seed: int,
                  mask_rate: float = 0.9, min_query_words: int = 5,
-                 pseudo_pairs: list[tuple[str, str]] | None = None):
+                 pseudo_pairs: list[tuple[str, str]] | None = None,
+                 distill: list[dict] | None = None):
         c = self.collection = collection
         self.pseudo_pairs = pseudo_pairs or []
+        self.distill = distill or []  # {"query", "documents": [passage], "scores": [float]}
         self.tasks, self.seed, self.mask_rate = tasks, seed, mask_rate
         # Query sentences (long enough), in order; those of sentences [s0, s1) are
         # self._query_sents[searchsorted(s0) : searchsorted(s1)].
@@ -108,6 +119,8 @@ class PairGenerator:
             return passages
         if task == "pseudo":  # the pairs made for it
             return np.arange(len(self.pseudo_pairs))
+        if task == "distill":  # the teacher's scored queries
+            return np.arange(len(self.distill))
         if task == "crop":  # passages with enough words to crop twice
             n_words = np.fromiter((len(p.split()) for p in c.passages), np.int64, len(passages))
             return passages[n_words >= CROP_MIN_WORDS]
@@ -170,6 +183,9 @@ class PairGenerator:
             return self._crop(item, rng), self._crop(item, rng), task
         if task == "pseudo":
             return (*self.pseudo_pairs[item], task)
+        if task == "distill":
+            record = self.distill[item]
+            return record["query"], self._document(record["documents"][0]), task
         pick = lambda lo_hi: int(self._query_sents[rng.integers(*lo_hi)])  # a query sentence
         if task == "ict":
             s = pick(self._passage_q[item])
@@ -180,6 +196,16 @@ class PairGenerator:
             return c.sentences[s], self._document(item), task
         p, a = c.links[item]
         return c.sentences[pick(self._lead_q[a])], self._document(int(p)), task
+
+    def candidates(self, position: int) -> tuple[list[str], np.ndarray]:
+        """(the k negatives' texts, float32 [1 + k] the teacher's scores of the positive
+        and them) of "distill" pair number `position`."""
+        t, k = position % len(self.tasks), position // len(self.tasks)
+        if self.tasks[t] != "distill":
+            raise ValueError(f"pair {position} is a {self.tasks[t]} pair: no candidates")
+        record = self.distill[self._item(t, k)]
+        return ([self._document(p) for p in record["documents"][1:]],
+                np.asarray(record["scores"], np.float32))
 
     def texts(self):
         """Every title and passage (for building a vocabulary)."""
@@ -192,4 +218,5 @@ _NEEDS = {"ict": "passages of two or more sentences",
           "wlp": "links between articles, or titles mentioned in other articles",
           "crop": f"passages of {CROP_MIN_WORDS} or more words",
           "pseudo": "pseudo-labelled pairs (dualjax.train.weak_labels)",
+          "distill": "queries with a teacher's scored candidates (dualjax.train.teacher)",
           "mlm": "passages"}

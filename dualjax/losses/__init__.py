@@ -65,6 +65,8 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from dualjax.losses import streaming
+from dualjax.losses.distill import KINDS as DISTILL_KINDS  # noqa: F401
+from dualjax.losses.distill import distillation  # noqa: F401
 
 # Re-exported: the package's names as they were when it was one module.
 from dualjax.losses.reference import (  # noqa: F401

@@ -43,6 +43,11 @@ class ObjectiveSpec:
     encode_chunks: int = 0  # config.train.encode_chunks (GradCache; 0 or 1: off)
     matryoshka_dims: tuple[int, ...] = ()  # in_batch: the loss also on these prefixes
     pses: PsesLoss = PsesLoss()
+    # in_batch with a teacher's scores (data.tasks="distill"): `losses.distillation`'s
+    distill: str = ""  # "kl" | "margin_mse"; "": none
+    distill_weight: float = 1.0
+    teacher_temperature: float = 1.0
+    in_batch_weight: float = 1.0
 
 
 def make(spec: ObjectiveSpec, model, mesh: jax.sharding.Mesh) -> Objective:
@@ -53,6 +58,9 @@ def make(spec: ObjectiveSpec, model, mesh: jax.sharding.Mesh) -> Objective:
     hits = spec.remove_query_hits, spec.remove_cluster_hits
     if spec.kind == "pses":
         return pses.objective(model, spec.pses, mesh, spec.max_len, loss_fn, *hits)
+    if spec.distill:
+        loss_fn = losses.distillation(loss_fn, spec.distill, spec.distill_weight,
+                                      spec.teacher_temperature, spec.in_batch_weight)
     loss_fn = losses.matryoshka(loss_fn, spec.matryoshka_dims)
     return in_batch.objective(model, loss_fn, spec.max_len, *hits,
                               encode_chunks=spec.encode_chunks)

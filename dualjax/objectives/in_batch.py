@@ -63,6 +63,8 @@ def objective(model: dual_encoder.DualEncoder, loss_fn, max_len: int,
             more["mixed_negative_ids"] = batch["m_doc_ids"]
         if "n_ids" in batch:
             more["hard_negative_ids"] = batch["n_doc_ids"]
+        if "teacher" in batch:  # a teacher's scores of [positive, negatives] (distillation)
+            more["teacher_scores"] = batch["teacher"]
         value, aux = loss_fn(q, d, scale, bias, {**extras, **more} or None)
         return value, {**aux, "scale": scale}
 

@@ -37,7 +37,7 @@ from dualjax.retrieval import encoding
 from dualjax.runtime import malloc, processes, sharding
 from dualjax.runtime.signals import Signals
 from dualjax.text import sides
-from dualjax.train import checkpoints, warm_start, weak_labels
+from dualjax.train import checkpoints, teacher, warm_start, weak_labels
 from dualjax.train import inputs as inputs_lib
 from dualjax.train import lazy_rows as tables
 from dualjax.train import step as step_lib
@@ -195,8 +195,10 @@ def _prepare_input(config: ml_collections.ConfigDict, workdir: str,
     what it wrote."""
     if rebuilt and processes.is_main():
         for t in tasks:
-            if t.needs_pseudo_labels and os.path.exists(weak_labels.pairs_path(workdir, t.name)):
-                os.remove(weak_labels.pairs_path(workdir, t.name))
+            made = ([weak_labels.pairs_path(workdir, t.name)] if t.needs_pseudo_labels else []
+                    ) + ([teacher.path(workdir, t.name)] if t.needs_teacher else [])
+            for path in filter(os.path.exists, made):
+                os.remove(path)
     splits = {t.name: t.splits() for t in tasks}
     for t in tasks:
         for split in splits[t.name]:
@@ -249,12 +251,19 @@ def _build(config, workdir, mesh, log, signals, tasks, splits, inputs, origin) -
 
 def _training_data(run: Run) -> list:
     """Each task's iterator of this process's share of the training batches (data.tasks
-    "pseudo": its pairs labelled by the start first)."""
+    "pseudo": its pairs labelled by the start first; "distill": its candidates scored by
+    the teacher first)."""
     config = run.config
     for t in run.tasks:
         if t.needs_pseudo_labels:
             t.pseudo_pairs = pseudo_labels(config, t, run.workdir, run.inputs, run.mesh,
                                            run.encoders, run.first_params)
+        if t.needs_teacher:
+            spec = teacher.TeacherSpec.from_config(config.distill)
+            t.distill_records = teacher.load_or_make(
+                run.workdir, t.collection, config.seed, t.data.min_query_words, spec,
+                lambda: teacher.encoders(config, spec, run.mesh), main=processes.is_main(),
+                name=t.name, bm25=specs.bm25_options(config.eval))
     iters = [t.train_iterator(run.inputs, config.global_batch_size, config.seed + i,
                               config.loss.num_mixed_negatives)
              for i, t in enumerate(run.tasks)]

@@ -43,6 +43,8 @@ class Task:
     _eval: dict[str, RetrievalTask] = dataclasses.field(default_factory=dict)
     # data.tasks "pseudo": the pairs `weak_labels` made, set before `train_source` is read.
     pseudo_pairs: list[tuple[str, str]] | None = None
+    # data.tasks "distill": the records `teacher` made, set before `train_source` is read.
+    distill_records: list[dict] | None = None
 
     @property
     def pretraining(self) -> bool:
@@ -80,12 +82,13 @@ class Task:
         if self.pretraining:
             d = self.data
             names = pretraining.parse_tasks(d.tasks)
-            if "pseudo" in names and self.pseudo_pairs is None:
-                raise RuntimeError("data.tasks 'pseudo': the pairs are made (weak_labels) "
-                                   "before the training pairs are read")
+            if ("pseudo" in names and self.pseudo_pairs is None
+                    or "distill" in names and self.distill_records is None):
+                raise RuntimeError("data.tasks 'pseudo' / 'distill': the pairs are made "
+                                   "(weak_labels, teacher) before the training pairs are read")
             return pretraining.PairGenerator(self.collection, names, self.seed,
                                              d.ict_mask_rate, d.min_query_words,
-                                             self.pseudo_pairs)
+                                             self.pseudo_pairs, self.distill_records)
         return builders.train_source(specs.dataset_spec(self.data, self.seed), self.tfds_dir)
 
     @functools.cached_property
@@ -98,6 +101,10 @@ class Task:
     @property
     def needs_pseudo_labels(self) -> bool:
         return self.pretraining and "pseudo" in pretraining.parse_tasks(self.data.tasks)
+
+    @property
+    def needs_teacher(self) -> bool:
+        return self.pretraining and "distill" in pretraining.parse_tasks(self.data.tasks)
 
     def train_texts(self) -> Iterable[str]:
         """The texts to build a vocabulary from."""

@@ -1,0 +1,199 @@
+"""Distillation targets from a teacher (data.tasks "distill"): pseudo-queries of a
+collection, each with a positive and k negatives the teacher mined, and the teacher's
+scores of them, which the student then learns (`losses.distillation`).
+
+The queries are those of `weak_labels.pseudo_queries` (a sentence of each passage). The
+teacher is any pretrained start dualjax reads (`model.pretrained`'s names and folders:
+all-mpnet-base-v2, all-MiniLM-L6-v2, a static table), on its own or fused with BM25
+(`distill.teacher_weight`, score interpolation as `hybrid.fuse_scores`: each top list
+min-max scaled per query). For query i (cut from passage i, which is never a candidate):
+- its candidates are the teacher's top `distill.depth` among the other passages, with
+  their fused scores in [0, 1];
+- the positive is the first; a candidate scored within `distill.margin` of it is dropped
+  as a likely false negative (relevant too, but unjudged: RocketQA's denoising, GPL's
+  margin filtering);
+- k = `distill.negatives` of the rest are drawn at random (seeded), kept in the teacher's
+  order; a query with fewer left is skipped (counted in the log).
+
+Only the teacher's scores are kept, so its vocabulary, its width and its tokenizer need
+not match the student's. The records are made once, by the main process, and kept in
+WORKDIR/teacher_scores.jsonl (passage indices, not texts), so a resumed run trains on the
+same targets and never loads the teacher again.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+from typing import Callable
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from dualjax import models, pretrained
+from dualjax.config import specs
+from dualjax.data.beir import document_text
+from dualjax.data.documents import Collection
+from dualjax.errors import DataError, PretrainedError
+from dualjax.models import dual_encoder
+from dualjax.retrieval import ann, baselines, encoding, hybrid
+from dualjax.runtime.files import atomic_write
+from dualjax.text import sides
+from dualjax.train import warm_start, weak_labels
+
+FILE = "teacher_scores.jsonl"
+Encode = Callable[[list[str]], np.ndarray]  # texts -> unit vectors [n, dim]
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherSpec:
+    """config.distill's mining settings (see configs/default.py)."""
+    teacher: str
+    weight: float = 0.5
+    negatives: int = 3
+    depth: int = 30
+    margin: float = 0.1
+    max_len: int = 0
+
+    @classmethod
+    def from_config(cls, distill: ml_collections.ConfigDict) -> TeacherSpec:
+        return cls(distill.teacher, distill.teacher_weight, distill.negatives, distill.depth,
+                   distill.margin, distill.max_len)
+
+
+def mine(queries: list[str], documents: list[str], encode_queries: Encode,
+         encode_documents: Encode, spec: TeacherSpec, seed: int, bm25: dict | None = None
+         ) -> list[dict]:
+    """The records {"query", "documents": [positive, k negatives] (indices into
+    `documents`), "scores": [their fused scores]} of the queries that have k candidates
+    left after the margin filter; queries[i] was cut from documents[i]. DataError when
+    the collection is too small to mine 1 + k candidates from."""
+    k = spec.negatives
+    depth = min(spec.depth, len(documents) - 1)
+    if depth < k + 1:
+        raise DataError(f"distill: {len(documents)} documents are too few to mine a positive "
+                        f"and distill.negatives={k} negatives per query besides the query's "
+                        f"own document (distill.depth={spec.depth}); lower "
+                        "distill.negatives or use a larger collection")
+    own = np.arange(len(queries), dtype=np.int64)
+    exact = ann.ExactIndex(encode_documents(documents))
+    dense_scores, dense_ids = exact.search(encode_queries(queries), depth, own)
+    lex_scores, lex_ids = baselines.rank_texts("bm25", documents, queries, depth, own,
+                                               **(bm25 or {}))
+    ids, scores = hybrid.fuse_scores((np.asarray(dense_ids), np.asarray(dense_scores)),
+                                     (lex_ids, lex_scores), spec.weight, depth,
+                                     with_scores=True)
+    rng = np.random.default_rng([seed, 11])
+    records, skipped = [], 0
+    for q, row, fused in zip(queries, ids, scores):
+        keep = row >= 0
+        row, fused = row[keep], fused[keep]
+        if not len(row):
+            skipped += 1
+            continue
+        pool = np.flatnonzero(fused[1:] <= fused[0] - spec.margin) + 1
+        if len(pool) < k:
+            skipped += 1
+            continue
+        picked = np.sort(rng.choice(pool, k, replace=False))
+        chosen = np.concatenate([[0], picked])
+        records.append({"query": q, "documents": [int(j) for j in row[chosen]],
+                        "scores": [round(float(s), 6) for s in fused[chosen]]})
+    if skipped:
+        logging.info("distill: %d of %d queries have fewer than %d candidates scored %.2f "
+                     "below their positive: skipped", skipped, len(queries), k, spec.margin)
+    if not records:
+        raise DataError(f"distill: no query of the {len(queries)} has {k} candidates scored "
+                        f"distill.margin={spec.margin} below its positive; lower "
+                        "distill.margin or distill.negatives")
+    return records
+
+
+def path(workdir: str, name: str = "") -> str:
+    """WORKDIR/teacher_scores.jsonl, or task `name`'s teacher_scores_<name>.jsonl."""
+    return os.path.join(workdir, FILE if not name else FILE.replace(".jsonl", f"_{name}.jsonl"))
+
+
+def _read(file: str, passages: int) -> list[dict]:
+    """The records of a teacher_scores file; DataError naming file:line for a bad one."""
+    out = []
+    with open(file, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+                ok = (isinstance(r["query"], str) and len(r["documents"]) == len(r["scores"])
+                      and all(0 <= int(j) < passages for j in r["documents"]))
+            except (ValueError, KeyError, TypeError):
+                ok = False
+            if not ok:
+                raise DataError(f"{file}:{n}: not a teacher record of this collection (delete "
+                                "the file to score the candidates again)")
+            out.append(r)
+    return out
+
+
+def load_or_make(workdir: str, collection: Collection, seed: int, min_query_words: int,
+                 spec: TeacherSpec, encoders: Callable[[], tuple[Encode, Encode]],
+                 main: bool = True, name: str = "", bm25: dict | None = None) -> list[dict]:
+    """WORKDIR/teacher_scores.jsonl (task `name`'s: teacher_scores_<name>.jsonl) if it
+    exists, else the records mined (`mine`) with the teacher's (query, document)
+    `encoders()` (called only then) and, by the main process, written there."""
+    file = path(workdir, name)
+    if os.path.exists(file):
+        return _read(file, len(collection.passages))
+    documents = [document_text(collection.titles[collection.passage_article[p]], text)
+                 for p, text in enumerate(collection.passages)]
+    queries = weak_labels.pseudo_queries(collection, seed, min_query_words)
+    encode_queries, encode_documents = encoders()
+    records = mine(queries, documents, encode_queries, encode_documents, spec, seed, bm25)
+    logging.info("distill: %d queries from %d passages, each with a positive and %d "
+                 "negatives scored by %s (fused with BM25 at dense weight %.2f); %s",
+                 len(records), len(documents), spec.negatives, spec.teacher, spec.weight, file)
+    if main:
+        atomic_write(file, "".join(json.dumps(r) + "\n" for r in records))
+    return records
+
+
+def encoders(config: ml_collections.ConfigDict, spec: TeacherSpec, mesh: jax.sharding.Mesh
+             ) -> tuple[Encode, Encode]:
+    """The teacher's (encode queries, encode documents): its start as is, in one tower
+    for both sides, at its own max length (or distill.max_len) and with its own prompts,
+    encoded in batches of eval.batch_size. PretrainedError for a teacher that is not
+    there (with the fetch to run), or whose tokenizer has pieces its table has no row
+    for."""
+    start = pretrained.resolve(spec.teacher)
+    tokenizer = start.tokenizer()
+    rows = start.bert.vocab_size if start.bert else None
+    if rows is not None and tokenizer.vocab_size > rows:
+        raise PretrainedError(f"distill.teacher={spec.teacher!r}: its tokenizer.json has "
+                              f"{tokenizer.vocab_size} pieces but its embedding table "
+                              f"{rows} rows ({start.folder})")
+    bert = start.kind == "bert"
+    max_len = spec.max_len or start.max_seq_length or config.model.max_len
+    model_config = copy.deepcopy(config.model)
+    model_config.update(pretrained=spec.teacher, tower="bert" if bert else "bow",
+                        query_tower="", doc_tower="", shared_towers=True, tokenizer="hf",
+                        max_len=max_len, query_max_len=0, doc_max_len=0,
+                        query_features="", doc_features="", query_prompt="",
+                        document_prompt="")
+    if not bert:
+        model_config.update(embed_dim=start.dim, output_dim=start.dim)
+    model = models.make_model(specs.model_spec(model_config), tokenizer.vocab_size,
+                              bert=start.bert)
+    params = dual_encoder.init_params(model, jax.random.PRNGKey(0), 8)
+    params = warm_start.pretrained_params(start, jax.device_get(params))
+    fns = models.make_encoders(model)
+    prompts = specs.prompts(model_config, start.prompts)
+
+    def encode(side: int, texts: list[str]) -> np.ndarray:
+        inputs = sides.Side(tokenizer, max_len, prompt=prompts[side])
+        return encoding.encode_texts(lambda x: fns[side](params, x), texts, inputs,
+                                     config.eval.batch_size, mesh, desc="teacher")
+
+    return (lambda texts: encode(0, texts)), (lambda texts: encode(1, texts))

@@ -1,0 +1,214 @@
+"""Distillation (data.tasks="distill", issue 34 part 5): the losses against hand-computed
+values and on 8 devices against one, the teacher's mining by hand, and a run whose
+student learns a tiny MPNet teacher's scores."""
+import json
+import os
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import load_config
+from dualjax import losses
+from dualjax.config import validation as config_lib
+from dualjax.errors import DataError
+from dualjax.losses import distill as distillation
+from dualjax.runtime import sharding
+from dualjax.train import teacher
+
+FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "pretrained"
+
+
+# --- the losses ---------------------------------------------------------------------------
+def test_listwise_kl_and_margin_mse_hand_computed():
+    student = jnp.array([[2.0, 0.0, 1.0]])
+    teacher_logits = jnp.array([[1.0, 1.0, 0.0]])
+    p = np.exp([1.0, 1.0, 0.0]) / np.exp([1.0, 1.0, 0.0]).sum()
+    log_q = np.array([2.0, 0.0, 1.0]) - np.log(np.exp([2.0, 0.0, 1.0]).sum())
+    want = float(np.sum(p * (np.log(p) - log_q)))
+    assert float(distillation.listwise_kl(student, teacher_logits)[0]) == pytest.approx(want,
+                                                                                        1e-6)
+    assert float(distillation.listwise_kl(teacher_logits, teacher_logits)[0]) == pytest.approx(
+        0.0, abs=1e-7)
+    # margins: student (2-0, 2-1) = (2, 1), teacher (0, 1): ((2-0)^2 + (1-1)^2) / 2 = 2
+    assert float(distillation.margin_mse(student, teacher_logits)[0]) == pytest.approx(2.0)
+    # adding a constant to a row changes neither
+    assert float(distillation.margin_mse(student + 5, teacher_logits - 3)[0]) == pytest.approx(2.0)
+    assert float(distillation.listwise_kl(student + 5, teacher_logits)[0]) == pytest.approx(want,
+                                                                                           1e-5)
+
+
+def unit(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("kind", ["kl", "margin_mse"])
+def test_distillation_on_8_devices_equals_the_plain_sum(kind):
+    """in_batch_weight x the in-batch loss + weight x the term over each row's [d_i,
+    n_i1..n_ik], computed by hand from the vectors; on 8 devices as on one, gradients
+    too."""
+    rng = np.random.default_rng(0)
+    b, k, dim = 16, 3, 8
+    q = jnp.asarray(unit(rng.normal(size=(b, dim))), jnp.float32)
+    d = jnp.asarray(unit(rng.normal(size=(b, dim))), jnp.float32)
+    n = jnp.asarray(unit(rng.normal(size=(b, k, dim))), jnp.float32)
+    scores = jnp.asarray(rng.random((b, 1 + k)), jnp.float32)
+    scale, bias = jnp.float32(20.0), jnp.float32(0.0)
+    extras = {"hard_negatives": n, "teacher_scores": scores}
+
+    cands = np.concatenate([np.asarray(d)[:, None], np.asarray(n)], 1)
+    student = 20.0 * np.einsum("bd,bcd->bc", np.asarray(q), cands)
+    teach = np.asarray(scores) / 0.1
+    if kind == "kl":
+        p = np.exp(teach - teach.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        log_q = student - np.log(np.exp(student).sum(1, keepdims=True))
+        term = np.mean(np.sum(p * (np.log(p) - log_q), 1))
+    else:
+        term = np.mean(((student[:, :1] - student[:, 1:]) - (teach[:, :1] - teach[:, 1:])) ** 2)
+    in_batch = losses.reference("in_batch_softmax")(q, d, scale, bias, {"hard_negatives": n})[0]
+    want = 0.5 * float(in_batch) + 2.0 * term
+
+    ref = distillation.distillation(losses.reference("in_batch_softmax"), kind, 2.0, 0.1, 0.5)
+    value, metrics = ref(q, d, scale, bias, extras)
+    assert float(value) == pytest.approx(want, rel=1e-5)
+    assert float(metrics["distill_loss"]) == pytest.approx(term, rel=1e-5)
+
+    mesh = sharding.make_mesh()
+    assert mesh.devices.size == 8
+    sharded = distillation.distillation(losses.sharded("in_batch_softmax", mesh), kind, 2.0,
+                                        0.1, 0.5)
+    grad = lambda fn: jax.jit(jax.grad(lambda q, d, n: fn(q, d, scale, bias, {
+        "hard_negatives": n, "teacher_scores": scores})[0], argnums=(0, 1, 2)))(q, d, n)
+    assert float(jax.jit(lambda: sharded(q, d, scale, bias, extras)[0])()) == pytest.approx(
+        want, rel=1e-5)
+    for a, b_ in zip(grad(sharded), grad(ref)):
+        np.testing.assert_allclose(a, b_, atol=1e-5)
+    # the term reaches the negatives: with weight 0 their gradient is the in-batch one only
+    plain = distillation.distillation(losses.reference("in_batch_softmax"), kind, 0.0, 0.1, 0.5)
+    assert not np.allclose(grad(plain)[2], grad(ref)[2])
+
+
+def test_distillation_refuses_what_it_cannot_score():
+    fn = distillation.distillation(losses.reference("in_batch_softmax"), "kl")
+    q = jnp.ones((2, 4)) / 2
+    with pytest.raises(ValueError, match="needs extras\\['teacher_scores'\\]"):
+        fn(q, q, 1.0, 0.0, {"hard_negatives": jnp.ones((2, 1, 4)) / 2})
+    with pytest.raises(ValueError, match="do not match 2 rows of 1 \\+ 1"):
+        fn(q, q, 1.0, 0.0, {"hard_negatives": jnp.ones((2, 1, 4)) / 2,
+                            "teacher_scores": jnp.ones((2, 3))})
+    with pytest.raises(ValueError, match="is not one of: kl, margin_mse"):
+        distillation.distillation(fn, "mse")
+
+
+# --- mining -------------------------------------------------------------------------------
+def test_mining_takes_the_fused_first_drops_near_ties_and_never_the_own_document():
+    """Dense-only teacher (weight 1) with hand-made vectors: query i's positive is the
+    teacher's first other document; a candidate within the margin of it is dropped; the
+    k negatives come from the rest in the teacher's order, with their scaled scores."""
+    docs = [f"doc {i}" for i in range(6)]
+    queries = [f"query {i}" for i in range(6)]
+    # query 0 prefers doc 1, then doc 2 (almost as much), then 3, 4, 5; its own doc 0 best.
+    q_vec = np.zeros((6, 6), np.float32)
+    q_vec[:, 0] = 1.0
+    d_vec = np.eye(6, dtype=np.float32)
+    d_vec[:, 0] = [1.0, 0.9, 0.89, 0.5, 0.3, 0.1]
+    d_vec = unit(d_vec)
+    enc_q = lambda texts: q_vec[[queries.index(t) for t in texts]]
+    enc_d = lambda texts: d_vec[[docs.index(t) for t in texts]]
+    spec = teacher.TeacherSpec("t", weight=1.0, negatives=2, depth=5, margin=0.05)
+    records = teacher.mine(queries, docs, enc_q, enc_d, spec, seed=0)
+    first = records[0]
+    assert first["query"] == "query 0" and first["documents"][0] == 1
+    assert 0 not in first["documents"] and 2 not in first["documents"]  # own; a near tie
+    assert sorted(first["documents"][1:]) == first["documents"][1:]  # teacher's order
+    assert set(first["documents"][1:]) <= {3, 4, 5} and len(first["documents"]) == 3
+    assert first["scores"][0] == 1.0 and all(s <= 0.95 for s in first["scores"][1:])
+    assert all(r["documents"][0] != int(r["query"].split()[1]) for r in records)
+    with pytest.raises(DataError, match="6 documents are too few to mine a positive and "
+                                        "distill.negatives=5"):
+        teacher.mine(queries, docs, enc_q, enc_d, teacher.TeacherSpec("t", negatives=5), 0)
+
+
+# --- a run --------------------------------------------------------------------------------
+def beir_folder(tmp_path) -> pathlib.Path:
+    """The tiny fixtures' texts, as a BEIR folder with one query each (its first words)."""
+    texts = []
+    for name in ("tiny_bert", "tiny_mpnet"):
+        with np.load(FIXTURES / f"{name}_reference.npz") as z:
+            texts += [str(t) for t in z["texts"]]
+    texts = list(dict.fromkeys(texts))
+    folder = tmp_path / "beir"
+    (folder / "qrels").mkdir(parents=True)
+    (folder / "corpus.jsonl").write_text("".join(
+        json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n" for i, t in enumerate(texts)))
+    (folder / "queries.jsonl").write_text("".join(
+        json.dumps({"_id": f"q{i}", "text": " ".join(t.split()[:6])}) + "\n"
+        for i, t in enumerate(texts)))
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"q{i}\td{i}\t1\n" for i in range(len(texts))))
+    return folder
+
+
+def distill_config(folder, teacher_name: str = str(FIXTURES / "tiny_mpnet")):
+    cfg = load_config("tiny")
+    cfg.model.update(pretrained=str(FIXTURES / "tiny_bert"), tower="bert", tokenizer="hf",
+                     max_len=32)
+    cfg.data.update(name="pretrain", path=str(folder), tasks="distill",
+                    ignore_identical_ids=False)
+    cfg.distill.update(teacher=teacher_name, negatives=2, depth=6, margin=0.0)
+    cfg.update(num_train_steps=2, checkpoint_every_steps=1, global_batch_size=8)
+    cfg.eval.update(index="exact", baselines="")
+    return cfg
+
+
+def test_a_student_learns_a_tiny_mpnet_teachers_scores(tmp_path, monkeypatch):
+    """data.tasks="distill": the teacher (a tiny MPNet) scores each pseudo-query's
+    candidates once (teacher_scores.jsonl, reused on resume without the teacher), the
+    student (a tiny BERT) trains on the in-batch loss plus the KL term, both logged."""
+    from dualjax.train import loop as train
+    folder = beir_folder(tmp_path)
+    cfg = distill_config(folder)
+    workdir = tmp_path / "run"
+
+    def stop_after_1(step, metrics):
+        if step == 1:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        train.train_and_evaluate(cfg, str(workdir), hooks=[stop_after_1])
+    records = [json.loads(line) for line in (workdir / teacher.FILE).read_text().splitlines()]
+    assert records and all(len(r["documents"]) == 3 == len(r["scores"]) for r in records)
+    assert all(r["scores"][0] >= max(r["scores"][1:]) for r in records)
+    monkeypatch.setattr(teacher, "encoders", lambda *a, **k: pytest.fail("scored again"))
+    rows = train.train_and_evaluate(cfg, str(workdir))
+    assert {"dual_encoder [exact]", "start [exact]"} <= set(rows)
+    logged = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in logged if r.get("split") == "train" and "distill_loss" in r]
+    assert train_rows and all(r["distill_loss"] >= 0 and "in_batch_loss" in r
+                              for r in train_rows)
+
+
+def test_distill_config_refusals(tmp_path, monkeypatch):
+    folder = beir_folder(tmp_path)
+    monkeypatch.setenv("DUALJAX_PRETRAINED_DIR", str(tmp_path / "empty"))
+    cases = [({"distill.teacher": ""}, "config.distill.teacher must name the teacher"),
+             ({"distill.teacher": "all-mpnet-base-v2"},
+              "config.distill.teacher: model.pretrained='all-mpnet-base-v2' is not fetched yet; "
+              "run: python -m dualjax.pretrained fetch all-mpnet-base-v2"),
+             ({"distill.loss": "mse"}, "config.distill.loss='mse' is not one of: kl, margin_mse"),
+             ({"distill.depth": 2}, "config.distill.depth=2 must be above distill.negatives"),
+             ({"data.tasks": "distill,ict"}, "or one of mlm, distill alone")]
+    for changes, message in cases:
+        cfg = distill_config(folder)
+        for key, value in changes.items():
+            group, name = key.split(".")
+            cfg[group][name] = value
+        with pytest.raises(config_lib.ConfigError, match=message.replace("(", "\\(").replace(
+                ")", "\\)").replace("+", "\\+")):
+            config_lib.validate(cfg, 8)
+    cfg = distill_config(folder)
+    cfg.data.tasks = "pseudo"
+    with pytest.raises(config_lib.ConfigError, match="distill.teacher is read only with"):
+        config_lib.validate(cfg, 8)
