@@ -3,7 +3,8 @@ folders.
 
     python scripts/bench_zero_shot.py [--collections=../shared/data/npl,...]
         [--starts=all-MiniLM-L6-v2,wordllama:l2_supercat_256,potion-base-8M]
-        [--adapt] [--adapt_flags=k=v,...] [--out=runs/zero_shot] [--json=FILE]
+        [--adapt] [--adapt_flags=k=v,...] [--distill] [--distill_flags=k=v,...]
+        [--out=runs/zero_shot] [--json=FILE]
 
 For every collection (default: the four shared ones, NPL, MED, TIME, ADI), rows of
 nDCG@10 (graded gains, as trec_eval) and recall@100, each also as a ratio to "BM25 at its
@@ -16,12 +17,13 @@ collections:
   it is installed: pip install sentence-transformers), on the very texts dualjax reads,
   as a reference for fidelity;
 - dualjax from each start as is (`python -m dualjax.main` with model.pretrained and
-  num_train_steps=0), and with --adapt after `configs/adapt.py`'s adaptation;
+  num_train_steps=0), with --adapt after `configs/adapt.py`'s adaptation, and with
+  --distill the student of `configs/distill.py` (MiniLM taught all-mpnet-base-v2 + BM25);
 - each dense system fused with dualjax's BM25 ("+bm25": score interpolation at
   eval.hybrid_weight's default, each list min-max scaled per query; "+rrf": reciprocal
   rank fusion).
-Then the hybrid's mean ratio at each weight 0, 0.1, ..., 1 (from the runs' TREC files,
-WORKDIR/runs/), the figures `eval.hybrid_weight`'s default was chosen by.
+Then each dense system's hybrid mean ratio at each weight 0, 0.1, ..., 1 (from the runs'
+TREC files, WORKDIR/runs/), the figures `eval.hybrid_weight`'s default was chosen by.
 Every dualjax run is one `python -m dualjax.main` call with its own workdir under --out
 (a finished one is reused), with the wall time it took.
 """
@@ -117,9 +119,10 @@ def read_run(path: str, task) -> tuple[np.ndarray, np.ndarray]:
     return ids, scores
 
 
-def weight_sweep(workdirs: dict[str, str], best: dict[str, float]) -> dict[float, float]:
-    """{w: mean over collections of nDCG@10(w * dense + (1 - w) * bm25) / best[c]}, from
-    each collection's as-is MiniLM run files."""
+def weight_sweep(workdirs: dict[str, str], best: dict[str, float]
+                 ) -> dict[float, tuple[float, float]]:
+    """{w: (mean, lowest) over collections of nDCG@10(w * dense + (1 - w) * bm25) /
+    best[c]}, from each collection's run files of one dense system."""
     from dualjax.retrieval import hybrid
     from dualjax.retrieval import metrics
     runs = {}  # collection -> (task, dense run, BM25 run), read once
@@ -134,7 +137,7 @@ def weight_sweep(workdirs: dict[str, str], best: dict[str, float]) -> dict[float
             fused = hybrid.fuse_scores(dense, lexical, float(w), dense[0].shape[1])
             ratios.append(metrics.retrieval_metrics(fused, task.relevant,
                                                     grades=task.grades)["ndcg@10"] / best[c])
-        out[float(w)] = float(np.mean(ratios))
+        out[float(w)] = (float(np.mean(ratios)), float(np.min(ratios)))
     return out
 
 
@@ -176,6 +179,8 @@ def main() -> None:
     p.add_argument("--starts", default=",".join(STARTS))
     p.add_argument("--adapt", action="store_true", help="also adapt (configs/adapt.py)")
     p.add_argument("--adapt_flags", default="", help="extra k=v,k=v for configs/adapt.py")
+    p.add_argument("--distill", action="store_true", help="also distill (configs/distill.py)")
+    p.add_argument("--distill_flags", default="", help="extra k=v,k=v for configs/distill.py")
     p.add_argument("--out", default="runs/zero_shot")
     p.add_argument("--json", default="")
     args = p.parse_args()
@@ -183,7 +188,7 @@ def main() -> None:
     from dualjax.pretrained import sources
     weight = runpy_default("eval.hybrid_weight")
     table: dict[str, dict[str, dict]] = {}  # collection -> system -> row
-    minilm: dict[str, str] = {}  # collection -> the as-is MiniLM workdir
+    sweeps: dict[str, dict[str, str]] = {}  # dense system -> collection -> its workdir
     for path in args.collections.split(","):
         c, rows = os.path.basename(path.rstrip("/")), {}
         common = collection_flags(path)
@@ -198,36 +203,44 @@ def main() -> None:
             rows[start] = {**got["dual_encoder"], "seconds": wall}
             rows[f"{start}+bm25"] = got["dual_encoder+bm25_interp"]
             rows[f"{start}+rrf"] = got["dual_encoder+bm25"]
+            sweeps.setdefault(start, {})[c] = workdir
             if start == "all-MiniLM-L6-v2":
-                minilm[c] = workdir
                 try:
                     rows.update(sentence_transformers_rows(
                         workdir, sources.folder_of(start), weight))
                 except ImportError:
                     print("sentence-transformers is not installed: no reference row")
-        if args.adapt:
-            with open(os.path.join(path, "corpus.jsonl"), "rb") as f:
-                documents = sum(1 for line in f if line.strip())
-            # configs/adapt.py's rule: about 2 passes over the documents, at most 300 steps.
-            steps = max(1, min(300, 2 * documents // 64))
+        with open(os.path.join(path, "corpus.jsonl"), "rb") as f:
+            documents = sum(1 for line in f if line.strip())
+        for name, on, config, flags, batch in (
+                ("adapted", args.adapt, "configs/adapt.py", args.adapt_flags, 64),
+                ("distilled", args.distill, "configs/distill.py", args.distill_flags, 32)):
+            if not on:
+                continue
+            # The configs' rule: about 2 passes over the documents, at most 300 steps.
+            steps = max(1, min(300, -(-2 * documents // batch)))
             extra = {"num_train_steps": steps, "checkpoint_every_steps": steps,
-                     **dict(kv.split("=", 1) for kv in args.adapt_flags.split(",") if kv)}
-            workdir, wall = dualjax_run(args, f"{c} adapt {args.adapt_flags}",
-                                        "configs/adapt.py", {**common, **extra})
+                     **dict(kv.split("=", 1) for kv in flags.split(",") if kv)}
+            workdir, wall = dualjax_run(args, f"{c} {name} {flags}", config,
+                                        {**common, **extra})
             got = rows_of(workdir)
-            rows["adapted"] = {**got["dual_encoder"], "seconds": wall, "steps": steps}
-            rows["adapted+bm25"] = got["dual_encoder+bm25_interp"]
-            rows["adapted+rrf"] = got["dual_encoder+bm25"]
+            rows[name] = {**got["dual_encoder"], "seconds": wall, "steps": steps}
+            rows[f"{name}+bm25"] = got["dual_encoder+bm25_interp"]
+            rows[f"{name}+rrf"] = got["dual_encoder+bm25"]
+            sweeps.setdefault(name, {})[c] = workdir
         table[c] = rows
     print_tables(table)
-    sweep = weight_sweep(minilm, {c: table[c][BEST]["ndcg@10"] for c in minilm}) \
-        if len(minilm) == len(table) else {}
+    sweep = {name: weight_sweep(dirs, {c: table[c][BEST]["ndcg@10"] for c in dirs})
+             for name, dirs in sweeps.items() if len(dirs) == len(table)}
     if sweep:
-        print(f"\nall-MiniLM-L6-v2 + bm25 by the interpolation's dense weight w: mean nDCG@10 "
-              f"ratio to {BEST}")
-        print("| w | " + " | ".join(f"{w:g}" for w in sweep) + " |")
-        print("|---|" + "---:|" * len(sweep))
-        print("| ratio | " + " | ".join(f"{r:.3f}" for r in sweep.values()) + " |")
+        print(f"\nEach dense system + bm25 by the interpolation's dense weight w: mean "
+              f"(lowest) nDCG@10 ratio to {BEST}")
+        weights = list(next(iter(sweep.values())))
+        print("| system | " + " | ".join(f"{w:g}" for w in weights) + " |")
+        print("|---|" + "---:|" * len(weights))
+        for name, by_w in sweep.items():
+            print(f"| {name} | " + " | ".join(f"{m:.3f} ({low:.2f})"
+                                             for m, low in by_w.values()) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": f"{platform.node()} ({os.cpu_count()} CPUs)",

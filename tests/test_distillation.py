@@ -132,6 +132,36 @@ def test_mining_takes_the_fused_first_drops_near_ties_and_never_the_own_document
         teacher.mine(queries, docs, enc_q, enc_d, teacher.TeacherSpec("t", negatives=5), 0)
 
 
+def test_a_teacher_that_does_not_fit_or_a_foreign_scores_file_is_one_line(tmp_path):
+    """A teacher whose tokenizer has pieces its table has no row for is refused before
+    anything is encoded; a teacher_scores.jsonl that is not this collection's is named
+    by file:line."""
+    import shutil
+    folder = tmp_path / "teacher"
+    shutil.copytree(FIXTURES / "tiny_mpnet", folder)
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    vocab.update({f"extra{i}": len(vocab) + i for i in range(3)})
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    cfg = load_config("tiny")
+    with pytest.raises(teacher.PretrainedError, match=r"distill.teacher=.*tokenizer.json has "
+                                                      r"\d+ pieces but its embedding table"):
+        teacher.encoders(cfg, teacher.TeacherSpec(str(folder)), sharding.make_mesh())
+
+    from dualjax.data import documents
+    collection = documents.read_collection(str(beir_folder(tmp_path)), str(tmp_path / "tfds"),
+                                           288, False)
+    (tmp_path / "run").mkdir()
+    bad = {"query": "q", "documents": [0, len(collection.passages)], "scores": [1.0, 0.5]}
+    (tmp_path / "run" / teacher.FILE).write_text(
+        json.dumps({"query": "q", "documents": [0, 1], "scores": [1.0, 0.5]}) + "\n"
+        + json.dumps(bad) + "\n")
+    with pytest.raises(DataError, match=r"teacher_scores.jsonl:2: not a teacher record of "
+                                        r"this collection"):
+        teacher.load_or_make(str(tmp_path / "run"), collection, 0, 5,
+                             teacher.TeacherSpec("t"), lambda: pytest.fail("encoded"))
+
+
 # --- a run --------------------------------------------------------------------------------
 def beir_folder(tmp_path) -> pathlib.Path:
     """The tiny fixtures' texts, as a BEIR folder with one query each (its first words)."""

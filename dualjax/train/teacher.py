@@ -41,6 +41,7 @@ from dualjax.data.documents import Collection
 from dualjax.errors import DataError, PretrainedError
 from dualjax.models import dual_encoder
 from dualjax.retrieval import ann, baselines, encoding, hybrid
+from dualjax.runtime import sharding
 from dualjax.runtime.files import atomic_write
 from dualjax.text import sides
 from dualjax.train import warm_start, weak_labels
@@ -187,7 +188,8 @@ def encoders(config: ml_collections.ConfigDict, spec: TeacherSpec, mesh: jax.sha
     model = models.make_model(specs.model_spec(model_config), tokenizer.vocab_size,
                               bert=start.bert)
     params = dual_encoder.init_params(model, jax.random.PRNGKey(0), 8)
-    params = warm_start.pretrained_params(start, jax.device_get(params))
+    params = jax.device_put(warm_start.pretrained_params(start, jax.device_get(params)),
+                            sharding.replicated(mesh))  # once, not with every batch
     fns = models.make_encoders(model)
     prompts = specs.prompts(model_config, start.prompts)
 
