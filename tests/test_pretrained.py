@@ -161,15 +161,21 @@ def test_mpnet_start_equals_sentence_transformers():
 
 def test_a_run_from_the_tiny_mpnet_trains_its_relative_bias_and_exports(tmp_path):
     """Two steps from the tiny MPNet move every part of it, the relative-position bias
-    included (its gradient goes through the attention's own backward pass), and the
-    bundle encodes as the workdir's model."""
+    included (its gradient goes through the attention's own backward pass); the bundle
+    encodes as the workdir's model, and so does the sentence-transformers folder: under
+    MPNetModel's tensor names and config, <pad> as its padding (its positions count the
+    tokens that are not), read back by dualjax's loader and, where it is installed, by
+    sentence-transformers."""
+    from safetensors.numpy import load_file
+
     from dualjax import export
+    from dualjax.models.dual_encoder import l2_normalize
     from dualjax.train import checkpoints, trained
     from dualjax.train import loop as train
     cfg = model_config(TINY_MPNET, max_len=24)
     cfg.update(num_train_steps=2, checkpoint_every_steps=2)
     cfg.optimizer.update(learning_rate=1e-2, warmup_steps=1)
-    cfg.eval.update(index="exact", baselines="")
+    cfg.eval.update(index="exact", baselines="", untrained=False)
     workdir = str(tmp_path / "run")
     train.train_and_evaluate(cfg, workdir)
     _, saved = checkpoints.latest_params(workdir)
@@ -185,6 +191,26 @@ def test_a_run_from_the_tiny_mpnet_trains_its_relative_bias_and_exports(tmp_path
     fn = jax.jit(lambda p, x: run.model.apply({"params": p}, **x, method="encode_documents"))
     want = np.asarray(fn(run.params, run.inputs.document.encode(texts)))
     np.testing.assert_allclose(encoder.encode_documents(texts), want, atol=1e-5)
+
+    out = tmp_path / "st"
+    export.export_sentence_transformers(workdir, str(out))
+    upstream = set(load_file(os.path.join(TINY_MPNET, "model.safetensors")))
+    assert set(load_file(out / "model.safetensors")) == upstream - {
+        "embeddings.position_ids"}  # a buffer transformers makes itself
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model_type"], config["pad_token_id"]) == ("mpnet", 1)
+    specials = json.loads((out / "tokenizer_config.json").read_text())
+    assert (specials["pad_token"], specials["cls_token"]) == ("<pad>", "<s>")
+    folder = pretrained.resolve(str(out))
+    ids, mask = folder.tokenizer().encode(texts, 24)
+    got = BertTower(folder.bert).apply({"params": folder.tower_params()}, ids, mask)
+    np.testing.assert_allclose(l2_normalize(got), want, atol=1e-5)
+    try:
+        import sentence_transformers as st
+    except ImportError:
+        return  # scripts/check_st_export.py runs this check where it is installed
+    model = st.SentenceTransformer(str(out), device="cpu")
+    np.testing.assert_allclose(model.encode_document(texts), want, atol=1e-5)
 
 
 def part_wheels(tmp_path, payload: dict[str, bytes], parts: int) -> tuple:

@@ -21,7 +21,6 @@ from dualjax.models.bert import BertTower
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "pretrained"
 TINY = str(FIXTURES / "tiny_bert")
-TINY_MPNET = str(FIXTURES / "tiny_mpnet")
 TEXTS = ["what is the capital of france", "paris is the capital and largest city of france",
          "a cat sat on the mat", "dual encoders embed queries and documents apart",
          "x" * 300]  # the last is cut at each side's max length
@@ -126,30 +125,6 @@ def test_sentence_transformers_loads_the_folder_with_the_runs_vectors(tmp_path):
                                atol=1e-5)
     np.testing.assert_allclose(model.encode_document(TEXTS),
                                _run_vectors(workdir, "document"), atol=1e-5)
-
-
-def test_an_mpnet_run_is_written_under_mpnets_names_and_gives_its_vectors(tmp_path):
-    """The MPNet family: MPNetModel's tensor names and config, <pad> as the padding (its
-    positions count the tokens that are not), and the run's vectors read back, through
-    dualjax's loader and, where installed, through sentence-transformers."""
-    workdir = _run(tmp_path, start=TINY_MPNET)
-    out = str(tmp_path / "st")
-    export.export_sentence_transformers(workdir, out)
-    upstream = set(load_file(os.path.join(TINY_MPNET, "model.safetensors")))
-    assert set(load_file(os.path.join(out, "model.safetensors"))) == upstream - {
-        "embeddings.position_ids"}  # a buffer transformers makes itself
-    config = json.loads(pathlib.Path(out, "config.json").read_text())
-    assert (config["model_type"], config["pad_token_id"]) == ("mpnet", 1)
-    specials = json.loads(pathlib.Path(out, "tokenizer_config.json").read_text())
-    assert (specials["pad_token"], specials["cls_token"]) == ("<pad>", "<s>")
-    want = _run_vectors(workdir, "document")
-    np.testing.assert_allclose(_folder_vectors(out, 24), want, atol=1e-5)
-    try:
-        import sentence_transformers as st
-    except ImportError:
-        return  # scripts/check_st_export.py runs this check where it is installed
-    model = st.SentenceTransformer(out, device="cpu")
-    np.testing.assert_allclose(model.encode_document(TEXTS), want, atol=1e-5)
 
 
 def _static_model(tmp_path, lengths=(8, 24), shared=True):
