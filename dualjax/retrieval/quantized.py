@@ -11,19 +11,25 @@ searched over the codes and rescored (sentence-transformers' `quantize_embedding
   are scored with the float query against the corpus' +-1 vectors.
 
 `QuantizedIndex.search` keeps `ExactIndex.search`'s contract (scores, ids [nq, k], a
-query's own document excluded, -1 padding); the float corpus vectors are not kept.
+query's own document excluded, -1 padding); the float corpus vectors are not kept. Both
+passes are one jitted XLA program per chunk of queries (`_search_chunk`), over codes put
+on the device once: the int8 first pass an integer matrix product, the binary one XOR
+and a population count; then the gather, decoding and float rescoring of the top
+`rescore` (BENCHMARKS.md, "Quantized indexes").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 KINDS = ("int8", "binary")
 FILE = "quantized.npz"
-_POPCOUNT = np.array([bin(i).count("1") for i in range(256)], np.uint8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +42,8 @@ class QuantizedIndex:
     lo: np.ndarray | None = None
     step: np.ndarray | None = None
     rescore: int = 0  # candidates rescored with the float query (0: 4 x k)
+    # (codes, lo, step) on the device, placed by the first search
+    _device: tuple | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
     def build(cls, corpus: np.ndarray, kind: str, rescore: int = 0) -> QuantizedIndex:
@@ -61,15 +69,6 @@ class QuantizedIndex:
             return bits.astype(np.float32) * 2.0 - 1.0
         return self.lo + (codes.astype(np.float32) + 128.0) * self.step
 
-    def _first_pass(self, queries: np.ndarray) -> np.ndarray:
-        """float32 [nq, n]: higher is better (codes against codes)."""
-        if self.kind == "binary":
-            q = np.packbits(queries > 0, axis=1)
-            return -np.stack([_POPCOUNT[np.bitwise_xor(self.codes, row)].sum(1, dtype=np.int32)
-                              for row in q]).astype(np.float32)
-        q = _int8(queries, self.lo, self.step).astype(np.float32)
-        return q @ self.codes.T.astype(np.float32)
-
     def search(self, queries: np.ndarray, k: int, exclude: np.ndarray | None = None,
                query_chunk: int = 64) -> tuple[np.ndarray, np.ndarray]:
         """(scores, ids) [nq, k] best first: the top max(rescore, k) of the first pass,
@@ -79,21 +78,23 @@ class QuantizedIndex:
         n, nq = len(self.codes), len(queries)
         k = min(k, n)
         depth = min(n, max(self.rescore or 4 * k, k))
+        if self._device is None:
+            lo, step = (np.zeros(1, np.float32),) * 2 if self.lo is None else (self.lo, self.step)
+            object.__setattr__(self, "_device", tuple(map(jax.device_put, (self.codes, lo, step))))
+        if self.kind == "binary":  # its first pass holds [chunk, n, bytes]: at most ~128 MB
+            query_chunk = max(1, min(query_chunk, 2 ** 27 // max(self.codes.size, 1)))
+        own = np.full(nq, -1, np.int32) if exclude is None else np.asarray(exclude, np.int32)
         scores = np.full((nq, k), -np.inf, np.float32)
         ids = np.full((nq, k), -1, np.int64)
         for at in range(0, nq, query_chunk):
-            q = queries[at:at + query_chunk]
-            first = self._first_pass(q)
-            if exclude is not None:
-                own = np.asarray(exclude[at:at + len(q)])
-                rows = np.nonzero(own >= 0)[0]
-                first[rows, own[rows]] = -np.inf
-            cand = np.argpartition(-first, depth - 1, axis=1)[:, :depth]
-            exact = np.einsum("qd,qcd->qc", q, self.decoded(cand))
-            exact[np.take_along_axis(first, cand, 1) == -np.inf] = -np.inf
-            best = np.argsort(-exact, axis=1, kind="stable")[:, :k]
-            scores[at:at + len(q)] = np.take_along_axis(exact, best, 1)
-            ids[at:at + len(q)] = np.take_along_axis(cand, best, 1)
+            q, o = queries[at:at + query_chunk], own[at:at + query_chunk]
+            rows = len(q)
+            if rows < query_chunk and nq > query_chunk:  # the last chunk padded: one program
+                q = np.pad(q, ((0, query_chunk - rows), (0, 0)))
+                o = np.pad(o, (0, query_chunk - rows), constant_values=-1)
+            s, i = _search_chunk(q, o, *self._device, kind=self.kind, dim=self.dim, k=k,
+                                 depth=depth)
+            scores[at:at + rows], ids[at:at + rows] = np.asarray(s)[:rows], np.asarray(i)[:rows]
         ids[~np.isfinite(scores)] = -1
         return scores, ids
 
@@ -116,3 +117,30 @@ class QuantizedIndex:
 
 def _int8(x: np.ndarray, lo: np.ndarray, step: np.ndarray) -> np.ndarray:
     return (np.clip(np.rint((x - lo) / step), 0, 255) - 128).astype(np.int8)
+
+
+@functools.partial(jax.jit, static_argnames=("kind", "dim", "k", "depth"))
+def _search_chunk(q: jax.Array, own: jax.Array, codes: jax.Array, lo: jax.Array,
+                  step: jax.Array, *, kind: str, dim: int, k: int, depth: int
+                  ) -> tuple[jax.Array, jax.Array]:
+    """One chunk of queries q [c, dim] (own [c]: the document each must not get, -1:
+    none): the codes' first pass, its top `depth`, and their float rescoring's top k."""
+    n = codes.shape[0]
+    if kind == "binary":  # minus the Hamming distance of the signs
+        bits = jnp.packbits(q > 0, axis=1)
+        differ = jax.lax.population_count(jnp.bitwise_xor(bits[:, None, :], codes[None]))
+        first = -differ.sum(-1, dtype=jnp.int32).astype(jnp.float32)
+    else:  # the int8 codes' dot product, exact in int32
+        coded = (jnp.clip(jnp.rint((q - lo) / step), 0, 255) - 128).astype(jnp.int8)
+        first = jnp.dot(coded, codes.T, preferred_element_type=jnp.int32).astype(jnp.float32)
+    first = jnp.where(jnp.arange(n)[None, :] == own[:, None], -jnp.inf, first)
+    top, cand = jax.lax.top_k(first, depth)  # [c, depth]
+    picked = codes[cand]  # [c, depth, dim or bytes]
+    if kind == "binary":
+        vectors = jnp.unpackbits(picked, axis=-1, count=dim).astype(jnp.float32) * 2.0 - 1.0
+    else:
+        vectors = lo + (picked.astype(jnp.float32) + 128.0) * step
+    exact = jnp.einsum("qd,qcd->qc", q, vectors)
+    exact = jnp.where(jnp.isfinite(top), exact, -jnp.inf)
+    best, at = jax.lax.top_k(exact, k)
+    return best, jnp.take_along_axis(cand, at, 1)
