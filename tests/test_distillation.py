@@ -198,9 +198,11 @@ def test_a_student_learns_a_tiny_mpnet_teachers_scores(tmp_path, monkeypatch):
     """data.tasks="distill": the teacher (a tiny MPNet) scores each pseudo-query's
     candidates once (teacher_scores.jsonl, reused on resume without the teacher), the
     student (a tiny BERT) trains on the in-batch loss plus the KL term, both logged."""
+    import shutil
     from dualjax.train import loop as train
     folder = beir_folder(tmp_path)
-    cfg = distill_config(folder)
+    shutil.copytree(FIXTURES / "tiny_mpnet", tmp_path / "teacher")
+    cfg = distill_config(folder, str(tmp_path / "teacher"))
     workdir = tmp_path / "run"
 
     def stop_after_1(step, metrics):
@@ -212,6 +214,9 @@ def test_a_student_learns_a_tiny_mpnet_teachers_scores(tmp_path, monkeypatch):
     assert records and all(len(r["documents"]) == 3 == len(r["scores"]) for r in records)
     assert all(r["scores"][0] >= max(r["scores"][1:]) for r in records)
     monkeypatch.setattr(teacher, "encoders", lambda *a, **k: pytest.fail("scored again"))
+    shutil.rmtree(tmp_path / "teacher")  # gone: a resumed run does not need it
+    with pytest.raises(config_lib.ConfigError, match="config.distill.teacher: .*teacher"):
+        config_lib.validate(cfg, 8)
     rows = train.train_and_evaluate(cfg, str(workdir))
     assert {"dual_encoder [exact]", "start [exact]"} <= set(rows)
     logged = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]

@@ -232,6 +232,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, workdir: str =
     _check_tasks(task_list)
     _check_model(config, workdir)
     pretraining = _check_pretraining(config, task_list)
+    _check_distill(config, task_list, workdir)
     _check_loss(config.loss)
     if specs.dims(config.loss.get("matryoshka_dims", ""), "loss.matryoshka_dims") and (
             config.model.name == "pses" or specs.is_mlm(config)):
@@ -289,7 +290,6 @@ def _check_pretraining(config: ml_collections.ConfigDict, task_list) -> bool:
                                               or config.init_from):
         raise ConfigError("config.data.tasks 'pseudo' labels queries with the run's start: set "
                           "model.pretrained or config.init_from")
-    _check_distill(config, task_list)
     if pretrain and config.loss.num_mixed_negatives:
         raise ConfigError("config.loss.num_mixed_negatives: mixed negatives are drawn from a "
                           "table of training pairs, which data.name='pretrain' does not have")
@@ -424,8 +424,10 @@ def _check_batch(config: ml_collections.ConfigDict, task_list, num_devices: int)
                           f"by the {num_devices} devices of the mesh (config.mesh.num_devices)")
 
 
-def _check_distill(config: ml_collections.ConfigDict, task_list: list) -> None:
-    """data.tasks="distill" and config.distill: a teacher that is there, a loss that takes
+def _check_distill(config: ml_collections.ConfigDict, task_list: list,
+                   workdir: str = "") -> None:
+    """data.tasks="distill" and config.distill: a teacher that is there (unless the run's
+    workdir holds its scores already: a resumed run never loads it), a loss that takes
     the candidates as columns, settings in range; distill.teacher without the task is
     refused (it would be ignored)."""
     from dualjax import pretrained
@@ -461,6 +463,8 @@ def _check_distill(config: ml_collections.ConfigDict, task_list: list) -> None:
                           ("in_batch_weight", d.in_batch_weight >= 0, ">= 0")):
         if not ok:
             raise ConfigError(f"config.distill.{key}={d[key]} must be {rule}")
+    if workdir and os.path.exists(os.path.join(workdir, "teacher_scores.jsonl")):
+        return  # (train.teacher.FILE: train/ sits above config/)
     try:
         pretrained.resolve(d.teacher)
     except pretrained.PretrainedError as e:
