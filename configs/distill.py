@@ -28,6 +28,9 @@ def get_config() -> ml_collections.ConfigDict:
                                     # documents (128 documents a step, as adapt.py's 64 pairs)
     c.num_train_steps = 300
     c.max_epochs = 2.0              # at most 2 passes over the queries (one per document)
+    c.optimizer.learning_rate = 2e-5  # a teacher's graded targets take a higher rate than
+    c.optimizer.warmup_steps = 10   # adapt.py's pseudo-labels (MED, TIME and ADI only:
+                                    # BENCHMARKS.md)
     c.train.encode_chunks = 4       # GradCache: 8 queries (and their 8 positives, then
                                     # their 24 negatives) at a time; a multiple of 8 devices
     c.distill.teacher = "all-mpnet-base-v2"
