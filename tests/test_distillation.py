@@ -132,6 +132,24 @@ def test_mining_takes_the_fused_first_drops_near_ties_and_never_the_own_document
         teacher.mine(queries, docs, enc_q, enc_d, teacher.TeacherSpec("t", negatives=5), 0)
 
 
+@pytest.mark.parametrize("name, fixture, max_len", [
+    (str(FIXTURES / "tiny_mpnet"), "tiny_mpnet", 0),  # 0: the teacher's own (60)
+    ("wordllama:l2_supercat_256", "wordllama", 360)])
+def test_a_teachers_vectors_are_its_reference_librarys(name, fixture, max_len):
+    """The teacher encodes as the library it comes from: the tiny MPNet as
+    sentence-transformers, WordLlama's static table as the wordllama package."""
+    from dualjax.pretrained import sources
+    if not name.startswith("/"):
+        sources.fetch(name)
+    with np.load(FIXTURES / f"{fixture}_reference.npz") as z:
+        texts = [str(t) for t in z["texts"]]
+        want = z["st_vectors"] if "st_vectors" in z.files else z["vectors"]
+    encode_queries, encode_documents = teacher.encoders(
+        load_config("tiny"), teacher.TeacherSpec(name, max_len=max_len), sharding.make_mesh())
+    np.testing.assert_allclose(encode_documents(texts), want, atol=1e-5)
+    np.testing.assert_allclose(encode_queries(texts), want, atol=1e-5)
+
+
 def test_a_teacher_that_does_not_fit_or_a_foreign_scores_file_is_one_line(tmp_path):
     """A teacher whose tokenizer has pieces its table has no row for is refused before
     anything is encoded; a teacher_scores.jsonl that is not this collection's is named
