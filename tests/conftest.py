@@ -38,6 +38,10 @@ def load_config(name: str) -> ml_collections.ConfigDict:
 # out in collection order, and one of these started last leaves the other worker idle.
 SLOW_FIRST = ("test_multiprocess.py",
               "test_pretrained.py::test_a_run_from_the_tiny_bert_trains_exports_and_warm_starts",
+              "test_distillation.py::test_a_student_learns_a_tiny_mpnet_teachers_scores",
+              "test_st_export.py::test_one_tower_with_the_starts_prompts_is_a_plain_folder",
+              "test_st_export.py::test_separate_towers_become_a_router",
+              "test_pretrained.py::test_a_run_from_the_tiny_mpnet_trains",
               "test_mlm.py::test_mlm_pretraining_then_fine_tuning",
               "test_grad_cache.py::test_cached_loss_and_every_gradient_equal_uncached",
               "test_grad_cache.py::test_one_chunk_of_mlp_activations_per_device",
