@@ -40,7 +40,7 @@ from dualjax.data.beir import document_text
 from dualjax.data.documents import Collection
 from dualjax.errors import DataError, PretrainedError
 from dualjax.models import dual_encoder
-from dualjax.retrieval import ann, baselines, encoding, hybrid
+from dualjax.retrieval import encoding
 from dualjax.runtime import sharding
 from dualjax.runtime.files import atomic_write
 from dualjax.text import sides
@@ -80,14 +80,8 @@ def mine(queries: list[str], documents: list[str], encode_queries: Encode,
                         f"and distill.negatives={k} negatives per query besides the query's "
                         f"own document (distill.depth={spec.depth}); lower "
                         "distill.negatives or use a larger collection")
-    own = np.arange(len(queries), dtype=np.int64)
-    exact = ann.ExactIndex(encode_documents(documents))
-    dense_scores, dense_ids = exact.search(encode_queries(queries), depth, own)
-    lex_scores, lex_ids = baselines.rank_texts("bm25", documents, queries, depth, own,
-                                               **(bm25 or {}))
-    ids, scores = hybrid.fuse_scores((np.asarray(dense_ids), np.asarray(dense_scores)),
-                                     (lex_ids, lex_scores), spec.weight, depth,
-                                     with_scores=True)
+    ids, scores = weak_labels.hybrid_ranking(queries, documents, encode_queries,
+                                             encode_documents, spec.weight, depth, bm25)
     rng = np.random.default_rng([seed, 11])
     records, skipped = [], 0
     for q, row, fused in zip(queries, ids, scores):

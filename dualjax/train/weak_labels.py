@@ -46,23 +46,33 @@ def pseudo_queries(collection: Collection, seed: int, min_query_words: int = 5) 
     return out
 
 
-def hybrid_pairs(queries: list[str], documents: list[str], encode_queries: Encode,
-                 encode_documents: Encode, weight: float, k: int = 20,
-                 bm25: dict | None = None) -> list[tuple[str, str]]:
-    """(queries[i], the fused first of documents other than documents[i]) for each i with
-    any candidate. queries[i] was cut from documents[i]. bm25: BM25's options
-    (`baselines.rank`; None: its defaults)."""
+def hybrid_ranking(queries: list[str], documents: list[str], encode_queries: Encode,
+                   encode_documents: Encode, weight: float, k: int, bm25: dict | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(ids int [nq, k], fused scores [nq, k]): each query's top k of the documents other
+    than documents[i] (queries[i] was cut from it) by the dense ranking fused with BM25's
+    (score interpolation at `weight`, `hybrid.fuse_scores`; -1 padding). bm25: BM25's
+    options (`baselines.rank`; None: its defaults)."""
     own = np.arange(len(queries), dtype=np.int64)
-    k = min(k, len(documents) - 1)
-    if k < 1:
-        return []
     exact = ann.ExactIndex(encode_documents(documents))
     scores, ids = exact.search(encode_queries(queries), k, own)
     lex_scores, lex_ids = baselines.rank_texts("bm25", documents, queries, k, own,
                                                **(bm25 or {}))
-    first = hybrid.fuse_scores((np.asarray(ids), np.asarray(scores)), (lex_ids, lex_scores),
-                               weight, 1)[:, 0]
-    return [(q, documents[int(j)]) for q, j in zip(queries, first) if j >= 0]
+    return hybrid.fuse_scores((np.asarray(ids), np.asarray(scores)), (lex_ids, lex_scores),
+                              weight, k, with_scores=True)
+
+
+def hybrid_pairs(queries: list[str], documents: list[str], encode_queries: Encode,
+                 encode_documents: Encode, weight: float, k: int = 20,
+                 bm25: dict | None = None) -> list[tuple[str, str]]:
+    """(queries[i], the fused first of documents other than documents[i]) for each i with
+    any candidate (`hybrid_ranking`)."""
+    k = min(k, len(documents) - 1)
+    if k < 1:
+        return []
+    ids, _ = hybrid_ranking(queries, documents, encode_queries, encode_documents, weight, k,
+                            bm25)
+    return [(q, documents[int(j)]) for q, j in zip(queries, ids[:, 0]) if j >= 0]
 
 
 def pairs_path(workdir: str, name: str = "") -> str:
