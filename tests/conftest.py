@@ -61,3 +61,18 @@ def ctrl_c():
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
+
+
+def write_beir_folder(folder, texts) -> None:
+    """`texts` as a BEIR folder: document i "d{i}", its query "q{i}" (its first 6 words)
+    judged relevant to it alone."""
+    import json
+    (folder / "qrels").mkdir(parents=True)
+    (folder / "corpus.jsonl").write_text("".join(
+        json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n" for i, t in enumerate(texts)))
+    (folder / "queries.jsonl").write_text("".join(
+        json.dumps({"_id": f"q{i}", "text": " ".join(t.split()[:6])}) + "\n"
+        for i, t in enumerate(texts)))
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"q{i}\td{i}\t1\n" for i in range(len(texts))))
+

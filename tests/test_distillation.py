@@ -2,7 +2,6 @@
 values and on 8 devices against one, the teacher's mining by hand, and a run whose
 student learns a tiny MPNet teacher's scores."""
 import json
-import os
 import pathlib
 
 import jax
@@ -10,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import load_config
+from conftest import load_config, write_beir_folder
 from dualjax import losses
 from dualjax.config import validation as config_lib
 from dualjax.errors import DataError
@@ -187,17 +186,8 @@ def beir_folder(tmp_path) -> pathlib.Path:
     for name in ("tiny_bert", "tiny_mpnet"):
         with np.load(FIXTURES / f"{name}_reference.npz") as z:
             texts += [str(t) for t in z["texts"]]
-    texts = list(dict.fromkeys(texts))
-    folder = tmp_path / "beir"
-    (folder / "qrels").mkdir(parents=True)
-    (folder / "corpus.jsonl").write_text("".join(
-        json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n" for i, t in enumerate(texts)))
-    (folder / "queries.jsonl").write_text("".join(
-        json.dumps({"_id": f"q{i}", "text": " ".join(t.split()[:6])}) + "\n"
-        for i, t in enumerate(texts)))
-    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
-        f"q{i}\td{i}\t1\n" for i in range(len(texts))))
-    return folder
+    write_beir_folder(tmp_path / "beir", list(dict.fromkeys(texts)))
+    return tmp_path / "beir"
 
 
 def distill_config(folder, teacher_name: str = str(FIXTURES / "tiny_mpnet")):

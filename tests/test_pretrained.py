@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import load_config
+from conftest import load_config, write_beir_folder
 from dualjax import pretrained
 from dualjax.config import validation as config_lib
 from dualjax.text import sides
@@ -474,17 +474,9 @@ def test_pseudo_pairs_are_the_hybrids_first_other_document():
 def beir_folder(tmp_path) -> tuple[pathlib.Path, list[str]]:
     """The tiny BERT fixture's texts as a BEIR folder (each text's first 6 words its
     query), and the texts."""
-    folder = tmp_path / "beir"
-    (folder / "qrels").mkdir(parents=True)
     texts = [str(t) for t in reference("tiny_bert")["texts"]]
-    (folder / "corpus.jsonl").write_text("".join(
-        json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n" for i, t in enumerate(texts)))
-    (folder / "queries.jsonl").write_text("".join(
-        json.dumps({"_id": f"q{i}", "text": " ".join(t.split()[:6])}) + "\n"
-        for i, t in enumerate(texts)))
-    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
-        f"q{i}\td{i}\t1\n" for i in range(len(texts))))
-    return folder, texts
+    write_beir_folder(tmp_path / "beir", texts)
+    return tmp_path / "beir", texts
 
 
 def test_an_evaluation_only_run_of_a_start_exports_the_start(tmp_path):
