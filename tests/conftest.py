@@ -76,3 +76,12 @@ def write_beir_folder(folder, texts) -> None:
     (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
         f"q{i}\td{i}\t1\n" for i in range(len(texts))))
 
+
+def stop_at(last: int):
+    """A training hook that interrupts the run after step `last` (as Ctrl-C would), its
+    checkpoint saved: the first half of a resume test."""
+    def hook(step, metrics):
+        if step == last:
+            raise KeyboardInterrupt
+    return hook
+

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import load_config, write_beir_folder
+from conftest import load_config, stop_at, write_beir_folder
 from dualjax import losses
 from dualjax.config import validation as config_lib
 from dualjax.errors import DataError
@@ -212,12 +212,8 @@ def test_a_student_learns_a_tiny_mpnet_teachers_scores(tmp_path, monkeypatch):
     shutil.copytree(FIXTURES / "tiny_mpnet", tmp_path / "teacher")
     cfg = distill_config(folder, str(tmp_path / "teacher"))
     workdir = tmp_path / "run"
-
-    def stop_after_1(step, metrics):
-        if step == 1:
-            raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
-        train.train_and_evaluate(cfg, str(workdir), hooks=[stop_after_1])
+        train.train_and_evaluate(cfg, str(workdir), hooks=[stop_at(1)])
     records = [json.loads(line) for line in (workdir / teacher.FILE).read_text().splitlines()]
     assert records and all(len(r["documents"]) == 3 == len(r["scores"]) for r in records)
     assert all(r["scores"][0] >= max(r["scores"][1:]) for r in records)

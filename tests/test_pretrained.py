@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import load_config, write_beir_folder
+from conftest import load_config, stop_at, write_beir_folder
 from dualjax import pretrained
 from dualjax.config import validation as config_lib
 from dualjax.text import sides
@@ -512,12 +512,8 @@ def test_adapting_with_pseudo_labels_on_a_beir_folder(tmp_path, monkeypatch):
     cfg.update(num_train_steps=2, checkpoint_every_steps=1, global_batch_size=8)
     cfg.eval.update(index="exact", baselines="bm25", hybrid="bm25")
     workdir = tmp_path / "run"
-
-    def stop_after_1(step, metrics):
-        if step == 1:
-            raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
-        train.train_and_evaluate(cfg, str(workdir), hooks=[stop_after_1])
+        train.train_and_evaluate(cfg, str(workdir), hooks=[stop_at(1)])
     pairs = [json.loads(line) for line in (workdir / weak_labels.FILE).read_text().splitlines()]
     assert 0 < len(pairs) <= len(texts)
     for query, positive in pairs:
@@ -546,12 +542,8 @@ def test_a_wordllama_run_resumes_without_the_pretrained_cache(tmp_path, monkeypa
     cfg.optimizer.table_updates = "lazy"  # not Adam over all 32k x 256 rows each step
     cfg.eval.update(index="exact", baselines="")
     workdir = str(tmp_path / "run")
-
-    def stop_at_2(step, metrics):
-        if step == 2:
-            raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
-        train.train_and_evaluate(cfg, workdir, hooks=[stop_at_2])
+        train.train_and_evaluate(cfg, workdir, hooks=[stop_at(2)])
     shutil.rmtree(tmp_path / "cache")
     warnings = []
     monkeypatch.setattr(absl_logging, "warning", lambda msg, *a: warnings.append(msg % a))
