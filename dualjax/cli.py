@@ -15,6 +15,7 @@ handles both itself (`workdir.Signals`: it saves a checkpoint first).
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -23,6 +24,61 @@ from typing import Callable
 from absl import app, flags
 
 from dualjax.errors import Terminated  # noqa: F401 (raised here)
+
+
+def define_process_flags(module: str) -> None:
+    """The flags by which the processes of one run (a TPU pod slice, several GPU hosts,
+    CPU processes in the tests) find each other, defined for the command `module`."""
+    flags.DEFINE_string("coordinator_address", None, "Multi-process runs: host:port of "
+                        "process 0, the same for every process (with --num_processes and "
+                        "--process_id).", module_name=module)
+    flags.DEFINE_integer("num_processes", None, "Multi-process runs: how many.",
+                         module_name=module)
+    flags.DEFINE_integer("process_id", None, "Multi-process runs: this one's index.",
+                         module_name=module)
+    flags.DEFINE_bool("distributed", False, "Join a multi-host run whose processes find "
+                      "each other from the environment (a Cloud TPU pod slice, SLURM, ...), "
+                      "with no other flag.", module_name=module)
+    flags.DEFINE_integer("coordinator_timeout", 300, "Multi-process runs: seconds to wait "
+                         "for every process to join before giving up.", module_name=module)
+
+
+def init_processes(command: str) -> None:
+    """jax.distributed.initialize when the process flags ask for it (explicitly, or from
+    the environment). When the processes do not all join within --coordinator_timeout,
+    `command` ends in one line, exit status 1: jax itself would abort the process with a
+    C++ stack (no Python error to catch), so a watchdog thread says it first. Nothing has
+    been written by then."""
+    f = flags.FLAGS
+    explicit = [f.coordinator_address, f.num_processes, f.process_id]
+    if not f.distributed and all(v is None for v in explicit):
+        return
+    if not f.distributed and any(v is None for v in explicit):
+        raise app.UsageError("--coordinator_address, --num_processes and --process_id go "
+                             "together (or --distributed alone)")
+    if not f.distributed and not 0 <= f.process_id < f.num_processes:
+        raise app.UsageError(f"--process_id={f.process_id}: give 0 to --num_processes - 1 "
+                             f"({f.num_processes - 1})")
+    import jax
+    # Several CPU processes (as in the tests) need CPU collectives; no effect elsewhere.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    where = (f"--coordinator_address={f.coordinator_address}" if f.coordinator_address
+             else "--distributed")
+
+    def too_late() -> None:
+        print(f"{command}: {where}: the {f.num_processes or ''} processes did not all join "
+              f"within {f.coordinator_timeout}s (is every process started, with the same "
+              "address?); nothing was written", file=sys.stderr, flush=True)
+        os._exit(1)
+    watchdog = threading.Timer(f.coordinator_timeout, too_late)
+    watchdog.daemon = True
+    watchdog.start()
+    try:  # jax's own deadline later than the watchdog's
+        jax.distributed.initialize(coordinator_address=f.coordinator_address,
+                                   num_processes=f.num_processes, process_id=f.process_id,
+                                   initialization_timeout=f.coordinator_timeout + 30)
+    finally:
+        watchdog.cancel()
 
 
 def run(main: Callable[[list[str]], None], module: str, **kwargs) -> None:

@@ -3,57 +3,63 @@
     python -m dualjax.index --encoder=runs/default/export --corpus=corpus.jsonl --out=IDX
     python -m dualjax.search --encoder=runs/default/export --index=IDX --query="..."
 
-The corpus is a TSV, a JSONL or a BEIR folder (`data/corpus_file.py`). OUT holds
-corpus.jsonl (id and text per line, in index order), embeddings.npy (float32 [n, dim];
-with --quantize=int8|binary, quantized.npz: the codes alone), scann/ or hnsw/ (the
-searcher of --kind, none for exact) and index.json, written last,
-with the encoder's id (a digest of its bundle). Loading checks the encoder's id against
-it and never re-encodes the corpus: the searcher is keyed by the saved vectors.
+The corpus is a TSV, a JSONL or a BEIR folder (`data/corpus_file.py`). It is streamed: a
+block of documents at a time is encoded (longest first, on every local device) and
+written, so memory holds the vectors' block, not the corpus (`serve/corpus_index.py`
+describes OUT). Several processes (a TPU pod slice, GPU hosts) build one index with the
+flags of `dualjax.main`: --coordinator_address, --num_processes and --process_id (or
+--distributed); each reads only its own byte range of the corpus file and writes its own
+shard, and process 0 writes the manifest last, after checking every shard, so a build
+that stops anywhere leaves no index that looks finished. OUT must be a folder every
+process sees (shared storage), as a training workdir is.
 """
 
 from __future__ import annotations
 
+import array
+import contextlib
+import hashlib
 import json
 import os
+import secrets
 import sys
 import time
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 from absl import flags, logging
 
 from dualjax import cli
-from dualjax.data.corpus_file import read_corpus
+from dualjax.data.corpus_file import Document, Line, corpus_path, documents
+from dualjax.data.pairs_file import DataError
 from dualjax.retrieval import ann, quantized
-from dualjax.runtime.files import (
-    atomic_write,
-    check_output,
-    file_digests,
-    files_under,
-    staged_output,
-    verify_digests,
-)
+from dualjax.runtime import processes
+from dualjax.runtime.files import check_output, staged_output
 from dualjax.runtime.progress import Progress
 from dualjax.serve.bundle import Encoder
+from dualjax.serve.corpus_index import (  # noqa: F401 (recorded_dim: the index's API)
+    META,
+    NOT_INSIDE,
+    CorpusIndex,
+    ShardWriter,
+    build_searcher,
+    recorded_dim,
+    shard_name,
+    write_manifest,
+    write_shard_meta,
+)
 from dualjax.text import sides, tokenizers
 
-META = "index.json"
-FORMAT = 2  # 2: index.json records its files' digests
-# An index never lies inside a bundle or another index (whose --overwrite would delete
-# it) or inside a run's workdir.
-NOT_INSIDE = ("bundle", "corpus index", "sentence-transformers folder", "workdir")
+BLOCK_BATCHES = 64  # a block (texts held, sorted longest first, then written) = 64 batches
 
 
-def _eval_config() -> dict:
-    return {"query_chunk": 256, "corpus_chunk": 4096, "scann": ann.default_scann_config(),
-            "hnsw": ann.default_hnsw_config()}
-
-
-def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: str = "scann",
-          k: int = 100, batch_size: int = 256, inputs: tuple[str, ...] = (),
-          overwrite: bool = False, quantize: str = "", rescore: int = 0) -> "CorpusIndex":
-    """Encodes a corpus with the encoder's document side (a progress bar over batches),
-    builds its index and writes it all to `out`. Written beside `out`, then renamed: a
-    failure leaves `out` as it was and nothing else behind.
+def build(encoder: Encoder, ids: Sequence[str], texts: Sequence[str], out: str,
+          kind: str = "scann", k: int = 100, batch_size: int = 256,
+          inputs: tuple[str, ...] = (), overwrite: bool = False, quantize: str = "",
+          rescore: int = 0) -> CorpusIndex:
+    """Encodes a corpus given in memory with the encoder's document side, builds its
+    index and writes it to `out` (one shard: one process). Written beside `out`, then
+    renamed: a failure leaves `out` as it was and nothing else behind.
 
     Args:
       encoder: the bundle whose document tower encodes the corpus.
@@ -71,31 +77,214 @@ def build(encoder: Encoder, ids: list[str], texts: list[str], out: str, kind: st
     Returns:
       The index, loaded from `out` (its files checked).
     """
-    check_build(kind, batch_size, quantize, rescore)
-    with staged_output(out) as stage:  # one writer: a second build into `out` is refused
-        check_output(out, META, "corpus index", inputs=(encoder.directory, *inputs),
-                     overwrite=overwrite, not_inside=NOT_INSIDE)
-        ids, texts = with_tokens(ids, texts, encoder.sides["document"].tokenizer)
-        start = time.perf_counter()
-        embeddings = _encode(encoder, texts, batch_size)
-        encoded = time.perf_counter() - start
-        _write(stage(), encoder, ids, texts, embeddings, kind, k, start, encoded,
-               quantize, rescore)
+    if len(ids) != len(texts):
+        raise ValueError(f"{len(ids)} ids for {len(texts)} texts")
+
+    def everything() -> Iterator[Document]:
+        return ((Line("", 0, n, [0]), str(i), t) for n, (i, t) in enumerate(zip(ids, texts), 1))
+    _build(encoder, everything, everything, "the corpus", out, kind, k, batch_size,
+           inputs, overwrite, quantize, rescore)
     return CorpusIndex(out, encoder.id)
 
 
-def _encode(encoder: Encoder, texts: list[str], batch_size: int) -> np.ndarray:
-    """The documents' vectors, in corpus order, encoded longest first (so that each batch
-    runs at the length bucket of texts of about its own length), with a progress bar."""
-    order = sides.longest_first(texts)
-    out = np.zeros((len(texts), encoder.dim), np.float32)
-    step = 16 * batch_size  # texts per progress update
-    with Progress(len(texts), "encode corpus", "text") as bar:
-        for at in range(0, len(texts), step):
-            rows = order[at:at + step]
-            out[rows] = encoder.encode_documents([texts[i] for i in rows], batch_size=batch_size)
+def build_file(encoder: Encoder, corpus: str, out: str, kind: str = "scann", k: int = 100,
+               batch_size: int = 256, overwrite: bool = False, quantize: str = "",
+               rescore: int = 0, devices: Sequence = ()) -> dict:
+    """`build` over a corpus file (`corpus_file.corpus_path`), streamed: in a run of
+    several processes (jax.distributed), each reads and encodes its own share on
+    `devices` (its local ones) and writes its shard; process 0 writes the manifest.
+
+    Returns:
+      The manifest (index.json's content), in every process.
+    """
+    import jax
+    path = corpus_path(corpus)
+    share, shares = jax.process_index(), jax.process_count()
+    return _build(encoder, lambda: documents(path, share, shares), lambda: documents(path),
+                  path, out, kind, k, batch_size, (corpus,), overwrite, quantize, rescore,
+                  devices, share, shares)
+
+
+def _build(encoder: Encoder, mine: Callable[[], Iterator[Document]],
+           everything: Callable[[], Iterator[Document]], source: str, out: str, kind: str,
+           k: int, batch_size: int, inputs: Sequence[str], overwrite: bool, quantize: str,
+           rescore: int, devices: Sequence = (), share: int = 0, shares: int = 1) -> dict:
+    """The build of one process: its shard, then (process 0) the manifest. Every failure
+    is said in each process in one line; `out` is replaced only when every shard is
+    written and checked."""
+    check_build(kind, batch_size, quantize, rescore)
+    main, told = share == 0, False
+    try:
+        with (staged_output(out) if main else contextlib.nullcontext()) as stage:
+            if main:
+                check_output(out, META, "corpus index", inputs=(encoder.directory, *inputs),
+                             overwrite=overwrite, not_inside=NOT_INSIDE)
+            tmp, run = _agree_on_stage(out, stage() if main else None, shares)
+            failed = None
+            try:
+                _write_shard(encoder, mine(), tmp, share, shares, run, kind, k, batch_size,
+                             quantize, rescore, devices)
+            except (DataError, ValueError, OSError) as e:
+                failed = e
+                with open(os.path.join(tmp, f"error-{share}.txt"), "w") as f:
+                    f.write(str(e))
+            if processes.any_process(failed is not None):
+                told = True  # every process knows
+                if failed is not None:
+                    raise failed
+                raise DataError(_other_failure(tmp, shares))
+            if not main:
+                manifest = None
+            else:
+                manifest = _finish(tmp, everything, source, encoder.id, run, kind, k,
+                                   quantize, rescore, shares)
+    except BaseException:
+        if main and shares > 1 and not told:
+            processes.agree(False)  # the others wait for the manifest: they stop too
+        raise
+    if shares > 1:  # the others return once process 0 has put the index at `out`
+        if not processes.agree(main):
+            raise DataError("process 0 could not finish the index (its log says why); "
+                            "nothing was written")
+        if not main:
+            with open(os.path.join(out, META)) as f:
+                manifest = json.load(f)
+    return manifest
+
+
+def _agree_on_stage(out: str, tmp: str | None, shares: int) -> tuple[str, str]:
+    """(the staging folder, the build's run id), process 0's, in every process."""
+    pid, number = os.getpid(), secrets.randbits(31)
+    if shares > 1:
+        from jax.experimental import multihost_utils
+        pid, number = (int(v) for v in multihost_utils.broadcast_one_to_all(
+            np.array([pid, number], np.int32)))
+    return tmp or f"{out.rstrip(os.sep)}.tmp{pid}", f"{pid}-{number:08x}"
+
+
+def _other_failure(tmp: str, shares: int) -> str:
+    """What the process that failed wrote (its error-N.txt in the staging folder)."""
+    for s in range(shares):
+        path = os.path.join(tmp, f"error-{s}.txt")
+        if os.path.isfile(path):
+            with open(path) as f:
+                return f"process {s}: {f.read().strip()}"
+    return "another process failed (its log says why); nothing was written"
+
+
+def _id_hash(doc_id: str) -> int:
+    """A 64-bit digest of an id: duplicates are found over every shard from these alone."""
+    return int.from_bytes(hashlib.blake2b(doc_id.encode(), digest_size=8).digest(), "little")
+
+
+def _write_shard(encoder: Encoder, docs: Iterator[Document], tmp: str, share: int,
+                 shares: int, run: str, kind: str, k: int, batch_size: int, quantize: str,
+                 rescore: int, devices: Sequence) -> None:
+    """Streams this process' documents into its shard folder: a block at a time, its
+    texts that give a token encoded longest first and written with their vectors; then
+    the shard's searcher, its shard.json, and (beside it) its ids' digests."""
+    start = time.perf_counter()
+    folder = os.path.join(tmp, shard_name(share, shares))
+    writer = ShardWriter(folder, encoder.dim)
+    tokenizer = encoder.sides["document"].tokenizer
+    hashes, skipped, block_size = array.array("Q"), [], BLOCK_BATCHES * batch_size
+    chunk = 4 * batch_size * max(1, len(devices))  # texts per progress update
+    block_ids: list[str] = []
+    block_texts: list[str] = []
+
+    def flush(bar: Progress) -> None:
+        ids, texts, dropped = with_tokens(block_ids, block_texts, tokenizer)
+        skipped.extend(dropped)
+        vectors = np.zeros((len(texts), encoder.dim), np.float32)
+        order = sides.longest_first(texts)
+        for at in range(0, len(texts), chunk):
+            rows = order[at:at + chunk]
+            vectors[rows] = encoder.encode_documents([texts[i] for i in rows],
+                                                     batch_size=batch_size, devices=devices)
             bar.update(len(rows))
-    return out
+        writer.add(ids, texts, vectors)
+        block_ids.clear()
+        block_texts.clear()
+
+    try:
+        with Progress(None, f"encode corpus{f' (shard {share})' if shares > 1 else ''}",
+                      "text") as bar:
+            for _, doc_id, text in docs:
+                hashes.append(_id_hash(doc_id))
+                block_ids.append(doc_id)
+                block_texts.append(text)
+                if len(block_texts) == block_size:
+                    flush(bar)
+            flush(bar)
+    except BaseException:
+        writer.abort()
+        raise
+    n = writer.close()
+    encoded = time.perf_counter() - start
+    if skipped:
+        logging.warning("skipped %d documents that give the encoder no token (empty, or no "
+                        "letter or digit; ids %s%s)", len(skipped), ", ".join(skipped[:5]),
+                        ", ..." if len(skipped) > 5 else "")
+    settings = build_searcher(folder, kind, k, encoder.id, quantize, rescore)
+    write_shard_meta(folder, {
+        "run": run, "shard": share, "shards": shares, "encoder_id": encoder.id, "n": n,
+        "dim": encoder.dim, "read": len(hashes), "settings": settings,
+        "encode_seconds": round(encoded, 3),
+        "build_seconds": round(time.perf_counter() - start - encoded, 3)})
+    np.save(os.path.join(tmp, f"ids-{share}.npy"), np.frombuffer(hashes, np.uint64))
+
+
+def with_tokens(ids: Sequence[str], texts: Sequence[str], tokenizer
+                ) -> tuple[list[str], list[str], list[str]]:
+    """(ids, texts) of the documents that give the tokenizer some token, and the ids of
+    the others. One that gives none (empty, or only punctuation, symbols or emoji for a
+    word tokenizer) would be the towers' bias alone, one vector shared by all such
+    documents that ranks them first for every query the model knows nothing of."""
+    skipped = set(tokenizers.without_tokens(tokenizer, texts))
+    return ([i for n, i in enumerate(ids) if n not in skipped],
+            [t for n, t in enumerate(texts) if n not in skipped],
+            [ids[n] for n in sorted(skipped)])
+
+
+def _finish(tmp: str, everything: Callable[[], Iterator[Document]], source: str,
+            encoder_id: str, run: str, kind: str, k: int, quantize: str, rescore: int,
+            shares: int) -> dict:
+    """Process 0, once every shard is written: ids unique over all shards, a document to
+    search, then index.json, written last."""
+    hashes = np.concatenate([np.load(os.path.join(tmp, f"ids-{s}.npy")) for s in range(shares)])
+    for s in range(shares):
+        os.remove(os.path.join(tmp, f"ids-{s}.npy"))
+    if not len(hashes):
+        raise DataError(f"{source}: no documents")
+    ordered = np.sort(hashes)
+    if (ordered[1:] == ordered[:-1]).any():
+        _raise_duplicate(everything, source)
+    shard_metas = []
+    for s in range(shares):
+        with open(os.path.join(tmp, shard_name(s, shares), "shard.json")) as f:
+            shard_metas.append(json.load(f))
+    meta = {"encoder_id": encoder_id, "run": run, "kind": kind, "k": k,
+            "dim": shard_metas[0]["dim"],
+            **({"quantize": quantize, "rescore": rescore} if quantize else {}),
+            # the slowest process' (they run at once)
+            "encode_seconds": max(m["encode_seconds"] for m in shard_metas),
+            "build_seconds": max(m["build_seconds"] for m in shard_metas)}
+    if not sum(m["n"] for m in shard_metas):
+        raise ValueError("the corpus holds no document that gives the encoder a token")
+    return write_manifest(tmp, meta, shares)
+
+
+def _raise_duplicate(everything: Callable[[], Iterator[Document]], source: str) -> None:
+    """DataError naming the first repeated id and both its lines (read again: only when
+    the digests say an id repeats)."""
+    seen: dict[str, int] = {}
+    for line, doc_id, _ in everything():
+        if doc_id in seen:
+            where = f"{source}:{int(line)}" if source != "the corpus" else \
+                f"the corpus' text {int(line)}"
+            raise DataError(f"{where}: duplicate id {doc_id!r} (first at "
+                            f"{'line' if source != 'the corpus' else 'text'} {seen[doc_id]})")
+        seen[doc_id] = int(line)
 
 
 def check_build(kind: str, batch_size: int, quantize: str = "", rescore: int = 0) -> None:
@@ -119,137 +308,29 @@ def check_build(kind: str, batch_size: int, quantize: str = "", rescore: int = 0
         ann.require_scann()
 
 
-def with_tokens(ids: list[str], texts: list[str], tokenizer) -> tuple[list[str], list[str]]:
-    """The documents that give the tokenizer some token: one that gives none (empty, or
-    only punctuation, symbols or emoji for a word tokenizer) would be the towers' bias
-    alone, one vector shared by all such documents that ranks them first for every query
-    the model knows nothing of. The skipped ones are counted in the log."""
-    skipped = set(tokenizers.without_tokens(tokenizer, texts))
-    if len(skipped) == len(texts):
-        raise ValueError("the corpus holds no document that gives the encoder a token")
-    if skipped:
-        named = [ids[i] for i in sorted(skipped)[:5]]
-        logging.warning("skipped %d documents that give the encoder no token (empty, or no "
-                        "letter or digit; ids %s%s)", len(skipped), ", ".join(named),
-                        ", ..." if len(skipped) > 5 else "")
-    return ([i for n, i in enumerate(ids) if n not in skipped],
-            [t for n, t in enumerate(texts) if n not in skipped])
-
-
-def _write(tmp: str, encoder: Encoder, ids: list[str], texts: list[str], embeddings: np.ndarray,
-           kind: str, k: int, start: float, encoded: float, quantize: str = "",
-           rescore: int = 0) -> None:
-    if quantize:  # the codes alone: the float vectors are what it saves
-        quantized.QuantizedIndex.build(embeddings, quantize, rescore).save(tmp)
-    else:
-        np.save(os.path.join(tmp, "embeddings.npy"), embeddings)
-    with open(os.path.join(tmp, "corpus.jsonl"), "w", encoding="utf-8") as f:
-        f.writelines(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n"
-                     for i, t in zip(ids, texts))
-    k = min(k, len(texts))
-    info = {"settings": {"quantize": quantize, "rescore": rescore}} if quantize else (
-        ann.make_index(kind, embeddings, _eval_config(), k,
-                       directory=_searcher_dir(tmp, kind), extra=encoder.id)[1])
-    # Every file the index reads, the searcher's own included, checked on loading.
-    files = file_digests(tmp, [name for name in files_under(tmp) if name != META])
-    meta = {"format": FORMAT, "encoder_id": encoder.id, "files": files, "kind": kind, "k": k,
-            "n": len(texts), "dim": int(embeddings.shape[1]), "settings": info["settings"],
-            **({"quantize": quantize, "rescore": rescore} if quantize else {}),
-            "encode_seconds": round(encoded, 3),
-            "build_seconds": round(time.perf_counter() - start - encoded, 3)}
-    atomic_write(os.path.join(tmp, META), json.dumps(meta, indent=1) + "\n")
-
-
-def recorded_dim(directory: str) -> int | None:
-    """The width of the vectors an index was built over (index.json's "dim"; None when it
-    cannot be read: `CorpusIndex` then says why)."""
-    try:
-        with open(os.path.join(directory, META), encoding="utf-8") as f:
-            dim = json.load(f).get("dim")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return dim if isinstance(dim, int) else None
-
-
-def _searcher_dir(directory: str, kind: str) -> str | None:
-    return None if kind == "exact" else os.path.join(directory, kind)
-
-
-class CorpusIndex:
-    """A saved corpus index: its ids, texts and searcher (ScaNN, HNSW or exact)."""
-
-    def __init__(self, directory: str, encoder_id: str | None = None):
-        path = os.path.join(directory, META)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{directory}: no {META}; build one with python -m "
-                                    "dualjax.index --encoder=DIR --corpus=FILE --out=DIR")
-        try:
-            with open(path) as f:
-                self.meta = json.load(f)
-            if self.meta.get("format") != FORMAT:
-                raise ValueError(f"format {self.meta.get('format')}, this dualjax reads "
-                                 f"{FORMAT}; build it again")
-            n, dim, recorded = self.meta["n"], self.meta["dim"], self.meta["files"]
-            built_with, kind, k = self.meta["encoder_id"], self.meta["kind"], self.meta["k"]
-        except KeyError as e:
-            raise ValueError(f"{path}: no {e.args[0]!r}; build the index again") from None
-        except (OSError, ValueError, TypeError, AttributeError) as e:
-            raise ValueError(f"{path}: not a readable index.json ({e})") from None
-        for key, ok in (("files", isinstance(recorded, dict)), ("kind", kind in ann.INDEXES),
-                        *((key, isinstance(self.meta[key], int)) for key in ("n", "dim", "k"))):
-            if not ok:
-                raise ValueError(f"{path}: its {key!r} is not valid; build the index again")
-        if encoder_id is not None and built_with != encoder_id:
-            raise ValueError(f"{directory} was built with encoder {built_with}, "
-                             f"not {encoder_id}: build it again with this encoder")
-        # Its parts as they were written, before anything is answered or rebuilt.
-        verify_digests(directory, recorded, "index")
-        with open(os.path.join(directory, "corpus.jsonl"), encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f]
-        self.ids, self.texts = [r["id"] for r in rows], [r["text"] for r in rows]
-        if self.meta.get("quantize"):
-            self.searcher = quantized.QuantizedIndex.load(directory)
-            if len(rows) != n or len(self.searcher.codes) != n or self.searcher.dim != dim:
-                raise ValueError(f"{directory}: {len(rows)} documents and "
-                                 f"{len(self.searcher.codes)} x {self.searcher.dim} codes, "
-                                 f"but {META} records {n} x {dim}")
-            return
-        # The saved vectors, not the texts again: the searcher saved beside them is loaded
-        # when their fingerprint matches (else rebuilt from them, with a warning).
-        embeddings = np.load(os.path.join(directory, "embeddings.npy"), mmap_mode="r")
-        if len(rows) != n or embeddings.shape != (n, dim):
-            raise ValueError(f"{directory}: {len(rows)} documents and embeddings of shape "
-                             f"{embeddings.shape}, but {META} records {n} x {dim}")
-        self.searcher, _ = ann.make_index(kind, embeddings, _eval_config(), k,
-                                          directory=_searcher_dir(directory, kind),
-                                          extra=built_with)
-
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(scores [nq, k], ids [nq, k]) of queries [nq, dim], best first, -1 padding."""
-        return self.searcher.search(queries, min(k, len(self.texts)))
-
-
 def main(argv: list[str]) -> None:
     del argv
-    from dualjax.data.pairs_file import DataError
+    from dualjax.errors import WorkdirError
     from dualjax.eval.metrics_log import setup_logging
     setup_logging()
     f = flags.FLAGS
     try:
         check_build(f.kind, f.batch_size, f.quantize, f.rescore)  # before anything is read
+        cli.init_processes("dualjax.index")
+        import jax
         encoder = Encoder.load(f.encoder, f.dim or None)
-        check_output(f.out, META, "corpus index", inputs=(f.encoder, f.corpus),
-                     overwrite=f.overwrite, not_inside=NOT_INSIDE)
-        ids, texts = read_corpus(f.corpus)
-        built = build(encoder, ids, texts, f.out, f.kind, batch_size=f.batch_size,
-                      inputs=(f.corpus,), overwrite=f.overwrite, quantize=f.quantize,
-                      rescore=f.rescore)
-    except (FileNotFoundError, DataError, ImportError, ValueError) as e:
+        if jax.process_index() == 0:  # before the corpus is read
+            check_output(f.out, META, "corpus index", inputs=(f.encoder, f.corpus),
+                         overwrite=f.overwrite, not_inside=NOT_INSIDE)
+        corpus_path(f.corpus)
+        m = build_file(encoder, f.corpus, f.out, f.kind, batch_size=f.batch_size,
+                       overwrite=f.overwrite, quantize=f.quantize, rescore=f.rescore,
+                       devices=jax.local_devices())
+    except (FileNotFoundError, DataError, ImportError, ValueError, WorkdirError) as e:
         sys.exit(f"dualjax.index: {e}")
-    m = built.meta
-    logging.info("encoded in %.1fs, index built in %.1fs", m["encode_seconds"], m["build_seconds"])
-    print(f"{f.out}: {m['n']} documents, {m['dim']}-d, {m['kind']} index, "
-          f"encoder {m['encoder_id']}")
+    if jax.process_index() == 0:
+        print(f"{f.out}: {m['n']} documents, {m['dim']}-d, {m['kind']} index, "
+              f"{len(m['shards'])} shard(s), encoder {m['encoder_id']}")
 
 
 def run() -> None:
@@ -257,7 +338,8 @@ def run() -> None:
     flags.DEFINE_string("encoder", None, "An exported encoder (python -m dualjax.export).")
     flags.DEFINE_string("corpus", None, "A corpus: .jsonl, .json, .tsv, .txt or a BEIR folder.")
     flags.DEFINE_string("out", None, "The index's folder: new, empty, or an index to replace "
-                        "with --overwrite (never the bundle or the corpus).")
+                        "with --overwrite (never the bundle or the corpus); in a run of "
+                        "several processes, on storage every process sees.")
     flags.DEFINE_bool("overwrite", False, "Replace the index already at --out.")
     flags.DEFINE_enum("kind", "scann", list(ann.INDEXES), "The searcher to build "
                       "(hnsw needs faiss-cpu).")
@@ -270,6 +352,7 @@ def run() -> None:
     flags.DEFINE_integer("dim", 0, "Index the vectors cut to their first DIM coordinates, "
                          "renormalised (a model trained with loss.matryoshka_dims); 0: all. "
                          "dualjax.search reads the queries at the same width.")
+    cli.define_process_flags(__name__)
     flags.mark_flags_as_required(["encoder", "corpus", "out"])
     cli.run(main, __name__)
 

@@ -50,31 +50,8 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and artifacts.")
 _KEYS = flags.DEFINE_bool("keys", False, "List every config key with its value (after any "
                           "--config.KEY=VALUE) and what it means, then exit.")
-_COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", None, "Multi-process runs: host:port of process 0, the same for "
-    "every process (with --num_processes and --process_id).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process runs: how many.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process runs: this one's index.")
-_DISTRIBUTED = flags.DEFINE_bool(
-    "distributed", False, "Join a multi-host run whose processes find each other from the "
-    "environment (a Cloud TPU pod slice, SLURM, ...), with no other flag.")
+cli.define_process_flags(__name__)
 flags.mark_flags_as_required(["config"])
-
-
-def init_processes() -> None:
-    """jax.distributed.initialize when asked: explicitly, or from the environment."""
-    explicit = [_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value]
-    if not _DISTRIBUTED.value and all(v is None for v in explicit):
-        return
-    if not _DISTRIBUTED.value and any(v is None for v in explicit):
-        raise app.UsageError("--coordinator_address, --num_processes and --process_id go "
-                             "together (or --distributed alone)")
-    import jax
-    # Several CPU processes (as in the tests) need CPU collectives; no effect elsewhere.
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
-                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
-
 
 
 def _quiet_closed_loops(hook):
@@ -96,10 +73,10 @@ def main(argv: list[str]) -> None:
     if not _WORKDIR.value:
         raise app.UsageError("--workdir is required (a directory for checkpoints, metrics "
                              "and artifacts)")
-    init_processes()
     setup_logging()
     sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
     try:
+        cli.init_processes("dualjax")
         train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
     except Preempted as e:  # saved; a scheduler must not record the job as done
         print(f"dualjax: {e}", file=sys.stderr)

@@ -26,12 +26,11 @@ import numpy as np
 from absl import flags, logging
 
 from dualjax import cli
-from dualjax import index as index_lib
 from dualjax.errors import WorkdirError
 from dualjax.eval.metrics_log import setup_logging
-from dualjax.index import CorpusIndex
 from dualjax.retrieval import baselines, hybrid
 from dualjax.serve.bundle import Encoder
+from dualjax.serve.corpus_index import CorpusIndex, recorded_dim
 from dualjax.text import tokenizers
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A trained dualjax workdir.")
@@ -73,13 +72,13 @@ def fused(dense: tuple[np.ndarray, np.ndarray], corpus: Sequence[str], queries: 
 @dataclasses.dataclass
 class Searcher:
     """A corpus, an index over its embeddings and the query encoder that matches them."""
-    corpus: list[str]
+    corpus: Sequence[str]                           # a list, or a CorpusIndex's texts (on disk)
     index: Any                                      # ann.ExactIndex / ScannIndex / CorpusIndex
     encode_queries: Callable[[Sequence[str]], np.ndarray]  # texts -> unit vectors [n, dim]
     tokenizer: tokenizers.Tokenizer                 # the query side's
     k: int = 10
     info: dict = dataclasses.field(default_factory=dict)
-    ids: list[str] | None = None                    # the corpus' ids (None: positions)
+    ids: Sequence[str] | None = None                # the corpus' ids (None: positions)
 
     def ranked(self, queries: Sequence[str], hybrid: str = "",
                weight: float | None = None) -> list[list[tuple[float, int]]]:
@@ -114,7 +113,7 @@ def from_bundle(encoder_dir: str, index_dir: str, k: int = 10) -> Searcher:
     """An exported encoder and a corpus index built with it: no training state is read
     and the corpus is not encoded again."""
     encoder = Encoder.load(encoder_dir)
-    dim = index_lib.recorded_dim(index_dir)
+    dim = recorded_dim(index_dir)
     if dim is not None and dim < encoder.dim:  # built with --dim: queries at that width
         encoder = encoder.at_dim(dim)
     corpus_index = CorpusIndex(index_dir, encoder.id)

@@ -134,9 +134,13 @@ def _edit(path: str, change: Callable[[bytes], bytes]) -> None:
         f.write(change(data))
 
 
+SHARD = "shard-00000-of-00001"  # a one-process index's one shard (corpus.jsonl, ...)
+
+
 def _broken_index(file: str, change: Callable[[bytes], bytes]):
     def mutate(s: Setup, case_dir: str) -> None:
-        _edit(os.path.join(_copy(s.indexes["exact"], case_dir, "idx"), file), change)
+        where = file if file == "index.json" else os.path.join(SHARD, file)
+        _edit(os.path.join(_copy(s.indexes["exact"], case_dir, "idx"), where), change)
     return mutate
 
 

@@ -106,6 +106,8 @@ def defined_flags(path: pathlib.Path) -> frozenset[str]:
     are defined inside their run(), so the source is read rather than the registry;
     booleans also as --noname) and argparse's add_argument("--name")."""
     source = path.read_text()
+    if "define_process_flags(" in source:  # the multi-process flags, shared (cli.py)
+        source += (path.parent / "cli.py").read_text()
     names = set(re.findall(r"DEFINE_\w+\(\s*[\"'](\w+)[\"']", source))
     if names:
         names |= {"help", "helpshort", "helpfull"}

@@ -1,6 +1,7 @@
 """The search command: a trained workdir answers typed queries with its saved index."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -11,6 +12,8 @@ import pytest
 from conftest import load_config
 from dualjax import search
 from dualjax.train import loop as train
+
+S0 = "shard-00000-of-00001"  # a one-process index's one shard
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +157,7 @@ def test_an_hnsw_corpus_index_is_built_saved_and_loaded(bundle, tmp_path):
     built = corpus_index.build(encoder, [str(i) for i in range(60)], texts,
                                str(tmp_path / "idx"), kind="hnsw", k=5)
     assert isinstance(built.searcher, ann.HnswIndex)
-    assert sorted(os.listdir(tmp_path / "idx" / "hnsw")) == ["hnsw.faiss", "meta.json"]
+    assert sorted(os.listdir(tmp_path / "idx" / S0 / "hnsw")) == ["hnsw.faiss", "meta.json"]
     loaded = corpus_index.CorpusIndex(str(tmp_path / "idx"), encoder.id)
     q = encoder.encode_queries(["how do i fix my car 3 ?"])
     np.testing.assert_array_equal(loaded.search(q, 5)[1], built.search(q, 5)[1])
@@ -179,16 +182,16 @@ def test_a_quantized_corpus_index_keeps_codes_alone_and_answers(bundle, tmp_path
     built = corpus_index.build(encoder, ids, texts, out, kind="exact", k=5,
                                quantize=quantize, rescore=20)
     assert isinstance(built.searcher, quantized.QuantizedIndex)
-    assert "embeddings.npy" not in os.listdir(out)
+    assert "embeddings.npy" not in os.listdir(os.path.join(out, S0))
     meta = json.loads(open(os.path.join(out, "index.json")).read())
-    assert meta["quantize"] == quantize and "quantized.npz" in meta["files"]
+    assert meta["quantize"] == quantize and f"{S0}/quantized.npz" in meta["files"]
     searcher = search.from_bundle(bundle, out, k=1)
     found = [r[0][1] for r in searcher.search(texts[:6])]
     if quantize == "int8":  # a byte a dimension: as the float index
         assert found == texts[:6]
     else:  # a bit a dimension of a 16-d model: only the kind of text is sure
         assert [t.split()[4] for t in found] == [t.split()[4] for t in texts[:6]]
-    with open(os.path.join(out, "quantized.npz"), "ab") as f:
+    with open(os.path.join(out, S0, "quantized.npz"), "ab") as f:
         f.write(b"x")
     with pytest.raises(ValueError, match="quantized.npz: changed since the index"):
         corpus_index.CorpusIndex(out, encoder.id)
@@ -285,14 +288,14 @@ def test_an_index_and_a_bundle_never_live_inside_each_other(workdir, bundle, tmp
         with pytest.raises(OutputError, match=re.escape(message)):
             call()
     assert sorted(os.listdir(tmp_path)) == before
-    assert sorted(os.listdir(idx)) == ["corpus.jsonl", "embeddings.npy", "index.json"]
+    assert sorted(os.listdir(idx)) == ["index.json", S0]
     assert "idx" not in os.listdir(mine) and "idx" not in os.listdir(workdir)
 
     shutil.copytree(idx, mine / "idx")  # as an older dualjax let it be made
     (idx / "notes.txt").write_text("mine")
     for call, message in [
             (lambda: export.export(str(workdir), str(mine), platforms=("cpu",), overwrite=True),
-             f"--out={mine} holds idx/corpus.jsonl (and 2 more), which is not the bundle's "
+             f"--out={mine} holds idx/index.json (and 4 more), which is not the bundle's "
              "(encoder.json does not record it): replacing the folder would delete it"),
             (lambda: index(idx, overwrite=True), f"--out={idx} holds notes.txt, which is not "
                                                  "the corpus index's (index.json")]:
@@ -300,7 +303,7 @@ def test_an_index_and_a_bundle_never_live_inside_each_other(workdir, bundle, tmp
             call()
     assert (mine / "idx" / "index.json").is_file() and (idx / "notes.txt").read_text() == "mine"
     out = subprocess.run([sys.executable, "-m", "dualjax.index", f"--encoder={bundle}",
-                          f"--corpus={idx / 'corpus.jsonl'}", f"--out={bundle}/idx"],
+                          f"--corpus={idx / S0 / 'corpus.jsonl'}", f"--out={bundle}/idx"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 1 and out.stderr.strip().splitlines()[-1] == (
         f"dualjax.index: --out={bundle}/idx is inside the bundle {bundle}: replacing that "
@@ -386,7 +389,7 @@ def test_a_changed_bundle_or_index_is_refused_naming_the_file(bundle, tmp_path):
                        kind="exact")
 
     def broken(folder: str, name: str, change) -> str:
-        copy = tmp_path / f"{os.path.basename(folder)}_{name.replace('.', '_')}"
+        copy = tmp_path / f"{os.path.basename(folder)}_{name.replace('.', '_').replace('/', '_')}"
         shutil.copytree(folder, copy)
         change(copy / name)
         return str(copy)
@@ -401,22 +404,22 @@ def test_a_changed_bundle_or_index_is_refused_naming_the_file(bundle, tmp_path):
     idx = str(tmp_path / "idx")
     drop_lines = lambda p: p.write_text("".join(p.read_text().splitlines(True)[3:]))
     reorder = lambda p: np.save(p, np.load(p)[::-1])
-    for name, change in (("corpus.jsonl", drop_lines), ("embeddings.npy", reorder)):
+    for name, change in ((f"{S0}/corpus.jsonl", drop_lines), (f"{S0}/embeddings.npy", reorder)):
         with pytest.raises(ValueError, match=f"{name}: changed since the index was written"):
             corpus_index.CorpusIndex(broken(idx, name, change), encoder.id)
-    assert corpus_index.CorpusIndex(idx, encoder.id).texts == texts
+    assert list(corpus_index.CorpusIndex(idx, encoder.id).texts) == texts
     # The searcher's own files are covered too: a ScaNN file altered in place, or a
     # broken JSON among them, is refused by its name before ScaNN reads it.
     corpus_index.build(encoder, [str(i) for i in range(12)], texts, str(tmp_path / "sc"),
                        kind="scann")
     sc = str(tmp_path / "sc")
-    names = [n for n in files_under(sc) if n.startswith("scann")]
+    names = [n for n in files_under(sc) if n.startswith(f"{S0}/scann")]
     assert len(names) > 2
     for name in names:
         with pytest.raises(ValueError, match=f"{name}: changed since the index was written"):
             corpus_index.CorpusIndex(broken(sc, name, lambda p: p.write_bytes(
                 p.read_bytes()[:-1] + b"x")), encoder.id)
-    assert corpus_index.CorpusIndex(sc, encoder.id).texts == texts
+    assert list(corpus_index.CorpusIndex(sc, encoder.id).texts) == texts
 
 
 def _serving_drill():
@@ -474,7 +477,7 @@ def test_search_flags_and_output_by_hand(tmp_path):
     assert search.snippet("x" * 2000, 10) == "xxxxxxxxxx... [2,000 characters]"
 
 
-def test_bundle_and_index_metadata_errors_name_the_file(workdir, bundle, tmp_path):
+def test_bundle_and_index_metadata_errors_name_the_file(workdir, bundle, tmp_path, caplog):
     """A key missing from encoder.json or index.json, a file this jax cannot read, empty
     documents, a bad --batch_size or --platforms: each a ValueError naming the file or
     flag, raised before anything is written."""
@@ -506,9 +509,12 @@ def test_bundle_and_index_metadata_errors_name_the_file(workdir, bundle, tmp_pat
         corpus_index.build(encoder, ["a"], ["x"], str(tmp_path / "i0"), batch_size=0)
     with pytest.raises(ValueError, match="no document that gives the encoder a token"):
         corpus_index.build(encoder, ["a", "b"], ["", " \n"], str(tmp_path / "i1"))
-    built = corpus_index.build(encoder, ["a", "e", "b"], ["fix my bike", "  ", "cook rice"],
-                               str(tmp_path / "idx"), kind="exact")
-    assert (built.ids, built.texts) == (["a", "b"], ["fix my bike", "cook rice"])
+    with caplog.at_level(logging.WARNING):
+        built = corpus_index.build(encoder, ["a", "e", "b"], ["fix my bike", "  ", "cook rice"],
+                                   str(tmp_path / "idx"), kind="exact")
+    assert "skipped 1 documents that give the encoder no token" in caplog.text
+    assert "ids e)" in caplog.text
+    assert (list(built.ids), list(built.texts)) == (["a", "b"], ["fix my bike", "cook rice"])
     idx_meta = json.loads((tmp_path / "idx" / "index.json").read_text())
     del idx_meta["encoder_id"]
     (tmp_path / "idx" / "index.json").write_text(json.dumps(idx_meta))
@@ -547,8 +553,8 @@ def test_a_bundle_encodes_each_batch_at_its_own_length(bundle, tmp_path):
                                str(tmp_path / "idx"), kind="exact", batch_size=2)
     lengths = [shape[1] for shape in seen]
     assert lengths == sorted(lengths, reverse=True) and lengths[-1] == 2, seen
-    np.testing.assert_allclose(np.load(tmp_path / "idx" / "embeddings.npy"), full, atol=1e-6)
-    assert built.texts == texts
+    np.testing.assert_allclose(np.load(tmp_path / "idx" / S0 / "embeddings.npy"), full, atol=1e-6)
+    assert list(built.texts) == texts
 
 
 def test_a_task_the_run_does_not_have_is_refused_saying_what_it_has(workdir):

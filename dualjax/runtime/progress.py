@@ -16,7 +16,7 @@ LOG_EVERY_SECONDS = 30.0
 class Progress:
     """`with Progress(total, "encode corpus", "text") as p: ... p.update(n)`."""
 
-    def __init__(self, total: int, desc: str, unit: str = "item",
+    def __init__(self, total: int | None, desc: str, unit: str = "item",
                  every: float = LOG_EVERY_SECONDS, leave: bool = True):
         self.total, self.desc, self.unit, self.every = total, desc, unit, every
         self.bar = tqdm(total=total, desc=desc, unit=unit, disable=None, leave=leave,
@@ -29,10 +29,12 @@ class Progress:
         self.done += n
         self.bar.update(n)
         now = time.perf_counter()
+        done = self.total is not None and self.done >= self.total
         if self.bar.disable and (now - self.last >= self.every or
-                                 (self.done >= self.total and now - self.start >= self.every)):
+                                 (done and now - self.start >= self.every)):
             self.last = now
-            logging.info("%s: %d/%d %ss, %.1f/s", self.desc, self.done, self.total, self.unit,
+            of = "" if self.total is None else f"/{self.total}"  # None: a stream
+            logging.info("%s: %d%s %ss, %.1f/s", self.desc, self.done, of, self.unit,
                          self.done / max(now - self.start, 1e-9))
 
     def close(self) -> None:

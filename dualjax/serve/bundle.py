@@ -165,14 +165,29 @@ class Encoder:
         return self._encode("query", texts, fields, batch_size)
 
     def encode_documents(self, texts: Sequence[str], fields: Sequence[dict] | None = None,
-                         batch_size: int = 256) -> np.ndarray:
-        """The document tower's vectors: as `encode_queries`, for documents."""
-        return self._encode("document", texts, fields, batch_size)
+                         batch_size: int = 256, devices: Sequence[jax.Device] = ()
+                         ) -> np.ndarray:
+        """The document tower's vectors: as `encode_queries`, for documents; with
+        `devices` (a process' local devices), the batches go to them in turn, each device
+        encoding its own while the next is dispatched (the default device: none given)."""
+        return self._encode("document", texts, fields, batch_size, devices)
 
-    def _encode(self, side: str, texts: Sequence[str], fields, batch_size: int) -> np.ndarray:
+    def _params_on(self, device: jax.Device | None):
+        """The parameters on `device` (one copy per device, made once)."""
+        if device is None:
+            return self.params
+        cache = self.__dict__.setdefault("_device_params", {})
+        if device not in cache:
+            cache[device] = jax.device_put(self.params, device)
+        return cache[device]
+
+    def _encode(self, side: str, texts: Sequence[str], fields, batch_size: int,
+                devices: Sequence[jax.Device] = ()) -> np.ndarray:
         """Batches longest text first (by characters, as sentence-transformers does), each
         cut to the length bucket of its longest text when the bundle's length is symbolic
-        (padding never changes a vector); full batches, so each bucket compiles once."""
+        (padding never changes a vector); full batches, so each bucket compiles once.
+        Batches are dispatched one per device before any is read back, so that several
+        devices encode at once."""
         method = {"query": "encode_queries", "document": "encode_documents"}[side]
         if isinstance(texts, (str, bytes)):
             raise TypeError(f"{method} takes a sequence of texts, not one string: pass [text]")
@@ -190,14 +205,28 @@ class Encoder:
         s = self.sides[side]
         # an older bundle's functions take max_len alone
         min_bucket = self.min_bucket if self.meta.get("length") == "symbolic" else s.max_len
-        for start in range(0, len(texts), batch_size):
+        devices = list(devices) or [None]
+        pending = []
+
+        def collect():
+            for rows, y in pending:
+                y = np.asarray(y)[:len(rows), :self.dim]
+                if self._dim:
+                    y = y / np.maximum(np.linalg.norm(y, axis=1, keepdims=True), 1e-6)
+                out[rows] = y
+            pending.clear()
+
+        for n, start in enumerate(range(0, len(texts), batch_size)):
             rows = order[start:start + batch_size]
             x = s.encode_batch([texts[i] for i in rows],
                                None if fields is None else [fields[i] for i in rows],
                                batch_size if len(texts) > batch_size else 0, min_bucket)
             args = [x["ids"], x["mask"]] + ([x["cats"]] if "cats" in x else [])
-            y = np.asarray(self._fns[side](self.params, *args))[:len(rows), :self.dim]
-            if self._dim:
-                y = y / np.maximum(np.linalg.norm(y, axis=1, keepdims=True), 1e-6)
-            out[rows] = y
+            device = devices[n % len(devices)]
+            if device is not None:
+                args = jax.device_put(args, device)
+            pending.append((rows, self._fns[side](self._params_on(device), *args)))
+            if len(pending) == len(devices):
+                collect()
+        collect()
         return out
