@@ -31,9 +31,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.log_every_steps = 50          # metrics.jsonl train rows and non-finite checks
 
     c.mesh = ml_collections.ConfigDict()
-    c.mesh.num_devices = 0          # devices on the `data` axis (0: all visible devices)
+    c.mesh.num_devices = 0          # devices of the mesh (0: all visible devices)
     c.mesh.param_sharding = "replicated"  # train state: "replicated" on every device, or
                                     # "fsdp": each big array split over `data` (1/n per device)
+    c.mesh.model_axis = 1           # devices on the `model` axis (of mesh.num_devices): the
+                                    # Transformer and BERT weights split over it by attention
+                                    # heads and MLP columns (tensor parallelism), the batch
+                                    # over the rest (`data`); 1: off
 
     c.data = ml_collections.ConfigDict()
     c.data.name = "synthetic_paraphrase"  # "synthetic_paraphrase" | "pairs" | "quora" |

@@ -26,6 +26,13 @@ arguments, outputs) of one train step of a BERT-base-sized `bert` tower at globa
 `--tower-batch` of `--max-len` tokens, compiled from abstract values (nothing run):
 
     python scripts/bench_scale.py --bert-memory=16:1024 --tower-batch=8192 --max-len=256
+
+`--tp-memory=SHAPE:M,...` does the same for BERT-base and BERT-large shapes on a mesh of
+(8 / M) data x M model devices (`mesh.model_axis`, tensor parallelism): the bytes of
+parameters and Adam moments each device holds, and XLA's temporary buffers:
+
+    python scripts/bench_scale.py --tp-memory=base:1,base:2,base:4,large:1,large:2,large:4 \
+        --tower-batch=512 --max-len=128 --chunks=8
 """
 from __future__ import annotations
 
@@ -273,6 +280,76 @@ def bert_memory_child(batch: int, chunks: int, block: int, max_len: int) -> dict
             "output_gib": gib(m.output_size_in_bytes), "alias_gib": gib(m.alias_size_in_bytes)}
 
 
+SHAPES = {"base": (12, 768, 12, 3072), "large": (24, 1024, 16, 4096)}  # layers, width,
+                                                                    # heads, MLP
+
+
+def tp_memory_child(shape: str, model: int, batch: int, chunks: int, max_len: int) -> dict:
+    """Per device, one train step of a BERT-`shape` `bert` tower (30,522 ids, shared by
+    both sides, AdamW) on 8 devices as (8 / model) x model (`mesh.model_axis`): the
+    params' and Adam moments' bytes each device holds (from their shardings), and XLA's
+    memory plan (temporary buffers: the activations; arguments), compiled from abstract
+    values at global batch `batch` of `max_len`-token texts, encode_chunks=`chunks`."""
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + f" --xla_force_host_platform_device_count={DEVICES}").strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import runpy
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    sys.path.insert(0, REPO)
+    from dualjax import losses
+    from dualjax.config import specs
+    from dualjax.models import dual_encoder
+    from dualjax.models.bert import BertConfig
+    from dualjax.objectives import in_batch as objective_lib
+    from dualjax.runtime import sharding
+    from dualjax.train import step as step_lib
+
+    cfg = runpy.run_path(os.path.join(REPO, "configs", "default.py"))["get_config"]().model
+    cfg.tower, cfg.max_len, cfg.tokenizer = "bert", max_len, "hf"
+    layers, width, heads, mlp = SHAPES[shape]
+    bert = BertConfig(30522, width, layers, heads, mlp, 512)
+    mesh = sharding.make_mesh(DEVICES, model=model)
+    net = dual_encoder.make_model(specs.model_spec(cfg), bert.vocab_size, bert=bert)
+    objective = objective_lib.objective(
+        net, losses.sharded("in_batch_softmax", mesh, column_block=0), max_len,
+        encode_chunks=chunks)
+    tx = optax.adamw(1e-5)
+    init = lambda: {"params": (p := objective.init(jax.random.key(0))), "opt_state": tx.init(p),
+                    "step": jnp.int32(0), "rng": jax.random.key(1)}
+    shapes = jax.eval_shape(init)
+    shardings = sharding.state_shardings(shapes, mesh, "replicated",
+                                         dual_encoder.logical_axes(net, max_len))
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                         shapes, shardings)
+    batch_sharding = sharding.batch_sharding(mesh)
+    data = {"doc_ids": jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=batch_sharding)}
+    for side in ("q", "d"):
+        data[f"{side}_ids"] = jax.ShapeDtypeStruct((batch, max_len), jnp.int32,
+                                                   sharding=batch_sharding)
+        data[f"{side}_mask"] = jax.ShapeDtypeStruct((batch, max_len), jnp.bool_,
+                                                    sharding=batch_sharding)
+    step = step_lib.make_train_step(objective, tx, lambda s: 1e-5, shardings, batch_sharding,
+                                    sharding.replicated(mesh))
+    per_device = lambda tree: sum(  # bytes of one device's shard of every leaf
+        int(np.prod(s.sharding.shard_shape(s.shape))) * s.dtype.itemsize
+        for s in jax.tree.leaves(tree) if hasattr(s, "sharding") and s.shape != ())
+    start = time.perf_counter()
+    m = step.lower(state, data).compile().memory_analysis()
+    gib = lambda n: round(n / 2**30, 3)
+    return {"shape": shape, "model_axis": model, "data_axis": DEVICES // model,
+            "batch": batch, "chunks": chunks, "max_len": max_len,
+            "params": sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["params"])),
+            "param_gib": gib(per_device(state["params"])),
+            "adam_gib": gib(per_device(state["opt_state"])),
+            "compile_seconds": round(time.perf_counter() - start, 1),
+            "temp_gib": gib(m.temp_size_in_bytes), "argument_gib": gib(m.argument_size_in_bytes)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", default="8192,32768,65536,131072",
@@ -294,9 +371,21 @@ def main() -> None:
     parser.add_argument("--bert-memory", default="",
                         help="K:column_block,...: XLA's per-device memory plan of a BERT-base "
                              "train step at --tower-batch x --max-len (compiled, not run)")
+    parser.add_argument("--tp-memory", default="",
+                        help="SHAPE:M,...: per-device parameter, Adam and activation bytes of a "
+                             "BERT-SHAPE (base, large) train step on 8 devices as (8 / M) x M "
+                             "(mesh.model_axis=M), at --tower-batch x --max-len, "
+                             "--chunks=K (compiled, not run)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--towers-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.tp_memory:
+        for combo in args.tp_memory.split(","):
+            shape, _, model = combo.partition(":")
+            print(json.dumps(tp_memory_child(shape, int(model or 1), args.tower_batch,
+                                             int(args.chunks.split(",")[0]), args.max_len)),
+                  flush=True)
+        return
     if args.bert_memory:
         for combo in args.bert_memory.split(","):
             chunks, _, block = combo.partition(":")

@@ -31,7 +31,7 @@ def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], side: Side, batch_si
     run every process calls this with the same texts: each tokenizes every batch,
     places its share, and gets all the embeddings back.
     """
-    n_dev, n_proc, me = mesh.devices.size, jax.process_count(), jax.process_index()
+    n_dev, n_proc, me = sharding.data_size(mesh), jax.process_count(), jax.process_index()
     batch_size = -(-batch_size // n_dev) * n_dev
     share = batch_size // n_proc  # this process's rows of each batch
     order = longest_first(texts)

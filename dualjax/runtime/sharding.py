@@ -1,14 +1,21 @@
 """The device mesh and the shardings of state and batches.
 
-One mesh axis, `data`: the global batch is split over it. The train state (params and
-everything the optimizer keeps per param) is replicated (`mesh.param_sharding =
-"replicated"`) or, with "fsdp", every array of at least `FSDP_MIN_SIZE` elements is
-split over `data` along one dimension (`fsdp_spec`: the first of the dimensions the
-towers name, in `FSDP_AXES` order, that the devices divide, else the largest one they
-divide), so each device holds and updates 1/n of the big tables and matrices, as
-big_vision's "fsdp" strategy. Axes are `Auto` so that plain jitted code (the towers)
-partitions itself from these shardings, gathering a weight where it needs it, while the
-in-batch loss does its gather explicitly under `jax.shard_map` (see losses/streaming.py).
+Two mesh axes, `data` x `model` (`mesh.model_axis` devices on `model`, 1 by default).
+The global batch is split over `data`. The train state (params and everything the
+optimizer keeps per param) is replicated (`mesh.param_sharding = "replicated"`) or, with
+"fsdp", every array of at least `FSDP_MIN_SIZE` elements is split over `data` along one
+dimension (`fsdp_spec`: the first of the dimensions the towers name, in `FSDP_AXES`
+order, that the devices divide, else the largest one they divide), so each device holds
+and updates 1/n of the big tables and matrices, as big_vision's "fsdp" strategy. With a
+`model` axis of m > 1 devices, every Transformer and BERT weight is also split m ways on
+its attention heads or MLP columns (`model_spec`: tensor parallelism as Megatron, t5x
+and big_vision cut it: the query, key and value projections and the MLP's first layer by
+their output columns, the attention output and the MLP's second layer by their input
+rows), so a tower too large for one device fits on m of them. Axes are `Auto` so that
+plain jitted code (the towers) partitions itself from these shardings, gathering or
+reducing where it needs to, while the in-batch loss does its gather over `data`
+explicitly under `jax.shard_map` (see losses/streaming.py), the same on every `model`
+device.
 """
 from __future__ import annotations
 
@@ -20,22 +27,35 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 DATA_AXIS = "data"
+MODEL_AXIS = "model"
 PARAM_SHARDINGS = ("replicated", "fsdp")
 FSDP_MIN_SIZE = 2 ** 14  # elements: smaller arrays (biases, norms, scales) stay replicated
 # Logical axis names (towers.py) in the order FSDP prefers to split them: a table's rows
 # first, then the MLP's and heads' wide dimensions, then the embedding width.
 FSDP_AXES = ("vocab", "mlp", "heads", "position", "output", "embed", "kv")
+# The logical axes the `model` axis splits (tensor parallelism): a weight's heads or MLP
+# columns; a token table's rows when they divide (else it stays whole on `model`).
+MODEL_AXES = ("heads", "mlp")
 
 
-def make_mesh(num_devices: int = 0) -> jax.sharding.Mesh:
-    """A 1-D mesh over the first `num_devices` devices (0: all of them)."""
+def make_mesh(num_devices: int = 0, model: int = 1) -> jax.sharding.Mesh:
+    """A `data` x `model` mesh over the first `num_devices` devices (0: all of them),
+    `model` of them on the model axis."""
     devices = jax.devices()
     n = num_devices or len(devices)
     if n > len(devices):
         raise ValueError(f"mesh.num_devices={n}, but only {len(devices)} device(s) exist "
                          f"({devices[0].platform}); 0 uses all of them")
-    return jax.make_mesh((n,), (DATA_AXIS,), axis_types=(AxisType.Auto,),
-                                              devices=devices[:n])
+    if model < 1 or n % model:
+        raise ValueError(f"mesh.model_axis={model} must be at least 1 and divide the "
+                         f"{n} devices of the mesh")
+    return jax.make_mesh((n // model, model), (DATA_AXIS, MODEL_AXIS),
+                         axis_types=(AxisType.Auto, AxisType.Auto), devices=devices[:n])
+
+
+def data_size(mesh: jax.sharding.Mesh) -> int:
+    """The devices on the `data` axis: the global batch is split this many ways."""
+    return mesh.shape[DATA_AXIS]
 
 
 def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
@@ -57,12 +77,14 @@ def put_global_batch(batch: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> d
     return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
 
 
-def fsdp_spec(shape: tuple[int, ...], n: int, names: tuple[str | None, ...] | None = None) -> P:
+def fsdp_spec(shape: tuple[int, ...], n: int, names: tuple[str | None, ...] | None = None,
+              taken: tuple[int, ...] = ()) -> P:
     """How FSDP splits an array of `shape` over n devices: P() when it is small or no
-    dimension divides by n; else `data` on the dimension `fsdp` picks (see the module)."""
+    dimension divides by n; else `data` on the dimension `fsdp` picks (see the module),
+    never one of the `taken` dimensions (those the `model` axis splits)."""
     if n <= 1 or int(np.prod(shape, dtype=np.int64)) < FSDP_MIN_SIZE:
         return P()
-    fits = [i for i, size in enumerate(shape) if size % n == 0]
+    fits = [i for i, size in enumerate(shape) if size % n == 0 and i not in taken]
     if not fits:
         return P()
     named = [i for name in FSDP_AXES for i in fits if names and i < len(names)
@@ -71,17 +93,52 @@ def fsdp_spec(shape: tuple[int, ...], n: int, names: tuple[str | None, ...] | No
     return P(*[DATA_AXIS if i == axis else None for i in range(len(shape))])
 
 
+def model_dim(shape: tuple[int, ...], m: int, names: tuple[str | None, ...] | None,
+              where: str = "") -> int | None:
+    """The dimension the `model` axis (m devices) splits: the first named in
+    `MODEL_AXES` order; a token table's rows ("vocab") when they divide by m; None for
+    an array with neither (biases of the embedding width, norms, a bow tower).
+
+    Raises ValueError naming the array (`where`) when its heads or MLP columns do not
+    divide by m: such a tower cannot be split that many ways."""
+    if m <= 1 or not names:
+        return None
+    for name in MODEL_AXES:
+        if name in names:
+            i = names.index(name)
+            if shape[i] % m:
+                raise ValueError(f"mesh.model_axis={m} does not divide the {shape[i]} "
+                                 f"{name} of {where or 'a weight'} {shape}: choose a model "
+                                 "axis that divides the towers' heads and MLP width")
+            return i
+    if "vocab" in names and shape[names.index("vocab")] % m == 0:
+        return names.index("vocab")
+    return None
+
+
+def param_spec(shape: tuple[int, ...], mesh: jax.sharding.Mesh, strategy: str,
+               names: tuple[str | None, ...] | None = None, where: str = "") -> P:
+    """A train-state array's PartitionSpec: `model` on `model_dim`, and with "fsdp",
+    `data` on the dimension `fsdp_spec` picks among the others."""
+    axis = model_dim(shape, mesh.shape.get(MODEL_AXIS, 1), names, where)
+    spec = [None] * len(shape)
+    if axis is not None:
+        spec[axis] = MODEL_AXIS
+    if strategy == "fsdp":
+        fsdp = fsdp_spec(shape, data_size(mesh), names, () if axis is None else (axis,))
+        spec = [a or b for a, b in zip(spec, tuple(fsdp) + (None,) * len(shape))]
+    return P(*spec) if any(spec) else P()
+
+
 def state_shardings(abstract_state: Any, mesh: jax.sharding.Mesh, strategy: str,
                     param_axes: Any = None) -> Any:
     """The NamedSharding of every leaf of a train state (from `jax.eval_shape`):
-    replicated, or `fsdp_spec` of its shape. `param_axes`: the params tree with a
+    `param_spec` of its shape and logical names. `param_axes`: the params tree with a
     PartitionSpec of logical names per param (`dual_encoder.logical_axes`), whose names
     also apply to the optimizer's per-param arrays (matched by the end of their path)."""
     if strategy not in PARAM_SHARDINGS:
         raise ValueError(f"mesh.param_sharding={strategy!r} is not one of: "
                          f"{', '.join(PARAM_SHARDINGS)}")
-    if strategy == "replicated":
-        return jax.tree.map(lambda _: replicated(mesh), abstract_state)
     names = {}
     if param_axes is not None:
         for path, spec in jax.tree_util.tree_leaves_with_path(
@@ -91,7 +148,8 @@ def state_shardings(abstract_state: Any, mesh: jax.sharding.Mesh, strategy: str,
     def leaf(path, x) -> NamedSharding:
         keys = _keys(path)
         found = next((names[keys[i:]] for i in range(len(keys)) if keys[i:] in names), None)
-        return NamedSharding(mesh, fsdp_spec(tuple(x.shape), mesh.devices.size, found))
+        return NamedSharding(mesh, param_spec(tuple(x.shape), mesh, strategy, found,
+                                              "/".join(keys)))
 
     return jax.tree_util.tree_map_with_path(leaf, abstract_state)
 

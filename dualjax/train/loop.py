@@ -68,10 +68,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       tasks (`config.tasks`), keyed "task: system [index]".
     """
     try:
-        mesh = sharding.make_mesh(config.mesh.num_devices)
+        mesh = sharding.make_mesh(config.mesh.num_devices, config.mesh.get("model_axis", 1))
     except ValueError as e:
         raise config_lib.ConfigError(f"config.{e}") from None
-    config_lib.validate(config, mesh.devices.size, workdir)
+    config_lib.validate(config, sharding.data_size(mesh), workdir)
     malloc.for_tower(config.model.tower)  # before the state is allocated
     with (workdir_lib.guard(workdir, config, tasks_lib.data_files(config)) as rebuilt,
           Signals() as signals,  # one run per workdir, on the data it was made from
@@ -234,9 +234,12 @@ def _build(config, workdir, mesh, log, signals, tasks, splits, inputs, origin) -
     tx, schedule = step_lib.make_optimizer(config.optimizer, config.num_train_steps)
     tx = objectives.restrict(tx, objective)  # params the objective keeps fixed get no update
     init_state = step_lib.make_init_state(objective, tx, config.loss.log_q_buckets)
-    state_sharding = sharding.state_shardings(
-        jax.eval_shape(init_state, config.seed), mesh, config.mesh.param_sharding,
-        models.logical_axes(model, specs.max_lens(config.model)))
+    try:  # a model axis that does not divide the towers' heads: named in one line
+        state_sharding = sharding.state_shardings(
+            jax.eval_shape(init_state, config.seed), mesh, config.mesh.param_sharding,
+            models.logical_axes(model, specs.max_lens(config.model)))
+    except ValueError as e:
+        raise config_lib.ConfigError(f"config.{e}") from None
     state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(config.seed)
     table_updates = config.optimizer.get("table_updates", "dense")
     train_step = step_lib.make_train_step(
@@ -268,10 +271,10 @@ def _training_data(run: Run) -> list:
                               config.loss.num_mixed_negatives)
              for i, t in enumerate(run.tasks)]
     for t in run.tasks:
-        logging.info("%s%s; global batch %d over %d devices",
+        logging.info("%s%s; global batch %d over %d devices of the data axis",
                      f"Task {t.name} (weight {t.weight}): " if t.name else "",
                      t.describe_training(config.global_batch_size),
-                     config.global_batch_size, run.mesh.devices.size)
+                     config.global_batch_size, sharding.data_size(run.mesh))
     return iters
 
 
