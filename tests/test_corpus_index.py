@@ -235,3 +235,19 @@ def test_a_coordinator_that_does_not_answer_is_one_line(bundle, tmp_path):
         "written"), out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     assert sorted(os.listdir(tmp_path)) == ["corpus.tsv"]
+
+
+def test_a_bundle_encodes_on_several_devices_as_on_one(bundle):
+    """Batches dealt to 4 devices in turn (what dualjax.index does with a process' local
+    devices) give the one device's vectors, in the texts' order."""
+    import jax
+
+    import dualjax
+    encoder = dualjax.Encoder.load(bundle)
+    texts = [f"how do i {' '.join(WORDS[:1 + i % 11])} {i}" for i in range(37)]
+    one = encoder.encode_documents(texts, batch_size=4)
+    devices = jax.devices()[:4]
+    assert len(devices) == 4
+    np.testing.assert_allclose(encoder.encode_documents(texts, batch_size=4, devices=devices),
+                               one, atol=1e-6)
+    assert set(encoder._device_params) == set(devices)  # one copy of the params each
