@@ -1,6 +1,6 @@
 """What each config key means, for `python -m dualjax.main --config=FILE --keys` and
 docs/config.md (scripts/make_config_doc.py): the comments beside the `c.KEY = VALUE`
-lines of configs/default.py and of retrieval/ann.py's ScaNN defaults."""
+lines of configs/default.py and of retrieval/scann_index.py's ScaNN defaults."""
 
 from __future__ import annotations
 
@@ -40,16 +40,16 @@ def key_comments(*sources: tuple[str, str]) -> dict[str, str]:
 def key_sources() -> list[tuple[str, str]]:
     """The files whose comments say what each config key means, with their key prefix:
     configs/default.py (in a checkout, as `pip install -e` leaves it) and
-    retrieval/ann.py."""
+    retrieval/scann_index.py."""
     package = pathlib.Path(__file__).resolve().parent.parent  # dualjax/
     defaults = package.parent / "configs" / "default.py"
     return ([(str(defaults), "")] if defaults.exists() else []) + [
-        (str(package / "retrieval" / "ann.py"), "eval.scann.")]
+        (str(package / "retrieval" / "scann_index.py"), "eval.scann.")]
 
 
 def describe_keys(config: ml_collections.ConfigDict, *sources: tuple[str, str]) -> str:
     """Every key of `config` (flattened, sorted) with its value and the comment the
-    (config file, key prefix) `sources` give it (configs/default.py, and ann.py for
+    (config file, key prefix) `sources` give it (configs/default.py, and scann_index.py for
     eval.scann, define them all): what `python -m dualjax.main --config=FILE --keys`
     prints."""
     comments = key_comments(*sources)
