@@ -67,7 +67,7 @@ def _quiet_closed_loops(hook):
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    if _KEYS.value:  # the meanings are the comments of configs/default.py and ann.py
+    if _KEYS.value:  # the meanings are the comments of configs/default.py and scann_index.py
         print(config_keys.describe_keys(_CONFIG.value, *config_keys.key_sources()))
         return
     if not _WORKDIR.value:
