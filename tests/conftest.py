@@ -37,6 +37,9 @@ def load_config(name: str) -> ml_collections.ConfigDict:
 # The longest tests (15 s and more on 2 cores), started first: pytest-xdist hands tests
 # out in collection order, and one of these started last leaves the other worker idle.
 SLOW_FIRST = ("test_multiprocess.py",
+              "test_sharding.py::test_a_data_by_model_mesh_trains_as_the_data_mesh",
+              "test_corpus_index.py::test_two_processes_index_as_one",
+              "test_corpus_index.py::test_a_build_killed_in_every_process",
               "test_pretrained.py::test_a_run_from_the_tiny_bert_trains_exports_and_warm_starts",
               "test_distillation.py::test_a_student_learns_a_tiny_mpnet_teachers_scores",
               "test_st_export.py::test_one_tower_with_the_starts_prompts_is_a_plain_folder",
