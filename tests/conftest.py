@@ -57,6 +57,27 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)  # stable: the rest keep their order
 
 
+@pytest.fixture(scope="session")
+def trained_tiny(tmp_path_factory):
+    """A workdir of the tiny config trained to the end (no untrained or baseline rows),
+    shared by the search and index tests of a worker: they read it, never change it."""
+    from dualjax.train import loop as train
+    path = tmp_path_factory.mktemp("trained")
+    cfg = load_config("tiny")
+    cfg.eval.untrained, cfg.eval.baselines = False, ""
+    train.train_and_evaluate(cfg, str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def bundle(trained_tiny, tmp_path_factory):
+    """`trained_tiny` exported (CPU): tests copy it before changing a file."""
+    from dualjax import export
+    path = str(tmp_path_factory.mktemp("bundle") / "export")
+    export.export(str(trained_tiny), path, platforms=("cpu",))
+    return path
+
+
 @pytest.fixture
 def ctrl_c():
     """SIGINT as Python sets it in a terminal (KeyboardInterrupt), for tests of Ctrl-C: a

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import COMPILE_FLAGS, load_config
+from conftest import COMPILE_FLAGS
 
 from dualjax.retrieval import ann
 from dualjax.retrieval.sharded import ShardedSearcher, merge_top_k
@@ -58,21 +58,6 @@ def test_a_sharded_search_answers_as_one_index_over_the_corpus(kind):
     assert not (got_i == exclude[:, None]).any()
     assert (got_i >= 700).any() and (got_i < 700).any()  # answers from both shards
     assert sharded.settings == parts[0].settings
-
-
-@pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
-    """A bundle of the tiny model after a few steps (what it answers does not matter)."""
-    from dualjax import export
-    from dualjax.train import loop as train
-    workdir = tmp_path_factory.mktemp("run")
-    cfg = load_config("tiny")
-    cfg.num_train_steps, cfg.eval.untrained, cfg.eval.baselines = 5, False, ""
-    cfg.eval.every_steps = 0
-    train.train_and_evaluate(cfg, str(workdir))
-    path = str(tmp_path_factory.mktemp("bundle") / "export")
-    export.export(str(workdir), path, platforms=("cpu",))
-    return path
 
 
 WORDS = "bike car rice swim python guitar garden train river bread coffee paint".split()

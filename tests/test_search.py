@@ -17,12 +17,8 @@ S0 = "shard-00000-of-00001"  # a one-process index's one shard
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("trained")
-    cfg = load_config("tiny")
-    cfg.eval.untrained, cfg.eval.baselines = False, ""
-    train.train_and_evaluate(cfg, str(path))
-    return path
+def workdir(trained_tiny):
+    return trained_tiny
 
 
 def test_searcher_reuses_the_saved_index_and_ranks_by_score(workdir):
@@ -51,14 +47,6 @@ def test_search_command_line(workdir):
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("\n> ") == 2
     assert "  1. +" in out.stdout and "  3. " in out.stdout
-
-
-@pytest.fixture(scope="module")
-def bundle(workdir, tmp_path_factory):
-    from dualjax import export
-    path = str(tmp_path_factory.mktemp("bundle") / "export")
-    export.export(str(workdir), path, platforms=("cpu",))
-    return path
 
 
 def test_corpus_files_are_read_with_their_ids_and_bad_lines_named(tmp_path):
