@@ -29,6 +29,8 @@ from dualjax.errors import Terminated  # noqa: F401 (raised here)
 def define_process_flags(module: str) -> None:
     """The flags by which the processes of one run (a TPU pod slice, several GPU hosts,
     CPU processes in the tests) find each other, defined for the command `module`."""
+    if module == "__main__":  # absl lists a started module's flags under sys.argv[0]
+        module = sys.argv[0]
     flags.DEFINE_string("coordinator_address", None, "Multi-process runs: host:port of "
                         "process 0, the same for every process (with --num_processes and "
                         "--process_id).", module_name=module)

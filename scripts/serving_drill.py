@@ -314,9 +314,11 @@ CASES = [
     # 8. --help
     *[Case(f"dualjax-{name} --help", lambda s, d, name=name: _console(name), "answered",
            check=_help_of(*flags_))
-      for name, flags_ in (("train", ("config", "workdir")), ("search", ("encoder", "k")),
+      for name, flags_ in (("train", ("config", "workdir", "coordinator_address")),
+                           ("search", ("encoder", "k")),
                            ("export", ("workdir", "out", "platforms")),
-                           ("index", ("encoder", "corpus", "kind")))],
+                           ("index", ("encoder", "corpus", "kind", "coordinator_address",
+                                      "num_processes", "process_id")))],
     # 10. edge cases
     Case("search --query=''", lambda s, d: _search(s, "exact", "--query="), "refused",
          "--query #1 is empty"),

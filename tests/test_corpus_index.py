@@ -235,3 +235,12 @@ def test_a_bundle_encodes_on_several_devices_as_on_one(bundle):
     np.testing.assert_allclose(encoder.encode_documents(texts, batch_size=4, devices=devices),
                                one, atol=1e-6)
     assert set(encoder._device_params) == set(devices)  # one copy of the params each
+
+
+def test_the_process_flags_are_in_the_index_commands_help():
+    out = subprocess.run([sys.executable, "-m", "dualjax.index", "--help"], capture_output=True,
+                         text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0
+    for flag in ("--coordinator_address", "--num_processes", "--process_id", "--distributed",
+                 "--coordinator_timeout"):
+        assert flag in out.stdout, flag
