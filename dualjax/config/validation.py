@@ -4,49 +4,34 @@ work starts, and the message names the key and what would work."""
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 
 import ml_collections
 import numpy as np
 
-from dualjax import losses, models
+from dualjax import losses
 from dualjax.config import specs
+from dualjax.config.checks import one_of, positive
+from dualjax.config.model_checks import check_model, check_pses
 from dualjax.data import builders, pretraining, reqa
 from dualjax.errors import ConfigError  # noqa: F401 (raised here)
-from dualjax.models import dual_encoder, pses, towers
 from dualjax.retrieval import ann, baselines, metrics
 from dualjax.runtime import sharding
-from dualjax.text import tokenizers
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 TABLE_UPDATES = ("dense", "lazy")  # optimizer.table_updates (dualjax/train/lazy_rows.py)
 DECAYS = ("linear", "constant")
 
 
-def _one_of(key: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ConfigError(f"config.{key}={value!r} is not one of: {', '.join(map(str, allowed))}")
-
-
-def _positive(config: ml_collections.ConfigDict, *keys: str, allow_zero: bool = False) -> None:
-    for key in keys:
-        value = config
-        for part in key.split("."):
-            value = value[part]
-        if value < 0 or (value == 0 and not allow_zero):
-            raise ConfigError(f"config.{key}={value} must be {'>= 0' if allow_zero else '> 0'}")
-
-
 def _check_loss(loss: ml_collections.ConfigDict) -> None:
     """config.loss: a known loss with the data it needs, and no option it would ignore."""
-    _one_of("loss.name", loss.name, losses.LOSSES)
+    one_of("loss.name", loss.name, losses.LOSSES)
     if loss.name == "pointwise_logistic":
         in_batch = [n for n in losses.LOSSES if n != "pointwise_logistic"]
         raise ConfigError("config.loss.name='pointwise_logistic' needs a dataset with labelled "
                           "negative pairs (query, document, 0/1 label), which no config.data.name "
                           f"provides yet; use an in-batch loss: {', '.join(in_batch)}")
-    _one_of("loss.distance", loss.distance, losses.DISTANCES)
+    one_of("loss.distance", loss.distance, losses.DISTANCES)
     if not 0 <= loss.label_smoothing < 1:
         raise ConfigError(f"config.loss.label_smoothing={loss.label_smoothing} must be in [0, 1)")
     if loss.log_q_buckets and not losses.LOSSES[loss.name].uses_log_q:
@@ -73,164 +58,12 @@ def _check_loss(loss: ml_collections.ConfigDict) -> None:
 
 
 
-def _check_towers(model: ml_collections.ConfigDict) -> None:
-    """config.model: known towers and compute dtype, per-side towers and a shared token
-    table only with two towers, and the cnn / transformer settings of the towers in use."""
-    for key in ("tower", "query_tower", "doc_tower"):
-        if key == "tower" or model[key]:
-            _one_of(f"model.{key}", model[key], dual_encoder.TOWER_KINDS)
-    _one_of("model.dtype", model.get("dtype", "float32"), towers.DTYPES)
-    for key in ("query_tower", "doc_tower", "shared_embedding"):
-        if model[key] and model.shared_towers:
-            raise ConfigError(f"config.model.{key}={model[key]!r} needs two towers: set "
-                              "config.model.shared_towers=False")
-    used = specs.tower_names(model)
-    try:  # the cnn / transformer settings of the towers in use are checked making the spec
-        spec = specs.model_spec(model)
-        if "transformer" in used:
-            max_positions = spec.transformer.max_positions
-            for key, length in zip(("query_max_len", "doc_max_len"), specs.max_lens(model)):
-                if length > max_positions:
-                    key = key if model.get(key, 0) else "max_len"  # the key that set it
-                    raise ValueError(f"model.{key}={length} is longer than "
-                                     f"model.transformer.max_positions={max_positions}")
-    except ValueError as e:
-        raise ConfigError(f"config.{e}") from None
-    if "cnn" in used and model.cnn_filters <= 0:
-        raise ConfigError(f"config.model.cnn_filters={model.cnn_filters} must be > 0")
-    if towers.output_dim(spec, used[0]) != towers.output_dim(spec, used[1]):
-        raise ConfigError(f"config.model.query_tower={used[0]!r} and model.doc_tower={used[1]!r} "
-                          "must output vectors of one size: set model.output_dim to "
-                          "model.embed_dim (a bow tower outputs embed_dim)")
-    if model.shared_embedding and len({towers.embedding_dim(spec, n) for n in used}) > 1:
-        raise ConfigError("config.model.shared_embedding=True needs token tables of one width "
-                          f"on both sides: {used[0]} has {towers.embedding_dim(spec, used[0])}, "
-                          f"{used[1]} {towers.embedding_dim(spec, used[1])} (model.embed_dim; "
-                          "model.transformer.width for a transformer)")
-
-
-def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = "") -> None:
-    """model.pretrained / tokenizer="hf" / tower="bert": the start exists (fetched, its
-    digests right) and the towers and tokenizer are the ones it fits. A run resumed from
-    a checkpoint needs no folder: its towers are the checkpoint's, its tokenizer is
-    WORKDIR/vocab.json, and WORKDIR/pretrained.json stands in for the start."""
-    from dualjax import pretrained  # reads the folder; needs safetensors for a table
-    m = config.model
-    name, tok = m.get("pretrained", ""), m.tokenizer
-    used = specs.tower_names(m)
-    if not name:
-        if "bert" in used and not config.init_from:
-            raise ConfigError("config.model.tower='bert' takes its sizes and weights from "
-                              "model.pretrained (e.g. all-MiniLM-L6-v2, all-mpnet-base-v2 or a "
-                              "Hugging Face BERT or MPNet folder)")
-        if tok == "hf" and not m.get("tokenizer_path", "") and not config.init_from:
-            raise ConfigError("config.model.tokenizer='hf' reads model.tokenizer_path (a "
-                              "tokenizer.json) or model.pretrained's tokenizer: set one")
-        return
-    try:
-        start = pretrained.resolve(name, m.get("pretrained_pooling", ""))
-    except (pretrained.PretrainedError, ImportError) as e:
-        start = _recorded_start(workdir, name)
-        if start is None:
-            raise ConfigError(f"config.{e}" if str(e).startswith("model.") else str(e)
-                              ) from None
-    if tok != "hf" or m.get("tokenizer_path", ""):
-        raise ConfigError(f"config.model.pretrained={name!r} reads its own tokenizer: set "
-                          "--config.model.tokenizer=hf and leave model.tokenizer_path empty")
-    if m.name != "dual_encoder":
-        raise ConfigError(f"config.model.pretrained: model.name={m.name!r}; pretrained starts "
-                          "are for model.name='dual_encoder'")
-    if start.kind == "bert":
-        if set(used) != {"bert"}:
-            raise ConfigError(f"config.model.pretrained={name!r} is a BERT-family encoder "
-                              f"({start.bert.family}): set --config.model.tower=bert (both "
-                              "sides)")
-        if m.shared_embedding:
-            raise ConfigError("config.model.shared_embedding: two bert towers start from one "
-                              "table already; set it to False")
-        for key, length in zip(("query_max_len", "doc_max_len"), specs.max_lens(m)):
-            if length > start.bert.max_length:
-                key = key if m.get(key, 0) else "max_len"
-                raise ConfigError(f"config.model.{key}={length} is longer than {name}'s "
-                                  f"{start.bert.max_length} positions")
-    else:
-        bad = [t for t in used if t not in ("bow", "bow_mlp", "cnn")]
-        if bad:
-            raise ConfigError(f"config.model.pretrained={name!r} is a static token table: "
-                              f"set --config.model.tower=bow (or bow_mlp, cnn), not {bad[0]!r}")
-        if m.embed_dim != start.dim:
-            raise ConfigError(f"config.model.embed_dim={m.embed_dim}, but {name}'s token "
-                              f"table is {start.dim} wide: set --config.model.embed_dim="
-                              f"{start.dim}")
-
-
-def _recorded_start(workdir: str, name: str):
-    """The start WORKDIR/pretrained.json records for model.pretrained=`name`, when the
-    workdir also holds a checkpoint to resume from (else None: the weights are needed)."""
-    from dualjax import pretrained
-    ckpts = os.path.join(workdir, "checkpoints")
-    if not workdir or not (os.path.isdir(ckpts)
-                           and any(n.isdigit() for n in os.listdir(ckpts))):
-        return None
-    start = pretrained.load(workdir)
-    canonical = pretrained.sources.canonical
-    return start if start and canonical(start.source) == canonical(name) else None
-
-
-def _check_pses(config: ml_collections.ConfigDict, pretraining: bool) -> None:
-    """model.name="pses": its sizes and loss settings, and no input it does not read."""
-    m, p = config.model.pses, config.loss.pses
-    _one_of("model.pses.score", m.score, pses.SCORES)
-    _one_of("loss.pses.pairwise", p.pairwise, pses.PAIRWISE)
-    _one_of("loss.pses.trainable", p.trainable, pses.TRAINABLE)
-    _positive(config, "model.pses.hidden_dim", "model.pses.shared_dim", "model.pses.specific_dim",
-              "loss.pses.critic_hidden_dim", "loss.pses.critic_steps",
-              "loss.pses.critic_learning_rate")
-    if m.hidden_layers not in (1, 2, 3):  # the paper's encoders: 1-3 tanh hidden layers
-        raise ConfigError(f"config.model.pses.hidden_layers={m.hidden_layers} must be 1, 2 or 3")
-    _positive(config, "loss.pses.margin", "loss.pses.critic_clip",
-              *(f"loss.pses.{k}_weight" for k in ("orthogonality", "adversarial",
-                                                  "reconstruction", "regularization")),
-              allow_zero=True)
-    if pretraining:
-        raise ConfigError("config.model.name='pses' trains on (query, document) pairs with "
-                          "labels or pseudo-labels; pre-train a dual encoder instead")
-    for key in ("query_features", "doc_features"):
-        if config.model[key]:
-            raise ConfigError(f"config.model.{key}: model.name='pses' reads text only")
-    if config.loss.num_mixed_negatives or config.loss.log_q_buckets:
-        raise ConfigError("config.loss.num_mixed_negatives and loss.log_q_buckets are in-batch "
-                          "sampling options of the dual encoder; model.name='pses' uses neither")
-
-
-
-
-
-
-def _check_features(model: ml_collections.ConfigDict) -> None:
-    """Categorical fields: parseable, fed to a tower with layers above the text vector,
-    one set for a shared tower."""
-    sides = specs.feature_specs(model)
-    for key, spec, tower in zip(("query_features", "doc_features"), sides,
-                                specs.tower_names(model)):
-        if spec and tower in ("bow", "bert"):
-            raise ConfigError(f"config.model.{key}={model[key]!r}: the {tower} tower has no "
-                              "layer above its pooled vector to feed categorical features "
-                              "to; use model.tower (or query_tower / doc_tower) bow_mlp, cnn or "
-                              "transformer")
-    if model.shared_towers and sides[0] != sides[1]:
-        raise ConfigError(f"config.model.query_features={model.query_features!r} and "
-                          f"model.doc_features={model.doc_features!r} differ, but one shared "
-                          "tower reads both sides: make them equal or set "
-                          "model.shared_towers=False")
-
-
 def validate(config: ml_collections.ConfigDict, num_devices: int, workdir: str = "") -> None:
     """Raises ConfigError for the first value that cannot work (`workdir`: the run's, whose
     recorded pretrained start lets a resumed run go on without the start's folder)."""
     task_list = specs.task_configs(config)
     _check_tasks(task_list)
-    _check_model(config, workdir)
+    check_model(config, workdir)
     pretraining = _check_pretraining(config, task_list)
     _check_distill(config, task_list, workdir)
     _check_loss(config.loss)
@@ -253,21 +86,6 @@ def _check_tasks(task_list) -> None:
         _check_data(data, f"tasks.{name}.data" if name else "data")
         if not weight > 0:
             raise ConfigError(f"config.tasks.{name}.weight={weight} must be > 0")
-
-
-def _check_model(config: ml_collections.ConfigDict, workdir: str = "") -> None:
-    """config.model: tokenizer, model, towers, pretrained start, fields and similarity."""
-    _one_of("model.tokenizer", config.model.tokenizer, tokenizers.KINDS)
-    _one_of("model.name", config.model.name, models.MODELS)
-    _check_towers(config.model)
-    _check_pretrained(config, workdir)
-    _check_features(config.model)
-    _one_of("model.similarity", config.model.similarity, dual_encoder.SIMILARITIES)
-    low, high = (math.exp(x) for x in dual_encoder.LOG_TEMPERATURE_RANGE)
-    if (config.model.similarity == "cosine_learned_temperature"
-            and not low <= config.model.temperature <= high):
-        raise ConfigError(f"config.model.temperature={config.model.temperature} must be in "
-                          f"[{low:g}, {high:g}] for the learned temperature")
 
 
 def _check_pretraining(config: ml_collections.ConfigDict, task_list) -> bool:
@@ -299,7 +117,7 @@ def _check_pretraining(config: ml_collections.ConfigDict, task_list) -> bool:
 def _check_pses_data(config: ml_collections.ConfigDict, task_list, pretraining: bool) -> None:
     """model.name="pses": its settings, and the negatives it draws (the batch's only)."""
     if config.model.name == "pses":
-        _check_pses(config, pretraining)
+        check_pses(config, pretraining)
         if any(d.get("hard_negatives", 0) for _, d, _ in task_list):
             raise ConfigError("config.data.hard_negatives: model.name='pses' draws its "
                               "negatives from the batch; set data.hard_negatives=0")
@@ -307,12 +125,12 @@ def _check_pses_data(config: ml_collections.ConfigDict, task_list, pretraining: 
 
 def _check_optimizer(config: ml_collections.ConfigDict, task_list) -> None:
     """config.mesh's sharding and config.optimizer."""
-    _one_of("mesh.param_sharding", config.mesh.get("param_sharding", "replicated"),
+    one_of("mesh.param_sharding", config.mesh.get("param_sharding", "replicated"),
             sharding.PARAM_SHARDINGS)
-    _one_of("optimizer.name", config.optimizer.name, OPTIMIZERS)
-    _one_of("optimizer.decay", config.optimizer.decay, DECAYS)
+    one_of("optimizer.name", config.optimizer.name, OPTIMIZERS)
+    one_of("optimizer.decay", config.optimizer.decay, DECAYS)
     table_updates = config.optimizer.get("table_updates", "dense")
-    _one_of("optimizer.table_updates", table_updates, TABLE_UPDATES)
+    one_of("optimizer.table_updates", table_updates, TABLE_UPDATES)
     if table_updates == "lazy" and (config.model.name == "pses" or any(
             d.name == specs.PRETRAIN and "mlm" in d.tasks for _, d, _ in task_list)):
         raise ConfigError("config.optimizer.table_updates='lazy' updates the token-table rows "
@@ -322,7 +140,7 @@ def _check_optimizer(config: ml_collections.ConfigDict, task_list) -> None:
 
 def _check_eval(config: ml_collections.ConfigDict) -> None:
     """config.eval: the index, baselines, best-step selection, hybrid search, typos."""
-    _one_of("eval.index", config.eval.index, ann.INDEXES)
+    one_of("eval.index", config.eval.index, ann.INDEXES)
     if config.eval.get("hnsw") is not None:
         try:
             ann.hnsw_settings(1, 1, 1, config.eval.hnsw)
@@ -335,11 +153,11 @@ def _check_eval(config: ml_collections.ConfigDict) -> None:
         raise ConfigError("config.eval.index='hnsw' needs faiss: pip install 'dualjax[bench]' "
                           "(or pip install faiss-cpu)")
     for name in specs.baseline_names(config):
-        _one_of("eval.baselines", name, baselines.BASELINES)
+        one_of("eval.baselines", name, baselines.BASELINES)
     if config.eval.get("select_by", ""):
         names = [k for k in metrics.retrieval_metrics(np.zeros((1, 1), int), [{0}])
                  if k != "num_queries"]
-        _one_of("eval.select_by", config.eval.select_by, names)
+        one_of("eval.select_by", config.eval.select_by, names)
         if not config.eval_every_steps:
             raise ConfigError(f"config.eval.select_by={config.eval.select_by!r} chooses among "
                               "the validation evaluations: set config.eval_every_steps > 0")
@@ -352,16 +170,16 @@ def _check_eval(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config.eval.top_k={config.eval.top_k} is below the metrics' "
                           f"deepest cutoff ({deepest}: map@100, recall@100): retrieve at least "
                           f"--config.eval.top_k={deepest}")
-    _one_of("eval.bm25_stemmer", specs.bm25_options(config.eval)["stemmer"], baselines.STEMMERS)
+    one_of("eval.bm25_stemmer", specs.bm25_options(config.eval)["stemmer"], baselines.STEMMERS)
     for key in ("bm25_k1", "bm25_b"):
         if key in config.eval:
-            _positive(config, f"eval.{key}", allow_zero=True)
+            positive(config, f"eval.{key}", allow_zero=True)
     if config.eval.get("bm25_b", 0.0) > 1:
         raise ConfigError(f"config.eval.bm25_b={config.eval.bm25_b} must be between 0 and 1")
     if config.eval.get("hybrid", ""):
-        _one_of("eval.hybrid", config.eval.hybrid,
+        one_of("eval.hybrid", config.eval.hybrid,
                 [n for n in baselines.BASELINES if n != "identity"])
-        _positive(config, "eval.hybrid_rrf_k", allow_zero=True)
+        positive(config, "eval.hybrid_rrf_k", allow_zero=True)
         if not 0 <= config.eval.hybrid_weight <= 1:
             raise ConfigError(f"config.eval.hybrid_weight={config.eval.hybrid_weight} must be "
                               "in [0, 1]")
@@ -370,12 +188,12 @@ def _check_eval(config: ml_collections.ConfigDict) -> None:
 
 def _check_numbers(config: ml_collections.ConfigDict) -> None:
     """Sizes, rates and counts: positive (or zero where zero means off)."""
-    _positive(config, "global_batch_size", "model.vocab_size", "model.max_len",
+    positive(config, "global_batch_size", "model.vocab_size", "model.max_len",
               "model.embed_dim", "model.hidden_dim", "model.output_dim", "model.temperature",
               "optimizer.learning_rate", "eval.top_k", "eval.batch_size", "eval.query_chunk",
               "eval.corpus_chunk", "data.prefetch_batches")
-    _positive(config, "max_epochs", allow_zero=True)
-    _positive(config, "num_train_steps", "checkpoint_every_steps", "eval_every_steps",
+    positive(config, "max_epochs", allow_zero=True)
+    positive(config, "num_train_steps", "checkpoint_every_steps", "eval_every_steps",
               "log_every_steps",
               "keep_checkpoints", "model.num_oov_buckets", "optimizer.warmup_steps",
               "optimizer.grad_clip_norm", "optimizer.weight_decay", "data.worker_count",
@@ -452,7 +270,7 @@ def _check_distill(config: ml_collections.ConfigDict, task_list: list,
         raise ConfigError("config.distill.teacher must name the teacher (e.g. "
                           "all-mpnet-base-v2, fetched with python -m dualjax.pretrained "
                           "fetch all-mpnet-base-v2, or a folder)")
-    _one_of("distill.loss", d.loss, DISTILL_KINDS)
+    one_of("distill.loss", d.loss, DISTILL_KINDS)
     for key, ok, rule in (("teacher_weight", 0 <= d.teacher_weight <= 1, "between 0 and 1"),
                           ("negatives", d.negatives >= 1, ">= 1"),
                           ("depth", d.depth > d.negatives, "above distill.negatives"),
@@ -474,9 +292,9 @@ def _check_distill(config: ml_collections.ConfigDict, task_list: list,
 def _check_data(data: ml_collections.ConfigDict, key: str) -> None:
     """One data group (config.data, or config.tasks.<name>.data): known dataset and
     candidates, a pairs file named, split fractions that leave every split non-empty."""
-    _one_of(f"{key}.name", data.name, (*builders.BUILDERS, specs.PRETRAIN))
-    _one_of(f"{key}.candidates", data.candidates, builders.CANDIDATES)
-    _one_of(f"{key}.split_by", data.split_by, reqa.SPLIT_BY)
+    one_of(f"{key}.name", data.name, (*builders.BUILDERS, specs.PRETRAIN))
+    one_of(f"{key}.candidates", data.candidates, builders.CANDIDATES)
+    one_of(f"{key}.split_by", data.split_by, reqa.SPLIT_BY)
     if data.name == specs.PRETRAIN:
         if not data.path:
             raise ConfigError(f"config.{key}.path must name the collection to pre-train on (a "
@@ -499,7 +317,7 @@ def _check_data(data: ml_collections.ConfigDict, key: str) -> None:
     if data.name == "pairs" and not data.path:
         raise ConfigError(f"config.{key}.path must name a TSV or JSONL pairs file when "
                           f"config.{key}.name='pairs'")
-    _one_of(f"{key}.candidate_unit", data.get("candidate_unit", "sentence"), reqa.UNITS)
+    one_of(f"{key}.candidate_unit", data.get("candidate_unit", "sentence"), reqa.UNITS)
     if data.get("pseudo_labels", 0) < 0:
         raise ConfigError(f"config.{key}.pseudo_labels={data.pseudo_labels} must be >= 0")
     if data.get("pseudo_label_queries", "") and not data.get("pseudo_labels", 0):

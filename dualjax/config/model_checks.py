@@ -1,0 +1,184 @@
+"""Config checks of the model group: the tokenizer, the towers and their sizes, a
+pretrained start (found, or recorded by the run), categorical fields, PSES and the
+similarity; each failure a ConfigError naming the key and what would work."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import ml_collections
+
+from dualjax import models
+from dualjax.config import specs
+from dualjax.config.checks import one_of, positive
+from dualjax.errors import ConfigError
+from dualjax.models import dual_encoder, pses, towers
+from dualjax.text import tokenizers
+
+
+def check_model(config: ml_collections.ConfigDict, workdir: str = "") -> None:
+    """config.model: tokenizer, model, towers, pretrained start, fields and similarity."""
+    one_of("model.tokenizer", config.model.tokenizer, tokenizers.KINDS)
+    one_of("model.name", config.model.name, models.MODELS)
+    _check_towers(config.model)
+    _check_pretrained(config, workdir)
+    _check_features(config.model)
+    one_of("model.similarity", config.model.similarity, dual_encoder.SIMILARITIES)
+    low, high = (math.exp(x) for x in dual_encoder.LOG_TEMPERATURE_RANGE)
+    if (config.model.similarity == "cosine_learned_temperature"
+            and not low <= config.model.temperature <= high):
+        raise ConfigError(f"config.model.temperature={config.model.temperature} must be in "
+                          f"[{low:g}, {high:g}] for the learned temperature")
+
+
+def _check_towers(model: ml_collections.ConfigDict) -> None:
+    """config.model: known towers and compute dtype, per-side towers and a shared token
+    table only with two towers, and the cnn / transformer settings of the towers in use."""
+    for key in ("tower", "query_tower", "doc_tower"):
+        if key == "tower" or model[key]:
+            one_of(f"model.{key}", model[key], dual_encoder.TOWER_KINDS)
+    one_of("model.dtype", model.get("dtype", "float32"), towers.DTYPES)
+    for key in ("query_tower", "doc_tower", "shared_embedding"):
+        if model[key] and model.shared_towers:
+            raise ConfigError(f"config.model.{key}={model[key]!r} needs two towers: set "
+                              "config.model.shared_towers=False")
+    used = specs.tower_names(model)
+    try:  # the cnn / transformer settings of the towers in use are checked making the spec
+        spec = specs.model_spec(model)
+        if "transformer" in used:
+            max_positions = spec.transformer.max_positions
+            for key, length in zip(("query_max_len", "doc_max_len"), specs.max_lens(model)):
+                if length > max_positions:
+                    key = key if model.get(key, 0) else "max_len"  # the key that set it
+                    raise ValueError(f"model.{key}={length} is longer than "
+                                     f"model.transformer.max_positions={max_positions}")
+    except ValueError as e:
+        raise ConfigError(f"config.{e}") from None
+    if "cnn" in used and model.cnn_filters <= 0:
+        raise ConfigError(f"config.model.cnn_filters={model.cnn_filters} must be > 0")
+    if towers.output_dim(spec, used[0]) != towers.output_dim(spec, used[1]):
+        raise ConfigError(f"config.model.query_tower={used[0]!r} and model.doc_tower={used[1]!r} "
+                          "must output vectors of one size: set model.output_dim to "
+                          "model.embed_dim (a bow tower outputs embed_dim)")
+    if model.shared_embedding and len({towers.embedding_dim(spec, n) for n in used}) > 1:
+        raise ConfigError("config.model.shared_embedding=True needs token tables of one width "
+                          f"on both sides: {used[0]} has {towers.embedding_dim(spec, used[0])}, "
+                          f"{used[1]} {towers.embedding_dim(spec, used[1])} (model.embed_dim; "
+                          "model.transformer.width for a transformer)")
+
+
+def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = "") -> None:
+    """model.pretrained / tokenizer="hf" / tower="bert": the start exists (fetched, its
+    digests right) and the towers and tokenizer are the ones it fits. A run resumed from
+    a checkpoint needs no folder: its towers are the checkpoint's, its tokenizer is
+    WORKDIR/vocab.json, and WORKDIR/pretrained.json stands in for the start."""
+    from dualjax import pretrained  # reads the folder; needs safetensors for a table
+    m = config.model
+    name, tok = m.get("pretrained", ""), m.tokenizer
+    used = specs.tower_names(m)
+    if not name:
+        if "bert" in used and not config.init_from:
+            raise ConfigError("config.model.tower='bert' takes its sizes and weights from "
+                              "model.pretrained (e.g. all-MiniLM-L6-v2, all-mpnet-base-v2 or a "
+                              "Hugging Face BERT or MPNet folder)")
+        if tok == "hf" and not m.get("tokenizer_path", "") and not config.init_from:
+            raise ConfigError("config.model.tokenizer='hf' reads model.tokenizer_path (a "
+                              "tokenizer.json) or model.pretrained's tokenizer: set one")
+        return
+    try:
+        start = pretrained.resolve(name, m.get("pretrained_pooling", ""))
+    except (pretrained.PretrainedError, ImportError) as e:
+        start = _recorded_start(workdir, name)
+        if start is None:
+            raise ConfigError(f"config.{e}" if str(e).startswith("model.") else str(e)
+                              ) from None
+    if tok != "hf" or m.get("tokenizer_path", ""):
+        raise ConfigError(f"config.model.pretrained={name!r} reads its own tokenizer: set "
+                          "--config.model.tokenizer=hf and leave model.tokenizer_path empty")
+    if m.name != "dual_encoder":
+        raise ConfigError(f"config.model.pretrained: model.name={m.name!r}; pretrained starts "
+                          "are for model.name='dual_encoder'")
+    if start.kind == "bert":
+        if set(used) != {"bert"}:
+            raise ConfigError(f"config.model.pretrained={name!r} is a BERT-family encoder "
+                              f"({start.bert.family}): set --config.model.tower=bert (both "
+                              "sides)")
+        if m.shared_embedding:
+            raise ConfigError("config.model.shared_embedding: two bert towers start from one "
+                              "table already; set it to False")
+        for key, length in zip(("query_max_len", "doc_max_len"), specs.max_lens(m)):
+            if length > start.bert.max_length:
+                key = key if m.get(key, 0) else "max_len"
+                raise ConfigError(f"config.model.{key}={length} is longer than {name}'s "
+                                  f"{start.bert.max_length} positions")
+    else:
+        bad = [t for t in used if t not in ("bow", "bow_mlp", "cnn")]
+        if bad:
+            raise ConfigError(f"config.model.pretrained={name!r} is a static token table: "
+                              f"set --config.model.tower=bow (or bow_mlp, cnn), not {bad[0]!r}")
+        if m.embed_dim != start.dim:
+            raise ConfigError(f"config.model.embed_dim={m.embed_dim}, but {name}'s token "
+                              f"table is {start.dim} wide: set --config.model.embed_dim="
+                              f"{start.dim}")
+
+
+def _recorded_start(workdir: str, name: str):
+    """The start WORKDIR/pretrained.json records for model.pretrained=`name`, when the
+    workdir also holds a checkpoint to resume from (else None: the weights are needed)."""
+    from dualjax import pretrained
+    ckpts = os.path.join(workdir, "checkpoints")
+    if not workdir or not (os.path.isdir(ckpts)
+                           and any(n.isdigit() for n in os.listdir(ckpts))):
+        return None
+    start = pretrained.load(workdir)
+    canonical = pretrained.sources.canonical
+    return start if start and canonical(start.source) == canonical(name) else None
+
+
+def check_pses(config: ml_collections.ConfigDict, pretraining: bool) -> None:
+    """model.name="pses": its sizes and loss settings, and no input it does not read."""
+    m, p = config.model.pses, config.loss.pses
+    one_of("model.pses.score", m.score, pses.SCORES)
+    one_of("loss.pses.pairwise", p.pairwise, pses.PAIRWISE)
+    one_of("loss.pses.trainable", p.trainable, pses.TRAINABLE)
+    positive(config, "model.pses.hidden_dim", "model.pses.shared_dim", "model.pses.specific_dim",
+              "loss.pses.critic_hidden_dim", "loss.pses.critic_steps",
+              "loss.pses.critic_learning_rate")
+    if m.hidden_layers not in (1, 2, 3):  # the paper's encoders: 1-3 tanh hidden layers
+        raise ConfigError(f"config.model.pses.hidden_layers={m.hidden_layers} must be 1, 2 or 3")
+    positive(config, "loss.pses.margin", "loss.pses.critic_clip",
+              *(f"loss.pses.{k}_weight" for k in ("orthogonality", "adversarial",
+                                                  "reconstruction", "regularization")),
+              allow_zero=True)
+    if pretraining:
+        raise ConfigError("config.model.name='pses' trains on (query, document) pairs with "
+                          "labels or pseudo-labels; pre-train a dual encoder instead")
+    for key in ("query_features", "doc_features"):
+        if config.model[key]:
+            raise ConfigError(f"config.model.{key}: model.name='pses' reads text only")
+    if config.loss.num_mixed_negatives or config.loss.log_q_buckets:
+        raise ConfigError("config.loss.num_mixed_negatives and loss.log_q_buckets are in-batch "
+                          "sampling options of the dual encoder; model.name='pses' uses neither")
+
+
+
+
+
+
+def _check_features(model: ml_collections.ConfigDict) -> None:
+    """Categorical fields: parseable, fed to a tower with layers above the text vector,
+    one set for a shared tower."""
+    sides = specs.feature_specs(model)
+    for key, spec, tower in zip(("query_features", "doc_features"), sides,
+                                specs.tower_names(model)):
+        if spec and tower in ("bow", "bert"):
+            raise ConfigError(f"config.model.{key}={model[key]!r}: the {tower} tower has no "
+                              "layer above its pooled vector to feed categorical features "
+                              "to; use model.tower (or query_tower / doc_tower) bow_mlp, cnn or "
+                              "transformer")
+    if model.shared_towers and sides[0] != sides[1]:
+        raise ConfigError(f"config.model.query_features={model.query_features!r} and "
+                          f"model.doc_features={model.doc_features!r} differ, but one shared "
+                          "tower reads both sides: make them equal or set "
+                          "model.shared_towers=False")
