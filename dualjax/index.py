@@ -115,11 +115,24 @@ def _build(encoder: Encoder, mine: Callable[[], Iterator[Document]],
     check_build(kind, batch_size, quantize, rescore)
     main, told = share == 0, False
     try:
-        with (staged_output(out) if main else contextlib.nullcontext()) as stage:
-            if main:
-                check_output(out, META, "corpus index", inputs=(encoder.directory, *inputs),
-                             overwrite=overwrite, not_inside=NOT_INSIDE)
-            tmp, run = _agree_on_stage(out, stage() if main else None, shares)
+        with contextlib.ExitStack() as stack:
+            tmp, refused = None, None
+            if main:  # --out checked and staged: the others learn it by the broadcast
+                try:
+                    stage = stack.enter_context(staged_output(out))
+                    check_output(out, META, "corpus index",
+                                 inputs=(encoder.directory, *inputs), overwrite=overwrite,
+                                 not_inside=NOT_INSIDE)
+                    tmp = stage()
+                except Exception as e:  # OutputError, a disk's OSError, ...
+                    refused = e
+            tmp, run = _agree_on_stage(out, tmp, shares)
+            told = tmp is None
+            if refused is not None:
+                raise refused
+            if tmp is None:
+                raise DataError(f"process 0 refused --out={out} (its log says why); "
+                                "nothing was written")
             failed = None
             try:
                 _write_shard(encoder, mine(), tmp, share, shares, run, kind, k, batch_size,
@@ -152,14 +165,16 @@ def _build(encoder: Encoder, mine: Callable[[], Iterator[Document]],
     return manifest
 
 
-def _agree_on_stage(out: str, tmp: str | None, shares: int) -> tuple[str, str]:
-    """(the staging folder, the build's run id), process 0's, in every process."""
-    pid, number = os.getpid(), secrets.randbits(31)
+def _agree_on_stage(out: str, tmp: str | None, shares: int) -> tuple[str | None, str]:
+    """(the staging folder, the build's run id), process 0's, in every process; the
+    folder is None in all of them when process 0 has none (it refused --out)."""
+    pid, number, ok = os.getpid(), secrets.randbits(31), int(tmp is not None)
     if shares > 1:
         from jax.experimental import multihost_utils
-        pid, number = (int(v) for v in multihost_utils.broadcast_one_to_all(
-            np.array([pid, number], np.int32)))
-    return tmp or f"{out.rstrip(os.sep)}.tmp{pid}", f"{pid}-{number:08x}"
+        pid, number, ok = (int(v) for v in multihost_utils.broadcast_one_to_all(
+            np.array([pid, number, ok], np.int32)))
+    staged = (tmp or f"{out.rstrip(os.sep)}.tmp{pid}") if ok else None
+    return staged, f"{pid}-{number:08x}"
 
 
 def _other_failure(tmp: str, shares: int) -> str:
@@ -319,10 +334,10 @@ def main(argv: list[str]) -> None:
         cli.init_processes("dualjax.index")
         import jax
         encoder = Encoder.load(f.encoder, f.dim or None)
-        if jax.process_index() == 0:  # before the corpus is read
+        if jax.process_count() == 1:  # refused before the corpus is read (several
+            # processes: the build checks it in process 0 and tells the others)
             check_output(f.out, META, "corpus index", inputs=(f.encoder, f.corpus),
                          overwrite=f.overwrite, not_inside=NOT_INSIDE)
-        corpus_path(f.corpus)
         m = build_file(encoder, f.corpus, f.out, f.kind, batch_size=f.batch_size,
                        overwrite=f.overwrite, quantize=f.quantize, rescore=f.rescore,
                        devices=jax.local_devices())

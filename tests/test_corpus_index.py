@@ -90,6 +90,13 @@ def index_command(bundle, corpus, out, processes=1, extra=()):
     return [(p.wait(timeout=300), p.stdout.read()) for p in procs]
 
 
+def last_line(log: str) -> str:
+    """The command's last line (gloo's own C++ log lines, which may come after it, left
+    out); there must be no traceback."""
+    assert "Traceback" not in log, log[-3000:]
+    return [line for line in log.strip().splitlines() if not line.startswith("[Gloo]")][-1]
+
+
 def test_two_processes_index_as_one(bundle, tmp_path, kind="exact"):
     """2 x 4 devices: each process reads its own byte range and writes its shard; the
     index answers every query with the one-process index's ids and scores; then a shard
@@ -183,7 +190,7 @@ def test_a_bad_line_in_one_process_stops_both_naming_it(bundle, tmp_path):
     corpus.write_text("\n".join(lines) + "\n")
     results = index_command(bundle, corpus, tmp_path / "idx", 2, ["--kind=exact"])
     assert [c for c, _ in results] == [1, 1]
-    last = [out.strip().splitlines()[-1] for _, out in results]
+    last = [last_line(out) for _, out in results]
     assert last[1] == f"dualjax.index: {corpus}:351: malformed JSON: " \
         "Expecting value: line 1 column 24 (char 23)", last
     assert last[0] == f"dualjax.index: process 1: {corpus}:351: malformed JSON: " \
@@ -196,7 +203,7 @@ def test_a_duplicate_id_across_shards_is_named_with_both_lines(bundle, tmp_path)
     corpus.write_text("".join(f"d{i % 299}\thow do i fix my bike {i}\n" for i in range(300)))
     results = index_command(bundle, corpus, tmp_path / "idx", 2, ["--kind=exact"])
     assert [c for c, _ in results] == [1, 1]
-    assert results[0][1].strip().splitlines()[-1] == \
+    assert last_line(results[0][1]) == \
         f"dualjax.index: {corpus}:300: duplicate id 'd0' (first at line 1)"
     assert "process 0 could not finish the index" in results[1][1]
     assert sorted(os.listdir(tmp_path)) == ["corpus.tsv"]
@@ -244,3 +251,22 @@ def test_the_process_flags_are_in_the_index_commands_help():
     for flag in ("--coordinator_address", "--num_processes", "--process_id", "--distributed",
                  "--coordinator_timeout"):
         assert flag in out.stdout, flag
+
+
+def test_an_out_that_process_0_refuses_stops_every_process_in_one_line(bundle, tmp_path):
+    """--out already an index, no --overwrite: process 0 says so, process 1 says process 0
+    refused; both exit 1 at once (no process left waiting), the index is as it was."""
+    corpus = write_corpus(tmp_path / "corpus.tsv", 50)
+    out = tmp_path / "idx"
+    [(code, log)] = index_command(bundle, corpus, out, 1, ["--kind=exact"])
+    assert code == 0, log[-2000:]
+    before = (out / "index.json").read_text()
+    results = index_command(bundle, corpus, out, 2, ["--kind=exact"])
+    assert [c for c, _ in results] == [1, 1]
+    last = [last_line(log) for _, log in results]
+    assert last[0] == f"dualjax.index: --out={out} already holds a corpus index: pass " \
+        "--overwrite to replace it", last
+    assert last[1] == f"dualjax.index: process 0 refused --out={out} (its log says why); " \
+        "nothing was written", last
+    assert (out / "index.json").read_text() == before
+    assert sorted(os.listdir(tmp_path)) == ["corpus.tsv", "idx"]
