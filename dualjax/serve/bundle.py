@@ -99,6 +99,7 @@ class Encoder:
             self.params = jax.device_put(_readable(path, serialization.msgpack_restore,
                                                    f.read()))
         self._dim = self._checked_dim(dim)
+        self._device_params = {}  # device -> the params there (`_params_on`; shared by at_dim)
         self._fns = {}
         for side in SIDES:
             path = os.path.join(directory, f"{side}.jax_export")
@@ -176,10 +177,9 @@ class Encoder:
         """The parameters on `device` (one copy per device, made once)."""
         if device is None:
             return self.params
-        cache = self.__dict__.setdefault("_device_params", {})
-        if device not in cache:
-            cache[device] = jax.device_put(self.params, device)
-        return cache[device]
+        if device not in self._device_params:
+            self._device_params[device] = jax.device_put(self.params, device)
+        return self._device_params[device]
 
     def _encode(self, side: str, texts: Sequence[str], fields, batch_size: int,
                 devices: Sequence[jax.Device] = ()) -> np.ndarray:
