@@ -203,3 +203,26 @@ def test_hnsw_answers_k_up_to_the_corpus_size_like_exact_search():
     want_scores, want_ids = ann.exact_search(corpus[:4], corpus, 2259)
     np.testing.assert_array_equal(ids, want_ids)
     np.testing.assert_allclose(scores, want_scores, atol=1e-5)
+
+
+def test_the_corpus_goes_to_the_device_a_block_at_a_time_from_an_array_or_a_file(
+        tmp_path, monkeypatch):
+    """Blocks of 7 rows (the last one moved back to end at the buffer's end) and chunks of
+    5: 53 rows, from memory and from a .npy file read a block at a time, search as numpy's
+    brute force does."""
+    from dualjax.retrieval import exact
+    monkeypatch.setattr(exact, "_BLOCK_BYTES", 7 * 4 * 8)
+    rng = np.random.default_rng(3)
+    corpus = rng.normal(size=(53, 8)).astype(np.float32)
+    queries = rng.normal(size=(6, 8)).astype(np.float32)
+    np.save(tmp_path / "c.npy", corpus)
+    want = np.argsort(-(queries @ corpus.T), axis=1, kind="stable")[:, :10]
+    for index in (ann.ExactIndex(corpus, 4, 5),
+                  ann.ExactIndex.from_npy(str(tmp_path / "c.npy"), 4, 5)):
+        scores, ids = index.search(queries, 10)
+        np.testing.assert_array_equal(ids, want)
+        np.testing.assert_allclose(scores, np.take_along_axis(queries @ corpus.T, want, 1),
+                                   rtol=1e-5)
+        buffer, valid = index._device
+        assert buffer.shape == (55, 8) and int(valid.sum()) == 53
+        np.testing.assert_array_equal(np.asarray(buffer)[:53], corpus)

@@ -267,10 +267,15 @@ class CorpusIndex:
                 raise ValueError(f"{folder}: {len(searcher.codes)} x {searcher.dim} codes, "
                                  f"but its records say {n} x {dim}")
             return searcher
-        embeddings = np.load(os.path.join(folder, "embeddings.npy"), mmap_mode="r")
+        path = os.path.join(folder, "embeddings.npy")
+        embeddings = np.load(path, mmap_mode="r")
         if embeddings.shape != (n, dim):
             raise ValueError(f"{folder}: embeddings of shape {embeddings.shape}, but "
                              f"{META} records {n} x {dim}")
+        if kind == "exact":  # read into the device a block at a time, never mapped whole
+            settings = eval_config()
+            return ann.ExactIndex.from_npy(path, settings["query_chunk"],
+                                           settings["corpus_chunk"])
         # The searcher saved beside them is loaded when their fingerprint matches (else
         # rebuilt from them, with a warning).
         return ann.make_index(kind, embeddings, eval_config(), min(self.meta["k"], n),
