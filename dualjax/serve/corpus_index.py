@@ -180,7 +180,8 @@ class _Lines:
     """A shard's corpus.jsonl, each line read from disk by its position."""
 
     def __init__(self, folder: str, n: int):
-        self.offsets = np.load(os.path.join(folder, "offsets.npy"))
+        # Mapped, not read: an answer touches the pages of its hits' offsets alone.
+        self.offsets = np.load(os.path.join(folder, "offsets.npy"), mmap_mode="r")
         path = os.path.join(folder, "corpus.jsonl")
         if len(self.offsets) != n + 1 or self.offsets[-1] != os.path.getsize(path):
             raise ValueError(f"{folder}: offsets.npy does not fit its corpus.jsonl and "
