@@ -97,7 +97,7 @@ def last_line(log: str) -> str:
     return [line for line in log.strip().splitlines() if not line.startswith("[Gloo]")][-1]
 
 
-def test_two_processes_index_as_one(bundle, tmp_path, kind="exact"):
+def test_two_processes_index_as_one(bundle, tmp_path):
     """2 x 4 devices: each process reads its own byte range and writes its shard; the
     index answers every query with the one-process index's ids and scores; then a shard
     missing, one from another build, a stray one and a changed file are refused by name."""
@@ -105,9 +105,9 @@ def test_two_processes_index_as_one(bundle, tmp_path, kind="exact"):
     from dualjax.serve.corpus_index import CorpusIndex
     corpus = write_corpus(tmp_path / "corpus.tsv", 900)
     one, two = tmp_path / "one", tmp_path / "two"
-    [(code, out)] = index_command(bundle, corpus, one, 1, [f"--kind={kind}"])
+    [(code, out)] = index_command(bundle, corpus, one, 1, ["--kind=exact"])
     assert code == 0, out[-3000:]
-    results = index_command(bundle, corpus, two, 2, [f"--kind={kind}"])
+    results = index_command(bundle, corpus, two, 2, ["--kind=exact"])
     assert [c for c, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
     assert "2 shard(s)" in results[0][1] and "documents" not in results[1][1]
     assert sorted(os.listdir(tmp_path)) == ["corpus.tsv", "one", "two"]  # nothing else left
