@@ -229,67 +229,21 @@ def bert_memory_child(batch: int, chunks: int, block: int, max_len: int) -> dict
     tower (12 x 768, 12 heads, MLP 3,072, 30,522 ids; shared by both sides, AdamW) at
     global batch `batch` of `max_len`-token texts with encode_chunks=`chunks` and
     column_block=`block`: compiled from abstract values, nothing allocated or run."""
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + f" --xla_force_host_platform_device_count={DEVICES}").strip()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import runpy
-
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
-
-    sys.path.insert(0, REPO)
-    from dualjax import losses
-    from dualjax.runtime import sharding
-    from dualjax.config import specs
-    from dualjax.train import step as step_lib
-    from dualjax.models import dual_encoder
-    from dualjax.models.bert import BertConfig
-    from dualjax.objectives import in_batch as objective_lib
-
-    cfg = runpy.run_path(os.path.join(REPO, "configs", "default.py"))["get_config"]().model
-    cfg.tower, cfg.max_len, cfg.tokenizer = "bert", max_len, "hf"
-    bert = BertConfig(30522, 768, 12, 12, 3072, 512)
-    mesh = sharding.make_mesh(DEVICES)
-    model = dual_encoder.make_model(specs.model_spec(cfg), bert.vocab_size, bert=bert)
-    objective = objective_lib.objective(
-        model, losses.sharded("in_batch_softmax", mesh, column_block=block), max_len,
-        encode_chunks=chunks)
-    tx = optax.adamw(1e-5)
-    replicated, batch_sharding = sharding.replicated(mesh), sharding.batch_sharding(mesh)
-    init = lambda: {"params": (p := objective.init(jax.random.key(0))), "opt_state": tx.init(p),
-                    "step": jnp.int32(0), "rng": jax.random.key(1)}
-    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
-                         jax.eval_shape(init))
-    data = {"doc_ids": jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=batch_sharding)}
-    for side in ("q", "d"):
-        data[f"{side}_ids"] = jax.ShapeDtypeStruct((batch, max_len), jnp.int32,
-                                                   sharding=batch_sharding)
-        data[f"{side}_mask"] = jax.ShapeDtypeStruct((batch, max_len), jnp.bool_,
-                                                    sharding=batch_sharding)
-    step = step_lib.make_train_step(objective, tx, lambda s: 1e-5, replicated, batch_sharding,
-                                    replicated)
-    start = time.perf_counter()
-    m = step.lower(state, data).compile().memory_analysis()
-    gib = lambda n: round(n / 2**30, 3)
-    params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state["params"]))
-    return {"batch": batch, "chunks": chunks, "block": block, "max_len": max_len,
-            "params": params, "compile_seconds": round(time.perf_counter() - start, 1),
-            "temp_gib": gib(m.temp_size_in_bytes), "argument_gib": gib(m.argument_size_in_bytes),
-            "output_gib": gib(m.output_size_in_bytes), "alias_gib": gib(m.alias_size_in_bytes)}
+    return tp_memory_child("base", 1, batch, chunks, max_len, block)
 
 
 SHAPES = {"base": (12, 768, 12, 3072), "large": (24, 1024, 16, 4096)}  # layers, width,
                                                                     # heads, MLP
 
 
-def tp_memory_child(shape: str, model: int, batch: int, chunks: int, max_len: int) -> dict:
+def tp_memory_child(shape: str, model: int, batch: int, chunks: int, max_len: int,
+                    block: int = 0) -> dict:
     """Per device, one train step of a BERT-`shape` `bert` tower (30,522 ids, shared by
     both sides, AdamW) on 8 devices as (8 / model) x model (`mesh.model_axis`): the
     params' and Adam moments' bytes each device holds (from their shardings), and XLA's
     memory plan (temporary buffers: the activations; arguments), compiled from abstract
-    values at global batch `batch` of `max_len`-token texts, encode_chunks=`chunks`."""
+    values at global batch `batch` of `max_len`-token texts, encode_chunks=`chunks`,
+    column_block=`block`."""
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + f" --xla_force_host_platform_device_count={DEVICES}").strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -316,7 +270,7 @@ def tp_memory_child(shape: str, model: int, batch: int, chunks: int, max_len: in
     mesh = sharding.make_mesh(DEVICES, model=model)
     net = dual_encoder.make_model(specs.model_spec(cfg), bert.vocab_size, bert=bert)
     objective = objective_lib.objective(
-        net, losses.sharded("in_batch_softmax", mesh, column_block=0), max_len,
+        net, losses.sharded("in_batch_softmax", mesh, column_block=block), max_len,
         encode_chunks=chunks)
     tx = optax.adamw(1e-5)
     init = lambda: {"params": (p := objective.init(jax.random.key(0))), "opt_state": tx.init(p),
@@ -342,12 +296,13 @@ def tp_memory_child(shape: str, model: int, batch: int, chunks: int, max_len: in
     m = step.lower(state, data).compile().memory_analysis()
     gib = lambda n: round(n / 2**30, 3)
     return {"shape": shape, "model_axis": model, "data_axis": DEVICES // model,
-            "batch": batch, "chunks": chunks, "max_len": max_len,
+            "batch": batch, "chunks": chunks, "block": block, "max_len": max_len,
             "params": sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["params"])),
             "param_gib": gib(per_device(state["params"])),
             "adam_gib": gib(per_device(state["opt_state"])),
             "compile_seconds": round(time.perf_counter() - start, 1),
-            "temp_gib": gib(m.temp_size_in_bytes), "argument_gib": gib(m.argument_size_in_bytes)}
+            "temp_gib": gib(m.temp_size_in_bytes), "argument_gib": gib(m.argument_size_in_bytes),
+            "output_gib": gib(m.output_size_in_bytes), "alias_gib": gib(m.alias_size_in_bytes)}
 
 
 def main() -> None:

@@ -72,11 +72,16 @@ def write_corpus(path, n):
     return path
 
 
-def index_command(bundle, corpus, out, processes=1, extra=()):
-    """`dualjax.index` as `processes` processes of 4 CPU devices each; their outputs."""
+def free_port() -> int:
+    """A port nothing listens on, for the coordinator."""
     with socket.socket() as s:
         s.bind(("localhost", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def index_command(bundle, corpus, out, processes=1, extra=()):
+    """`dualjax.index` as `processes` processes of 4 CPU devices each; their outputs."""
+    port = free_port()
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": f"{COMPILE_FLAGS} --xla_force_host_platform_device_count=4"}
     multi = lambda i: [f"--coordinator_address=localhost:{port}",
@@ -156,9 +161,7 @@ def test_a_build_killed_in_every_process_leaves_no_index_and_the_rerun_finishes(
     import time
     corpus = write_corpus(tmp_path / "corpus.tsv", 60_000)
     out = tmp_path / "idx"
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     procs = [subprocess.Popen(
         [sys.executable, "-m", "dualjax.index", f"--encoder={bundle}", f"--corpus={corpus}",
@@ -211,9 +214,7 @@ def test_a_duplicate_id_across_shards_is_named_with_both_lines(bundle, tmp_path)
 
 def test_a_coordinator_that_does_not_answer_is_one_line(bundle, tmp_path):
     corpus = write_corpus(tmp_path / "corpus.tsv", 20)
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = subprocess.run(
         [sys.executable, "-m", "dualjax.index", f"--encoder={bundle}", f"--corpus={corpus}",
          f"--out={tmp_path / 'idx'}", f"--coordinator_address=localhost:{port}",
