@@ -211,11 +211,13 @@ def test_a_student_learns_a_tiny_mpnet_teachers_scores(tmp_path, monkeypatch):
     folder = beir_folder(tmp_path)
     shutil.copytree(FIXTURES / "tiny_mpnet", tmp_path / "teacher")
     cfg = distill_config(folder, str(tmp_path / "teacher"))
+    cfg.data.max_query_words = 5
     workdir = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
         train.train_and_evaluate(cfg, str(workdir), hooks=[stop_at(1)])
     records = [json.loads(line) for line in (workdir / teacher.FILE).read_text().splitlines()]
     assert records and all(len(r["documents"]) == 3 == len(r["scores"]) for r in records)
+    assert all(len(r["query"].split()) <= 5 for r in records)  # cut as data.max_query_words says
     assert all(r["scores"][0] >= max(r["scores"][1:]) for r in records)
     monkeypatch.setattr(teacher, "encoders", lambda *a, **k: pytest.fail("scored again"))
     shutil.rmtree(tmp_path / "teacher")  # gone: a resumed run does not need it

@@ -508,7 +508,7 @@ def test_adapting_with_pseudo_labels_on_a_beir_folder(tmp_path, monkeypatch):
     folder, texts = beir_folder(tmp_path)
     cfg = model_config(TINY, max_len=48)
     cfg.data.update(name="pretrain", path=str(folder), tasks="pseudo",
-                    ignore_identical_ids=False)
+                    ignore_identical_ids=False, max_query_words=6)
     cfg.update(num_train_steps=2, checkpoint_every_steps=1, global_batch_size=8)
     cfg.eval.update(index="exact", baselines="bm25", hybrid="bm25")
     workdir = tmp_path / "run"
@@ -517,6 +517,7 @@ def test_adapting_with_pseudo_labels_on_a_beir_folder(tmp_path, monkeypatch):
     pairs = [json.loads(line) for line in (workdir / weak_labels.FILE).read_text().splitlines()]
     assert 0 < len(pairs) <= len(texts)
     for query, positive in pairs:
+        assert len(query.split()) <= 6                    # data.max_query_words
         source = next(t for t in texts if query in t)
         assert positive in texts and positive != source
     monkeypatch.setattr(weak_labels, "hybrid_pairs", lambda *a, **k: pytest.fail("relabelled"))

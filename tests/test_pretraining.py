@@ -105,6 +105,29 @@ def test_bfs_queries_come_from_the_lead(collection):
         assert not any(s in d for s in lead_sentences[a])  # the document is outside the lead
 
 
+def test_max_query_words_cuts_every_sentence_query(collection):
+    """data.max_query_words: ICT, BFS and WLP queries and the pseudo-queries are their
+    sentence's first words; the documents are as before; 0 leaves them whole."""
+    from dualjax.train import weak_labels
+    assert pretraining.cut_query("a  b c\td e", 3) == "a b c"
+    assert pretraining.cut_query("a  b c", 3) == "a  b c" == pretraining.cut_query("a  b c", 0)
+    tasks = ("ict", "bfs", "wlp")
+    whole = pretraining.PairGenerator(collection, tasks, seed=0)
+    cut = pretraining.PairGenerator(collection, tasks, seed=0, max_query_words=5)
+    sentences = set(collection.sentences)
+    longest = 0
+    for position in range(60):
+        (q, d, task), (q5, d5, task5) = whole.pair(position), cut.pair(position)
+        assert (d, task) == (d5, task5) and q in sentences
+        assert q5 == " ".join(q.split()[:5])
+        longest = max(longest, len(q.split()))
+    assert longest > 5                                    # something was cut
+    queries = weak_labels.pseudo_queries(collection, 0)
+    assert max(len(q.split()) for q in queries) > 5
+    assert weak_labels.pseudo_queries(collection, 0, max_query_words=5) == [
+        " ".join(q.split()[:5]) for q in queries]
+
+
 def test_wlp_pairs_a_lead_sentence_with_a_linking_passage(collection):
     g = pretraining.PairGenerator(collection, ("wlp",), seed=0)
     seen = set()

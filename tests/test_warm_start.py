@@ -3,6 +3,7 @@ mismatch, and a pre-training run trains on generated pairs."""
 
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -103,12 +104,15 @@ def test_pretraining_config_checks():
     for overrides, fragment in (
             ({"data.tasks": "ict,mlm"}, "data.tasks='ict,mlm'"),
             ({"data.ict_mask_rate": 1.5}, "ict_mask_rate=1.5"),
+            ({"data.max_query_words": 3}, "max_query_words=3 must be 0 (queries whole) or "
+                                           "at least data.min_query_words (5)"),
+            ({"data.max_query_words": -1}, "max_query_words=-1"),
             ({"num_train_steps": 0}, "nothing to evaluate"),
             ({"loss.num_mixed_negatives": 8}, "mixed negatives"),
             ({"model.temperature": 5.0, "model.similarity": "cosine_learned_temperature"},
              "model.temperature=5.0")):
         cfg = tiny(**{"data.name": "pretrain", "data.path": "x.jsonl", **overrides})
-        with pytest.raises(ConfigError, match=fragment.replace("[", r"\[").replace(".", r"\.")):
+        with pytest.raises(ConfigError, match=re.escape(fragment)):
             config_lib.validate(cfg, 8)
 
 

@@ -306,6 +306,10 @@ def _check_data(data: ml_collections.ConfigDict, key: str) -> None:
         if not 0 <= data.ict_mask_rate <= 1:
             raise ConfigError(f"config.{key}.ict_mask_rate={data.ict_mask_rate} must be "
                               "between 0 and 1")
+        cut = data.get("max_query_words", 0)
+        if cut and not (cut > 0 and cut >= data.min_query_words):
+            raise ConfigError(f"config.{key}.max_query_words={cut} must be 0 (queries whole) "
+                              f"or at least {key}.min_query_words ({data.min_query_words})")
         if not 0 <= data.get("pseudo_weight", 0.5) <= 1:
             raise ConfigError(f"config.{key}.pseudo_weight={data.pseudo_weight} must be "
                               "between 0 and 1")

@@ -26,7 +26,10 @@ And for MLM (`objectives.mlm.objective`, alone): the document is a passage, the 
 empty.
 
 Every document is "title. passage" (`beir.document_text`). Sentences of fewer than
-`min_query_words` words (split on whitespace: captions, infobox fragments) are never queries.
+`min_query_words` words (split on whitespace: captions, infobox fragments) are never queries,
+and with `max_query_words` a sentence query is cut to its first that many words (`cut_query`:
+a "sentence" that the splitter could not break, a list of references, say, is no query;
+left whole, one such text in a batch pads every query of it to the documents' length).
 
 Pair number `position` of the stream is a function of (seed, position) alone:
 position % T picks the task (T tasks, interleaved: a uniform mixture, as the paper
@@ -49,6 +52,15 @@ TASKS = ("ict", "bfs", "wlp", "crop", "pseudo", "distill", "mlm")
 ALONE = ("mlm", "distill")  # tasks that do not mix with others
 CROP_RATIO = (0.1, 0.5)  # Contriever's span lengths, as fractions of the passage's words
 CROP_MIN_WORDS = 4  # passages shorter than this are not cropped (nothing to split)
+
+
+def cut_query(text: str, max_words: int) -> str:
+    """`text`'s first `max_words` words (split on whitespace), or `text` itself when it has
+    no more than that or `max_words` is 0."""
+    if not max_words:
+        return text
+    words = text.split()
+    return text if len(words) <= max_words else " ".join(words[:max_words])
 
 
 def parse_tasks(spec: str) -> tuple[str, ...]:
@@ -84,8 +96,9 @@ class PairGenerator:
     def __init__(self, collection: Collection, tasks: tuple[str, ...], seed: int,
                  mask_rate: float = 0.9, min_query_words: int = 5,
                  pseudo_pairs: list[tuple[str, str]] | None = None,
-                 distill: list[dict] | None = None):
+                 distill: list[dict] | None = None, max_query_words: int = 0):
         c = self.collection = collection
+        self.max_query_words = max_query_words
         self.pseudo_pairs = pseudo_pairs or []
         self.distill = distill or []  # {"query", "documents": [passage], "scores": [float]}
         self.tasks, self.seed, self.mask_rate = tasks, seed, mask_rate
@@ -187,15 +200,16 @@ class PairGenerator:
             record = self.distill[item]
             return record["query"], self._document(record["documents"][0]), task
         pick = lambda lo_hi: int(self._query_sents[rng.integers(*lo_hi)])  # a query sentence
+        query = lambda s: cut_query(c.sentences[s], self.max_query_words)
         if task == "ict":
             s = pick(self._passage_q[item])
             drop = s if rng.random() < self.mask_rate else None
-            return c.sentences[s], self._document(item, drop), task
+            return query(s), self._document(item, drop), task
         if task == "bfs":
             s = pick(self._lead_q[c.passage_article[item]])
-            return c.sentences[s], self._document(item), task
+            return query(s), self._document(item), task
         p, a = c.links[item]
-        return c.sentences[pick(self._lead_q[a])], self._document(int(p)), task
+        return query(pick(self._lead_q[a])), self._document(int(p)), task
 
     def candidates(self, position: int) -> tuple[list[str], np.ndarray]:
         """(the k negatives' texts, float32 [1 + k] the teacher's scores of the positive

@@ -266,7 +266,8 @@ def _training_data(run: Run) -> list:
             t.distill_records = teacher.load_or_make(
                 run.workdir, t.collection, config.seed, t.data.min_query_words, spec,
                 lambda: teacher.encoders(config, spec, run.mesh), main=processes.is_main(),
-                name=t.name, bm25=specs.bm25_options(config.eval))
+                name=t.name, bm25=specs.bm25_options(config.eval),
+                max_query_words=t.data.max_query_words)
     iters = [t.train_iterator(run.inputs, config.global_batch_size, config.seed + i,
                               config.loss.num_mixed_negatives)
              for i, t in enumerate(run.tasks)]
@@ -478,7 +479,8 @@ def pseudo_labels(config, task: tasks_lib.Task, workdir: str, inputs: sides.Inpu
     return weak_labels.load_or_make(
         workdir, task.collection, config.seed, d.min_query_words, d.pseudo_weight,
         functools.partial(encode, 0), functools.partial(encode, 1),
-        main=processes.is_main(), name=task.name, bm25=specs.bm25_options(config.eval))
+        main=processes.is_main(), name=task.name, bm25=specs.bm25_options(config.eval),
+        max_query_words=d.max_query_words)
 
 
 def labelled(task: tasks_lib.Task, rows: Iterable[dict]) -> dict[str, dict]:

@@ -88,7 +88,8 @@ class Task:
                                    "(weak_labels, teacher) before the training pairs are read")
             return pretraining.PairGenerator(self.collection, names, self.seed,
                                              d.ict_mask_rate, d.min_query_words,
-                                             self.pseudo_pairs, self.distill_records)
+                                             self.pseudo_pairs, self.distill_records,
+                                             d.max_query_words)
         return builders.train_source(specs.dataset_spec(self.data, self.seed), self.tfds_dir)
 
     @functools.cached_property

@@ -135,7 +135,8 @@ def _read(file: str, passages: int) -> list[dict]:
 
 def load_or_make(workdir: str, collection: Collection, seed: int, min_query_words: int,
                  spec: TeacherSpec, encoders: Callable[[], tuple[Encode, Encode]],
-                 main: bool = True, name: str = "", bm25: dict | None = None) -> list[dict]:
+                 main: bool = True, name: str = "", bm25: dict | None = None,
+                 max_query_words: int = 0) -> list[dict]:
     """WORKDIR/teacher_scores.jsonl (task `name`'s: teacher_scores_<name>.jsonl) if it
     exists, else the records mined (`mine`) with the teacher's (query, document)
     `encoders()` (called only then) and, by the main process, written there."""
@@ -144,7 +145,7 @@ def load_or_make(workdir: str, collection: Collection, seed: int, min_query_word
         return _read(file, len(collection.passages))
     documents = [document_text(collection.titles[collection.passage_article[p]], text)
                  for p, text in enumerate(collection.passages)]
-    queries = weak_labels.pseudo_queries(collection, seed, min_query_words)
+    queries = weak_labels.pseudo_queries(collection, seed, min_query_words, max_query_words)
     encode_queries, encode_documents = encoders()
     records = mine(queries, documents, encode_queries, encode_documents, spec, seed, bm25)
     logging.info("distill: %d queries from %d passages, each with a positive and %d "

@@ -3,7 +3,7 @@ collection's own documents yield, each labelled with the document that the start
 hybrid with BM25 ranks first.
 
 Each passage gives one query: one of its sentences of at least `min_query_words` words
-(chosen by the seed), else a Contriever crop of it. The query's own passage is left out
+(chosen by the seed), else a Contriever crop of it, cut to `max_query_words` words. The query's own passage is left out
 of the candidates, so a pair is never the query and the text it was cut from; among the
 others, the label is the first of the start's dense ranking fused with BM25's (score
 interpolation at `weight`, `hybrid.fuse_scores`). Training on these pairs carries the
@@ -25,7 +25,7 @@ from absl import logging
 
 from dualjax.data.beir import document_text
 from dualjax.data.documents import Collection
-from dualjax.data.pretraining import PairGenerator
+from dualjax.data.pretraining import PairGenerator, cut_query
 from dualjax.retrieval import ann, baselines, hybrid
 from dualjax.runtime.files import atomic_write
 
@@ -33,16 +33,18 @@ FILE = "pseudo_pairs.jsonl"
 Encode = Callable[[list[str]], np.ndarray]  # texts -> unit vectors [n, dim]
 
 
-def pseudo_queries(collection: Collection, seed: int, min_query_words: int = 5) -> list[str]:
-    """One query per passage: a sentence of it, else a crop of it."""
+def pseudo_queries(collection: Collection, seed: int, min_query_words: int = 5,
+                   max_query_words: int = 0) -> list[str]:
+    """One query per passage: a sentence of it, else a crop of it; cut to its first
+    `max_query_words` words (0: whole)."""
     rng = np.random.default_rng([seed, 7])
     crops = PairGenerator(collection, ("crop",), seed)
     out = []
     for p in range(len(collection.passages)):
         sentences = [s for s in collection.passage_sentences(p)
                      if len(s.split()) >= min_query_words]
-        out.append(sentences[rng.integers(len(sentences))] if sentences
-                   else crops._crop(p, rng))
+        out.append(cut_query(sentences[rng.integers(len(sentences))] if sentences
+                             else crops._crop(p, rng), max_query_words))
     return out
 
 
@@ -82,8 +84,8 @@ def pairs_path(workdir: str, name: str = "") -> str:
 
 def load_or_make(workdir: str, collection: Collection, seed: int, min_query_words: int,
                  weight: float, encode_queries: Encode, encode_documents: Encode,
-                 main: bool = True, name: str = "", bm25: dict | None = None
-                 ) -> list[tuple[str, str]]:
+                 main: bool = True, name: str = "", bm25: dict | None = None,
+                 max_query_words: int = 0) -> list[tuple[str, str]]:
     """WORKDIR/pseudo_pairs.jsonl (task `name`'s: pseudo_pairs_<name>.jsonl) if it
     exists, else the pairs made (and, by the main process, written there)."""
     path = pairs_path(workdir, name)
@@ -92,8 +94,9 @@ def load_or_make(workdir: str, collection: Collection, seed: int, min_query_word
             return [tuple(json.loads(line)) for line in f if line.strip()]
     documents = [document_text(collection.titles[collection.passage_article[p]], text)
                  for p, text in enumerate(collection.passages)]
-    pairs = hybrid_pairs(pseudo_queries(collection, seed, min_query_words), documents,
-                         encode_queries, encode_documents, weight, bm25=bm25)
+    queries = pseudo_queries(collection, seed, min_query_words, max_query_words)
+    pairs = hybrid_pairs(queries, documents, encode_queries, encode_documents, weight,
+                         bm25=bm25)
     logging.info("Pseudo-labels: %d queries from %d passages, each labelled with the first "
                  "other document of the start's hybrid with BM25 (w %.2f); %s", len(pairs),
                  len(documents), weight, path)
