@@ -37,6 +37,11 @@ def get_config() -> ml_collections.ConfigDict:
                                     # document of the start's hybrid with BM25 (weak_labels.py;
                                     # ICT and crops did worse, BENCHMARKS.md)
     c.data.pseudo_weight = 0.5      # the labelling hybrid's dense weight
+    c.data.max_query_words = 48     # a pseudo-query is cut to 48 words (~64 tokens): a few
+                                    # unbroken "sentences" of hundreds of words (reference
+                                    # lists, TIME's paragraphs) otherwise pad a batch's
+                                    # queries to 256 tokens, 80% of the batches on 5,000
+                                    # Wikipedia paragraphs (BENCHMARKS.md, "Adapting MiniLM")
     c.data.ignore_identical_ids = False  # the shared collections number queries and documents
                                     # independently (True for BEIR's quora)
     c.model.pretrained = "all-MiniLM-L6-v2"

@@ -1,9 +1,14 @@
 """Adapting MiniLM: peak memory and pairs/s of `configs/adapt.py`'s training step, beside
 sentence-transformers' own training step on the same kind of batch.
 
-    python scripts/bench_adapt.py --collection=DOCS.jsonl [--steps=12] [--vs-st]
+    python scripts/bench_adapt.py --collection=DOCS.jsonl [--steps=12] [--vs-st [--st_bf16]]
         [--st_python=PYTHON] [--flags=train.encode_chunks=0,...] [--json=FILE]
     python scripts/bench_adapt.py --steps-only [--chunks=0,4,8,16] [--q_len=64 --d_len=256]
+    python scripts/bench_adapt.py --write-wiki5k=wiki5k.jsonl
+
+--write-wiki5k: the issue's collection, written from ../shared/data/wikispeedia: every
+paragraph of 150-300 words, shuffled with seed 0, the first 5,000, as {"_id", "title",
+"text"} lines (almost every one is cut at 256 tokens).
 
 DOCS.jsonl: a documents file ({"title", "text"} a line, as `configs/adapt.py` takes it)
 or a BEIR folder. Each side runs in its own process, so each peak resident memory
@@ -17,7 +22,9 @@ or a BEIR folder. Each side runs in its own process, so each peak resident memor
   max_seq_length 256) with MultipleNegativesRankingLoss and AdamW, the step as its
   trainer runs it (tokenize, forward, backward, step), batch 64 of (a sentence of a
   document, the document) from the same collection, torch on the same 2 threads: the
-  peer at its best on CPU. Needs torch and sentence-transformers (not dualjax's install).
+  peer at its best on CPU; --st_bf16 adds a row with bfloat16 autocast (what its
+  trainer's bf16=True does), faster where the CPU has bfloat16 dot products (AVX512-BF16,
+  AMX). Needs torch and sentence-transformers (not dualjax's install).
 --steps-only: the jitted training step alone at MiniLM's sizes (random weights, random
 tokens of --q_len / --d_len), for each of --chunks (train.encode_chunks): XLA's temporary
 buffer size (`compiled.memory_analysis()`), the step time and the process's peak RSS,
@@ -75,7 +82,7 @@ import torch
 from sentence_transformers import SentenceTransformer, losses
 torch.set_num_threads(int(sys.argv[3]))
 pairs = json.load(open(sys.argv[1]))
-steps, batch = int(sys.argv[4]), int(sys.argv[5])
+steps, batch, bf16 = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "bf16"
 model = SentenceTransformer(sys.argv[2], device="cpu")
 model.max_seq_length = 256
 loss = losses.MultipleNegativesRankingLoss(model)
@@ -86,7 +93,8 @@ for i in range(steps):
     chunk = pairs[i * batch:(i + 1) * batch]
     t = time.perf_counter()
     features = [model.tokenize([q for q, _ in chunk]), model.tokenize([d for _, d in chunk])]
-    value = loss(features, None)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # its trainer's bf16=True
+        value = loss(features, None)
     value.backward()
     opt.step()
     opt.zero_grad()
@@ -96,10 +104,13 @@ print(json.dumps({"times": times,
 '''
 
 
-def st_pairs(collection: str, count: int, seed: int = 0) -> list[tuple[str, str]]:
-    """(a sentence of a document, the document) for `count` documents of the collection."""
+def st_pairs(collection: str, count: int, seed: int = 0,
+             max_query_words: int = 48) -> list[tuple[str, str]]:
+    """(a sentence of a document, cut as configs/adapt.py cuts its queries, the document)
+    for `count` documents of the collection."""
     sys.path.insert(0, REPO)
     from dualjax.data.beir import document_text
+    from dualjax.data.pretraining import cut_query
     from dualjax.text.words import sentence_spans
     path = os.path.join(collection, "corpus.jsonl") if os.path.isdir(collection) else collection
     rng, out = __import__("random").Random(seed), []
@@ -109,25 +120,42 @@ def st_pairs(collection: str, count: int, seed: int = 0) -> list[tuple[str, str]
             text = document_text(d.get("title", ""), d["text"])
             sentences = [text[a:b] for a, b in sentence_spans(d["text"])
                          if len(text[a:b].split()) >= 5] or [d["text"][:200]]
-            out.append((rng.choice(sentences), text))
+            out.append((cut_query(rng.choice(sentences), max_query_words), text))
             if len(out) == count:
                 break
     return out
 
 
-def run_st(args) -> dict:
+def write_wiki5k(out: str, count: int = 5000, seed: int = 0) -> None:
+    src = os.path.join(REPO, "..", "shared", "data", "wikispeedia", "articles.jsonl")
+    rows = []
+    with open(src, encoding="utf-8") as f:
+        for line in f:
+            article = json.loads(line)
+            for i, p in enumerate(article["paragraphs"]):
+                if 150 <= len(p["text"].split()) <= 300:
+                    rows.append({"_id": f"{article['id']}#{i}", "title": article["title"],
+                                 "text": p["text"]})
+    __import__("random").Random(seed).shuffle(rows)
+    with open(out, "w", encoding="utf-8") as f:
+        for row in rows[:count]:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    print(f"{out}: {min(count, len(rows))} of {len(rows)} paragraphs of 150-300 words")
+
+
+def run_st(args, precision: str = "fp32") -> dict:
     sys.path.insert(0, REPO)
     from dualjax.pretrained import sources
     pairs = st_pairs(args.collection, args.steps * 64)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(pairs, f)
     cmd = [args.st_python, "-c", ST_WORKER, f.name, sources.folder_of("all-MiniLM-L6-v2"),
-           str(args.threads), str(args.steps), "64"]
+           str(args.threads), str(args.steps), "64", precision]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(f"sentence-transformers worker failed:\n{out.stderr[-3000:]}")
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    return {"side": "sentence-transformers", "pairs_per_second":
+    return {"side": f"sentence-transformers {precision}", "pairs_per_second":
             64 / median(got["times"][SKIP // 2:]), "step_s": got["times"],
             "peak_rss_mb": got["peak_rss_mb"]}
 
@@ -201,6 +229,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--flags", default="", help="extra k=v,k=v for configs/adapt.py")
     p.add_argument("--vs-st", action="store_true", help="also sentence-transformers' step")
+    p.add_argument("--st-only", action="store_true", help="sentence-transformers' rows alone")
+    p.add_argument("--st_bf16", action="store_true",
+                   help="--vs-st: also with bfloat16 autocast (its trainer's bf16=True)")
     p.add_argument("--st_python", default=sys.executable,
                    help="a Python with torch and sentence-transformers")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -209,22 +240,25 @@ def main() -> None:
     p.add_argument("--chunks", default="0,4,8,16", help="--steps-only: encode_chunks values")
     p.add_argument("--q_len", type=int, default=64)
     p.add_argument("--d_len", type=int, default=256)
+    p.add_argument("--write-wiki5k", default="", help="write the issue's 5,000 paragraphs here")
     args = p.parse_args()
+    if args.write_wiki5k:
+        return write_wiki5k(args.write_wiki5k)
     if args.steps_only:
         results = run_steps(args)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)
         return
-    results = [run_dualjax(args)]
-    if args.vs_st:
-        results.append(run_st(args))
+    results = [] if args.st_only else [run_dualjax(args)]
+    if args.vs_st or args.st_only:
+        results += [run_st(args, p) for p in ("fp32", "bf16")[:1 + args.st_bf16]]
     print(f"\n{'side':24s} {'pairs/s':>8s} {'peak RSS MB':>12s}")
     for r in results:
         print(f"{r['side']:24s} {r['pairs_per_second']:8.2f} {r['peak_rss_mb']:12.0f}")
-    if len(results) == 2:
-        print(f"dualjax / sentence-transformers: "
-              f"x{results[0]['pairs_per_second'] / results[1]['pairs_per_second']:.2f} pairs/s")
+    for r in results[1:] if not args.st_only else []:
+        print(f"dualjax / {r['side']}: "
+              f"x{results[0]['pairs_per_second'] / r['pairs_per_second']:.2f} pairs/s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
