@@ -96,8 +96,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.ict_mask_rate = 0.9      # pretrain ICT: P(the query sentence is removed from its
                                     # passage) (ORQA: 0.9)
     c.data.min_query_words = 5      # pretrain: shorter sentences are never queries
-    c.data.max_query_words = 0      # pretrain: a query sentence is cut to this many words
-                                    # (0: whole)
+    c.data.max_query_words = 0      # pretrain: a query (sentence, pseudo-query, distill
+                                    # query) is cut to this many words (0: whole;
+                                    # configs/adapt.py: 48)
     c.data.pseudo_weight = 0.5      # pretrain "pseudo": the dense weight of the start's hybrid
                                     # with BM25 that labels each pseudo-query (weak_labels.py)
     c.data.passage_words = 288      # pretrain, .jsonl with plain "text": words per passage
