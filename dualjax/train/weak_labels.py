@@ -3,12 +3,13 @@ collection's own documents yield, each labelled with the document that the start
 hybrid with BM25 ranks first.
 
 Each passage gives one query: one of its sentences of at least `min_query_words` words
-(chosen by the seed), else a Contriever crop of it, cut to `max_query_words` words. The query's own passage is left out
-of the candidates, so a pair is never the query and the text it was cut from; among the
-others, the label is the first of the start's dense ranking fused with BM25's (score
-interpolation at `weight`, `hybrid.fuse_scores`). Training on these pairs carries the
-hybrid's ranking into the dense towers (scripts/adapt_sweep.py measured it against
-ICT and crops on the shared collections; BENCHMARKS.md).
+(chosen by the seed), else a Contriever crop of it, cut to `max_query_words` words. The
+query's own passage is left out of the candidates, so a pair is never the query and the
+text it was cut from; among the others, the label is the first of the start's dense
+ranking fused with BM25's (score interpolation at `weight`, `hybrid.fuse_scores`).
+Training on these pairs carries the hybrid's ranking into the dense towers
+(scripts/adapt_sweep.py measured it against ICT and crops on the shared collections;
+BENCHMARKS.md).
 
 The pairs are made once, by the main process, with the start's parameters, and kept in
 WORKDIR/pseudo_pairs.jsonl, so a resumed run trains on the same pairs.
