@@ -1,7 +1,8 @@
 """Adapting MiniLM: peak memory and pairs/s of `configs/adapt.py`'s training step, beside
 sentence-transformers' own training step on the same kind of batch.
 
-    python scripts/bench_adapt.py --collection=DOCS.jsonl [--steps=12] [--vs-st [--st_bf16]]
+    python scripts/bench_adapt.py --collection=DOCS.jsonl [--steps=12] [--vs-st | --st-only]
+        [--st_bf16]
         [--st_python=PYTHON] [--flags=train.encode_chunks=0,...] [--json=FILE]
     python scripts/bench_adapt.py --steps-only [--chunks=0,4,8,16] [--q_len=64 --d_len=256]
     python scripts/bench_adapt.py --write-wiki5k=wiki5k.jsonl
