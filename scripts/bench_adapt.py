@@ -111,7 +111,7 @@ def st_pairs(collection: str, count: int, seed: int = 0,
     for `count` documents of the collection."""
     sys.path.insert(0, REPO)
     from dualjax.data.beir import document_text
-    from dualjax.data.pretraining import cut_query
+    from dualjax.data.pretraining import QueryWords
     from dualjax.text.words import sentence_spans
     path = os.path.join(collection, "corpus.jsonl") if os.path.isdir(collection) else collection
     rng, out = __import__("random").Random(seed), []
@@ -121,7 +121,7 @@ def st_pairs(collection: str, count: int, seed: int = 0,
             text = document_text(d.get("title", ""), d["text"])
             sentences = [text[a:b] for a, b in sentence_spans(d["text"])
                          if len(text[a:b].split()) >= 5] or [d["text"][:200]]
-            out.append((cut_query(rng.choice(sentences), max_query_words), text))
+            out.append((QueryWords(max=max_query_words).cut(rng.choice(sentences)), text))
             if len(out) == count:
                 break
     return out

@@ -12,6 +12,7 @@ import pytest
 from conftest import load_config, stop_at, write_beir_folder
 from dualjax import losses
 from dualjax.config import validation as config_lib
+from dualjax.data.pretraining import QueryWords
 from dualjax.errors import DataError
 from dualjax.losses import distill as distillation
 from dualjax.runtime import sharding
@@ -175,7 +176,7 @@ def test_a_teacher_that_does_not_fit_or_a_foreign_scores_file_is_one_line(tmp_pa
         + json.dumps(bad) + "\n")
     with pytest.raises(DataError, match=r"teacher_scores.jsonl:2: not a teacher record of "
                                         r"this collection"):
-        teacher.load_or_make(str(tmp_path / "run"), collection, 0, 5,
+        teacher.load_or_make(str(tmp_path / "run"), collection, 0, QueryWords(),
                              teacher.TeacherSpec("t"), lambda: pytest.fail("encoded"))
 
 

@@ -109,11 +109,13 @@ def test_max_query_words_cuts_every_sentence_query(collection):
     """data.max_query_words: ICT, BFS and WLP queries and the pseudo-queries are their
     sentence's first words; the documents are as before; 0 leaves them whole."""
     from dualjax.train import weak_labels
-    assert pretraining.cut_query("a  b c\td e", 3) == "a b c"
-    assert pretraining.cut_query("a  b c", 3) == "a  b c" == pretraining.cut_query("a  b c", 0)
+    three = pretraining.QueryWords(max=3)
+    assert three.cut("a  b c\td e") == "a b c"
+    assert three.cut("a  b c") == "a  b c" == pretraining.QueryWords().cut("a  b c")
     tasks = ("ict", "bfs", "wlp")
     whole = pretraining.PairGenerator(collection, tasks, seed=0)
-    cut = pretraining.PairGenerator(collection, tasks, seed=0, max_query_words=5)
+    cut = pretraining.PairGenerator(collection, tasks, seed=0,
+                                   query_words=pretraining.QueryWords(max=5))
     sentences = set(collection.sentences)
     longest = 0
     for position in range(60):
@@ -124,7 +126,7 @@ def test_max_query_words_cuts_every_sentence_query(collection):
     assert longest > 5                                    # something was cut
     queries = weak_labels.pseudo_queries(collection, 0)
     assert max(len(q.split()) for q in queries) > 5
-    assert weak_labels.pseudo_queries(collection, 0, max_query_words=5) == [
+    assert weak_labels.pseudo_queries(collection, 0, pretraining.QueryWords(max=5)) == [
         " ".join(q.split()[:5]) for q in queries]
 
 

@@ -25,11 +25,12 @@ Three paragraph-level tasks, each making (query, document) pairs from a `Collect
 And for MLM (`objectives.mlm.objective`, alone): the document is a passage, the query
 empty.
 
-Every document is "title. passage" (`beir.document_text`). Sentences of fewer than
-`min_query_words` words (split on whitespace: captions, infobox fragments) are never queries,
-and with `max_query_words` a sentence query is cut to its first that many words (`cut_query`:
-a "sentence" that the splitter could not break, a list of references, say, is no query;
-left whole, one such text in a batch pads every query of it to the documents' length).
+Every document is "title. passage" (`beir.document_text`). A query's length is bounded by
+`QueryWords` (data.min_query_words, data.max_query_words): sentences of fewer than `min`
+words (split on whitespace: captions, infobox fragments) are never queries, and with `max`
+a query is cut to its first that many words (a "sentence" that the splitter could not
+break, a list of references, say, is no query; left whole, one such text in a batch pads
+every query of it to the documents' length).
 
 Pair number `position` of the stream is a function of (seed, position) alone:
 position % T picks the task (T tasks, interleaved: a uniform mixture, as the paper
@@ -41,6 +42,8 @@ one would.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -54,13 +57,24 @@ CROP_RATIO = (0.1, 0.5)  # Contriever's span lengths, as fractions of the passag
 CROP_MIN_WORDS = 4  # passages shorter than this are not cropped (nothing to split)
 
 
-def cut_query(text: str, max_words: int) -> str:
-    """`text`'s first `max_words` words (split on whitespace), or `text` itself when it has
-    no more than that or `max_words` is 0."""
-    if not max_words:
-        return text
-    words = text.split()
-    return text if len(words) <= max_words else " ".join(words[:max_words])
+@dataclasses.dataclass(frozen=True)
+class QueryWords:
+    """How long a pre-training query is, in words split on whitespace: a sentence of fewer
+    than `min` is never one; a query is cut to its first `max` (0: left whole)."""
+    min: int = 5
+    max: int = 0
+
+    @classmethod
+    def of(cls, data) -> QueryWords:
+        """A data group's data.min_query_words and data.max_query_words."""
+        return cls(data.min_query_words, data.get("max_query_words", 0))
+
+    def cut(self, text: str) -> str:
+        """`text`'s first `max` words, or `text` itself when it has no more or max is 0."""
+        if not self.max:
+            return text
+        words = text.split()
+        return text if len(words) <= self.max else " ".join(words[:self.max])
 
 
 def parse_tasks(spec: str) -> tuple[str, ...]:
@@ -94,18 +108,18 @@ class PairGenerator:
     """(seed, position) -> one pre-training pair; see the module docstring."""
 
     def __init__(self, collection: Collection, tasks: tuple[str, ...], seed: int,
-                 mask_rate: float = 0.9, min_query_words: int = 5,
+                 mask_rate: float = 0.9, query_words: QueryWords = QueryWords(),
                  pseudo_pairs: list[tuple[str, str]] | None = None,
-                 distill: list[dict] | None = None, max_query_words: int = 0):
+                 distill: list[dict] | None = None):
         c = self.collection = collection
-        self.max_query_words = max_query_words
+        self.query_words = query_words
         self.pseudo_pairs = pseudo_pairs or []
         self.distill = distill or []  # {"query", "documents": [passage], "scores": [float]}
         self.tasks, self.seed, self.mask_rate = tasks, seed, mask_rate
         # Query sentences (long enough), in order; those of sentences [s0, s1) are
         # self._query_sents[searchsorted(s0) : searchsorted(s1)].
         counts = np.fromiter((len(x.split()) for x in c.sentences), np.int64, len(c.sentences))
-        self._query_sents = np.flatnonzero(counts >= min_query_words)
+        self._query_sents = np.flatnonzero(counts >= query_words.min)
         where = lambda sents: np.searchsorted(self._query_sents, sents)
         starts = c.passage_sent_start
         self._passage_q = np.stack([where(starts[:-1]), where(starts[1:])], 1)  # [P, 2]
@@ -200,7 +214,7 @@ class PairGenerator:
             record = self.distill[item]
             return record["query"], self._document(record["documents"][0]), task
         pick = lambda lo_hi: int(self._query_sents[rng.integers(*lo_hi)])  # a query sentence
-        query = lambda s: cut_query(c.sentences[s], self.max_query_words)
+        query = lambda s: self.query_words.cut(c.sentences[s])
         if task == "ict":
             s = pick(self._passage_q[item])
             drop = s if rng.random() < self.mask_rate else None

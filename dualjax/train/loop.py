@@ -2,10 +2,11 @@
 
 `train_and_evaluate(config, workdir)` runs: workdir and mesh → `_prepare_input` (tables,
 vocabularies, the pretrained start) → `_build` (model, optimizer, sharded state, update
-step: a `Run`) → `_training_data` → `_restore` (the latest checkpoint) → evaluators
-(built from the config, `evaluators.py`; `selection.py`: eval.select_by and early
-stopping) → `_train_loop` (train rows, val evaluations, checkpoints, preemption) →
-`_final_evaluation`. Everything it writes goes under `workdir`.
+step: a `Run`) → `_training_data` (`model_data`: what a model labels or scores first) →
+`_restore` (the latest checkpoint) → evaluators (built from the config, `evaluators.py`;
+`selection.py`: eval.select_by and early stopping) → `_train_loop` (train rows, val
+evaluations, checkpoints, preemption) → `_final_evaluation`. Everything it writes goes
+under `workdir`.
 """
 
 from __future__ import annotations
@@ -33,11 +34,10 @@ from dualjax.errors import Preempted  # noqa: F401 (train.Preempted)
 from dualjax.eval import evaluators as evaluators_lib
 from dualjax.eval import scoring
 from dualjax.eval.metrics_log import MetricsLog
-from dualjax.retrieval import encoding
 from dualjax.runtime import malloc, processes, sharding
 from dualjax.runtime.signals import Signals
 from dualjax.text import sides
-from dualjax.train import checkpoints, teacher, warm_start, weak_labels
+from dualjax.train import checkpoints, model_data, teacher, warm_start, weak_labels
 from dualjax.train import inputs as inputs_lib
 from dualjax.train import lazy_rows as tables
 from dualjax.train import step as step_lib
@@ -257,17 +257,8 @@ def _training_data(run: Run) -> list:
     "pseudo": its pairs labelled by the start first; "distill": its candidates scored by
     the teacher first)."""
     config = run.config
-    for t in run.tasks:
-        if t.needs_pseudo_labels:
-            t.pseudo_pairs = pseudo_labels(config, t, run.workdir, run.inputs, run.mesh,
-                                           run.encoders, run.first_params)
-        if t.needs_teacher:
-            spec = teacher.TeacherSpec.from_config(config.distill)
-            t.distill_records = teacher.load_or_make(
-                run.workdir, t.collection, config.seed, t.data.min_query_words, spec,
-                lambda: teacher.encoders(config, spec, run.mesh), main=processes.is_main(),
-                name=t.name, bm25=specs.bm25_options(config.eval),
-                max_query_words=t.data.max_query_words)
+    model_data.prepare(config, run.tasks, run.workdir, run.inputs, run.mesh, run.encoders,
+                       run.first_params)
     iters = [t.train_iterator(run.inputs, config.global_batch_size, config.seed + i,
                               config.loss.num_mixed_negatives)
              for i, t in enumerate(run.tasks)]
@@ -459,28 +450,6 @@ def _final_evaluation(run: Run, evaluators, selection: Selection) -> dict[str, d
                               splits=[s for s in ev.splits if s not in results]))
         out.update(labelled(ev.task, results[ev.splits[-1]]))
     return out
-
-
-def pseudo_labels(config, task: tasks_lib.Task, workdir: str, inputs: sides.Inputs, mesh,
-                  encoders: tuple[Callable, Callable], first_params: Callable[[], dict]
-                  ) -> list[tuple[str, str]]:
-    """data.tasks "pseudo": the task's pseudo-labelled pairs (`weak_labels`), made with the
-    towers the run starts from (read once, only when the pairs are not saved yet)."""
-    params = []
-
-    def encode(side: int, texts: list[str]) -> np.ndarray:
-        if not params:
-            params.append(first_params())
-        fn = functools.partial(encoders[side], params[0])
-        return encoding.encode_texts(fn, texts, (inputs.query, inputs.document)[side],
-                                     config.eval.batch_size, mesh, desc="pseudo-labels")
-
-    d = task.data
-    return weak_labels.load_or_make(
-        workdir, task.collection, config.seed, d.min_query_words, d.pseudo_weight,
-        functools.partial(encode, 0), functools.partial(encode, 1),
-        main=processes.is_main(), name=task.name, bm25=specs.bm25_options(config.eval),
-        max_query_words=d.max_query_words)
 
 
 def labelled(task: tasks_lib.Task, rows: Iterable[dict]) -> dict[str, dict]:

@@ -87,9 +87,8 @@ class Task:
                 raise RuntimeError("data.tasks 'pseudo' / 'distill': the pairs are made "
                                    "(weak_labels, teacher) before the training pairs are read")
             return pretraining.PairGenerator(self.collection, names, self.seed,
-                                             d.ict_mask_rate, d.min_query_words,
-                                             self.pseudo_pairs, self.distill_records,
-                                             d.max_query_words)
+                                             d.ict_mask_rate, pretraining.QueryWords.of(d),
+                                             self.pseudo_pairs, self.distill_records)
         return builders.train_source(specs.dataset_spec(self.data, self.seed), self.tfds_dir)
 
     @functools.cached_property

@@ -38,6 +38,7 @@ from dualjax import models, pretrained
 from dualjax.config import specs
 from dualjax.data.beir import document_text
 from dualjax.data.documents import Collection
+from dualjax.data.pretraining import QueryWords
 from dualjax.errors import DataError, PretrainedError
 from dualjax.models import dual_encoder
 from dualjax.retrieval import encoding
@@ -133,10 +134,9 @@ def _read(file: str, passages: int) -> list[dict]:
     return out
 
 
-def load_or_make(workdir: str, collection: Collection, seed: int, min_query_words: int,
+def load_or_make(workdir: str, collection: Collection, seed: int, words: QueryWords,
                  spec: TeacherSpec, encoders: Callable[[], tuple[Encode, Encode]],
-                 main: bool = True, name: str = "", bm25: dict | None = None,
-                 max_query_words: int = 0) -> list[dict]:
+                 main: bool = True, name: str = "", bm25: dict | None = None) -> list[dict]:
     """WORKDIR/teacher_scores.jsonl (task `name`'s: teacher_scores_<name>.jsonl) if it
     exists, else the records mined (`mine`) with the teacher's (query, document)
     `encoders()` (called only then) and, by the main process, written there."""
@@ -145,7 +145,7 @@ def load_or_make(workdir: str, collection: Collection, seed: int, min_query_word
         return _read(file, len(collection.passages))
     documents = [document_text(collection.titles[collection.passage_article[p]], text)
                  for p, text in enumerate(collection.passages)]
-    queries = weak_labels.pseudo_queries(collection, seed, min_query_words, max_query_words)
+    queries = weak_labels.pseudo_queries(collection, seed, words)
     encode_queries, encode_documents = encoders()
     records = mine(queries, documents, encode_queries, encode_documents, spec, seed, bm25)
     logging.info("distill: %d queries from %d passages, each with a positive and %d "

@@ -2,8 +2,8 @@
 collection's own documents yield, each labelled with the document that the start's
 hybrid with BM25 ranks first.
 
-Each passage gives one query: one of its sentences of at least `min_query_words` words
-(chosen by the seed), else a Contriever crop of it, cut to `max_query_words` words. The
+Each passage gives one query: one of its sentences of at least `words.min` words (chosen
+by the seed), else a Contriever crop of it, cut to `words.max` words (`QueryWords`). The
 query's own passage is left out of the candidates, so a pair is never the query and the
 text it was cut from; among the others, the label is the first of the start's dense
 ranking fused with BM25's (score interpolation at `weight`, `hybrid.fuse_scores`).
@@ -26,7 +26,7 @@ from absl import logging
 
 from dualjax.data.beir import document_text
 from dualjax.data.documents import Collection
-from dualjax.data.pretraining import PairGenerator, cut_query
+from dualjax.data.pretraining import PairGenerator, QueryWords
 from dualjax.retrieval import ann, baselines, hybrid
 from dualjax.runtime.files import atomic_write
 
@@ -34,18 +34,18 @@ FILE = "pseudo_pairs.jsonl"
 Encode = Callable[[list[str]], np.ndarray]  # texts -> unit vectors [n, dim]
 
 
-def pseudo_queries(collection: Collection, seed: int, min_query_words: int = 5,
-                   max_query_words: int = 0) -> list[str]:
-    """One query per passage: a sentence of it, else a crop of it; cut to its first
-    `max_query_words` words (0: whole)."""
+def pseudo_queries(collection: Collection, seed: int, words: QueryWords = QueryWords()
+                   ) -> list[str]:
+    """One query per passage: a sentence of it of at least words.min words, else a crop
+    of it; cut to its first words.max words (0: whole)."""
     rng = np.random.default_rng([seed, 7])
     crops = PairGenerator(collection, ("crop",), seed)
     out = []
     for p in range(len(collection.passages)):
         sentences = [s for s in collection.passage_sentences(p)
-                     if len(s.split()) >= min_query_words]
-        out.append(cut_query(sentences[rng.integers(len(sentences))] if sentences
-                             else crops._crop(p, rng), max_query_words))
+                     if len(s.split()) >= words.min]
+        out.append(words.cut(sentences[rng.integers(len(sentences))] if sentences
+                             else crops._crop(p, rng)))
     return out
 
 
@@ -83,10 +83,10 @@ def pairs_path(workdir: str, name: str = "") -> str:
     return os.path.join(workdir, FILE if not name else FILE.replace(".jsonl", f"_{name}.jsonl"))
 
 
-def load_or_make(workdir: str, collection: Collection, seed: int, min_query_words: int,
+def load_or_make(workdir: str, collection: Collection, seed: int, words: QueryWords,
                  weight: float, encode_queries: Encode, encode_documents: Encode,
-                 main: bool = True, name: str = "", bm25: dict | None = None,
-                 max_query_words: int = 0) -> list[tuple[str, str]]:
+                 main: bool = True, name: str = "", bm25: dict | None = None
+                 ) -> list[tuple[str, str]]:
     """WORKDIR/pseudo_pairs.jsonl (task `name`'s: pseudo_pairs_<name>.jsonl) if it
     exists, else the pairs made (and, by the main process, written there)."""
     path = pairs_path(workdir, name)
@@ -95,7 +95,7 @@ def load_or_make(workdir: str, collection: Collection, seed: int, min_query_word
             return [tuple(json.loads(line)) for line in f if line.strip()]
     documents = [document_text(collection.titles[collection.passage_article[p]], text)
                  for p, text in enumerate(collection.passages)]
-    queries = pseudo_queries(collection, seed, min_query_words, max_query_words)
+    queries = pseudo_queries(collection, seed, words)
     pairs = hybrid_pairs(queries, documents, encode_queries, encode_documents, weight,
                          bm25=bm25)
     logging.info("Pseudo-labels: %d queries from %d passages, each labelled with the first "
