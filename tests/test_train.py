@@ -179,6 +179,27 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
     assert texts and '"global_batch_size": 32' in texts[0]
 
 
+def test_the_host_runs_at_most_one_step_ahead_of_the_device():
+    """Steps dispatch asynchronously; keeping a step's metrics waits for the step before
+    it, so a signal's checkpoint waits for one step in flight, not log_every_steps."""
+    from types import SimpleNamespace
+
+    class Leaf:  # a metric on the device: records when the host waited for it
+        def __init__(self, step):
+            self.step = step
+
+        def block_until_ready(self):
+            waited.append(self.step)
+            return self
+
+    waited = []
+    rows = train._TrainRows(SimpleNamespace(config=SimpleNamespace(num_train_steps=4)), 0)
+    for step in range(1, 5):
+        rows.add(step, {"loss": Leaf(step)})
+        assert waited == list(range(1, step))  # every step before the newest, and not it
+    rows.close()
+
+
 def test_ctrl_c_saves_like_sigterm_and_a_second_one_stops_at_once(tmp_path, ctrl_c):
     with pytest.raises(train.Preempted, match="SIGINT: saved a checkpoint at step 3"):
         train.train_and_evaluate(tiny(), str(tmp_path / "once"), hooks=[preempt_at(3, signal.SIGINT)])

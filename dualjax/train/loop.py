@@ -390,6 +390,12 @@ class _TrainRows:
                         unit="step", disable=None, dynamic_ncols=True)
 
     def add(self, step: int, metrics: dict) -> None:
+        """Keeps the step's metrics; waits for the step before it, so that the host runs at
+        most one step ahead of the device: dispatch is asynchronous, and a host ahead by
+        log_every_steps steps made a signal's checkpoint wait for all of them (a
+        preemption notice gives ~30 s). The device still has the next step queued."""
+        if self.pending:
+            jax.block_until_ready(self.pending[-1][1])
         self.pending.append((step, metrics))
         self.bar.update(1)
 
