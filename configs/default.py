@@ -284,6 +284,9 @@ def get_config() -> ml_collections.ConfigDict:
                                     # positive (scores in [0, 1]) is dropped: likely relevant
                                     # too (a false negative)
     c.distill.max_len = 0           # the teacher's tokens per text; 0: its own max length
+    c.distill.queries_per_passage = 1  # pseudo-queries of each passage: that many distinct
+                                    # sentences of it (all it has when fewer); max_epochs
+                                    # counts passes over passages x this
     c.distill.loss = "kl"           # "kl": KL(teacher || student) over each query's 1 + k
                                     # candidates | "margin_mse": the squared error of the
                                     # positive-negative margins (losses/distillation.py)

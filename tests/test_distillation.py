@@ -132,6 +132,25 @@ def test_mining_takes_the_fused_first_drops_near_ties_and_never_the_own_document
         teacher.mine(queries, docs, enc_q, enc_d, teacher.TeacherSpec("t", negatives=5), 0)
 
 
+def test_several_queries_of_a_passage_never_get_it_as_a_candidate():
+    """distill.queries_per_passage: mining leaves out each query's own passage (`own`),
+    not the passage of the query's index."""
+    # Six queries, three of passage 0 and three of passage 3; every query ranks the
+    # documents 0 > 1 > 2 > ... (dense only): passage 0's positive is 1, passage 3's is 0.
+    docs = [f"doc {i}" for i in range(6)]
+    queries = [f"query {i}" for i in range(6)]
+    d_vec = np.eye(6, dtype=np.float32)
+    d_vec[:, 0] = [1.0, 0.8, 0.6, 0.4, 0.2, 0.1]
+    d_vec = unit(d_vec)
+    enc_q = lambda texts: np.tile(np.eye(6, dtype=np.float32)[:1], (len(texts), 1))
+    enc_d = lambda texts: d_vec[[docs.index(t) for t in texts]]
+    spec = teacher.TeacherSpec("t", weight=1.0, negatives=2, depth=5, margin=0.0)
+    records = teacher.mine(queries, docs, enc_q, enc_d, spec, 0, own=np.array([0, 0, 0, 3, 3, 3]))
+    assert [r["documents"][0] for r in records] == [1, 1, 1, 0, 0, 0]
+    assert not any(0 in r["documents"] for r in records[:3])
+    assert not any(3 in r["documents"] for r in records[3:])
+
+
 @pytest.mark.parametrize("name, fixture, max_len", [
     (str(FIXTURES / "tiny_mpnet"), "tiny_mpnet", 0),  # 0: the teacher's own (60)
     ("wordllama:l2_supercat_256", "wordllama", 360)])
@@ -241,6 +260,8 @@ def test_distill_config_refusals(tmp_path, monkeypatch):
               "run: python -m dualjax.pretrained fetch all-mpnet-base-v2"),
              ({"distill.loss": "mse"}, "config.distill.loss='mse' is not one of: kl, margin_mse"),
              ({"distill.depth": 2}, "config.distill.depth=2 must be above distill.negatives"),
+             ({"distill.queries_per_passage": 0},
+              "config.distill.queries_per_passage=0 must be >= 1"),
              ({"data.tasks": "distill,ict"}, "or mlm alone or distill alone")]
     for changes, message in cases:
         cfg = distill_config(folder)

@@ -124,10 +124,25 @@ def test_max_query_words_cuts_every_sentence_query(collection):
         assert q5 == " ".join(q.split()[:5])
         longest = max(longest, len(q.split()))
     assert longest > 5                                    # something was cut
-    queries = weak_labels.pseudo_queries(collection, 0)
+    queries, _ = weak_labels.pseudo_queries(collection, 0)
     assert max(len(q.split()) for q in queries) > 5
-    assert weak_labels.pseudo_queries(collection, 0, pretraining.QueryWords(max=5)) == [
+    assert weak_labels.pseudo_queries(collection, 0, pretraining.QueryWords(max=5))[0] == [
         " ".join(q.split()[:5]) for q in queries]
+
+
+def test_several_pseudo_queries_of_a_passage(collection):
+    """distill.queries_per_passage: up to n distinct long-enough sentences of each
+    passage (one crop when it has none), the first the one a single query takes."""
+    from dualjax.train import weak_labels
+    one, own_one = weak_labels.pseudo_queries(collection, 0)
+    three, own = weak_labels.pseudo_queries(collection, 0, per_passage=3)
+    np.testing.assert_array_equal(own_one, np.arange(len(collection.passages)))
+    assert len(three) > len(one) and np.all(np.diff(own) >= 0)
+    for p in range(len(collection.passages)):
+        mine = [q for q, o in zip(three, own) if o == p]
+        long = [s for s in collection.passage_sentences(p) if len(s.split()) >= 5]
+        assert mine[0] == one[p] and len(mine) == max(1, min(3, len(long)))
+        assert len(set(mine)) == len(mine) and (not long or set(mine) <= set(long))
 
 
 def test_wlp_pairs_a_lead_sentence_with_a_linking_passage(collection):

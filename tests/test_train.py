@@ -604,9 +604,14 @@ def test_max_epochs_caps_the_steps_by_the_training_items():
     from dualjax.train import workdir as workdir_lib
     cfg = tiny(**{"num_train_steps": 300, "global_batch_size": 64, "max_epochs": 2.0})
     pairs = types.SimpleNamespace(pretraining=False, train_source=[None] * 100)
-    docs = types.SimpleNamespace(pretraining=True,
+    docs = types.SimpleNamespace(pretraining=True, needs_teacher=False,
                                  collection=types.SimpleNamespace(passages=[""] * 82))
     assert train.capped_steps(cfg, [docs]).num_train_steps == 3  # ceil(2 * 82 / 64)
+    distill = types.SimpleNamespace(**{**vars(docs), "needs_teacher": True})
+    cfg.distill.queries_per_passage = 3  # distill: passes over 3 queries of each passage
+    assert train.capped_steps(cfg, [distill]).num_train_steps == 8  # ceil(2 * 246 / 64)
+    assert train.capped_steps(cfg, [docs]).num_train_steps == 3
+    cfg.distill.queries_per_passage = 1
     assert train.capped_steps(cfg, [pairs, docs]).num_train_steps == 6  # ceil(2 * 182 / 64)
     assert cfg.num_train_steps == 300  # the caller's config is left as it was
     big = types.SimpleNamespace(pretraining=False, train_source=[None] * 100_000)

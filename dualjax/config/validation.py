@@ -276,6 +276,7 @@ def _check_distill(config: ml_collections.ConfigDict, task_list: list,
                           ("depth", d.depth > d.negatives, "above distill.negatives"),
                           ("margin", d.margin >= 0, ">= 0"),
                           ("max_len", d.max_len >= 0, ">= 0"),
+                          ("queries_per_passage", d.queries_per_passage >= 1, ">= 1"),
                           ("temperature", d.temperature > 0, "> 0"),
                           ("weight", d.weight >= 0, ">= 0"),
                           ("in_batch_weight", d.in_batch_weight >= 0, ">= 0")):

@@ -165,13 +165,15 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
 def capped_steps(config: ml_collections.ConfigDict, tasks: Sequence[tasks_lib.Task]
                  ) -> ml_collections.ConfigDict:
     """`config` with num_train_steps cut to `max_epochs` passes over the training items
-    (every task's pairs; a pre-training collection's passages), rounded up; as it is
+    (every task's pairs; a pre-training collection's passages, times
+    distill.queries_per_passage for data.tasks "distill"), rounded up; as it is
     without max_epochs or when the cap is higher. Resuming computes the same cap."""
     epochs = config.get("max_epochs", 0.0)
     if not epochs or not config.num_train_steps:
         return config
-    items = sum(len(t.collection.passages) if t.pretraining else len(t.train_source)
-                for t in tasks)
+    per_passage = lambda t: config.distill.queries_per_passage if t.needs_teacher else 1
+    items = sum(len(t.collection.passages) * per_passage(t) if t.pretraining
+                else len(t.train_source) for t in tasks)
     steps = max(1, math.ceil(epochs * items / config.global_batch_size))
     if steps >= config.num_train_steps:
         return config

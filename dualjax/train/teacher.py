@@ -2,11 +2,13 @@
 collection, each with a positive and k negatives the teacher mined, and the teacher's
 scores of them, which the student then learns (`losses.distillation`).
 
-The queries are those of `weak_labels.pseudo_queries` (a sentence of each passage). The
+The queries are those of `weak_labels.pseudo_queries`: a sentence of each passage, or
+`distill.queries_per_passage` distinct sentences of it (GPL asks 3 per passage). The
 teacher is any pretrained start dualjax reads (`model.pretrained`'s names and folders:
 all-mpnet-base-v2, all-MiniLM-L6-v2, a static table), on its own or fused with BM25
 (`distill.teacher_weight`, score interpolation as `hybrid.fuse_scores`: each top list
-min-max scaled per query). For query i (cut from passage i, which is never a candidate):
+min-max scaled per query). For each query (its own passage, the one it was cut from, is
+never a candidate):
 - its candidates are the teacher's top `distill.depth` among the other passages, with
   their fused scores in [0, 1];
 - the positive is the first; a candidate scored within `distill.margin` of it is dropped
@@ -60,20 +62,22 @@ class TeacherSpec:
     depth: int = 30
     margin: float = 0.1
     max_len: int = 0
+    queries_per_passage: int = 1
 
     @classmethod
     def from_config(cls, distill: ml_collections.ConfigDict) -> TeacherSpec:
         return cls(distill.teacher, distill.teacher_weight, distill.negatives, distill.depth,
-                   distill.margin, distill.max_len)
+                   distill.margin, distill.max_len, distill.queries_per_passage)
 
 
 def mine(queries: list[str], documents: list[str], encode_queries: Encode,
-         encode_documents: Encode, spec: TeacherSpec, seed: int, bm25: dict | None = None
-         ) -> list[dict]:
+         encode_documents: Encode, spec: TeacherSpec, seed: int, bm25: dict | None = None,
+         own: np.ndarray | None = None) -> list[dict]:
     """The records {"query", "documents": [positive, k negatives] (indices into
     `documents`), "scores": [their fused scores]} of the queries that have k candidates
-    left after the margin filter; queries[i] was cut from documents[i]. DataError when
-    the collection is too small to mine 1 + k candidates from."""
+    left after the margin filter; queries[i] was cut from documents[own[i]] (by default
+    documents[i]), which is never a candidate. DataError when the collection is too small
+    to mine 1 + k candidates from."""
     k = spec.negatives
     depth = min(spec.depth, len(documents) - 1)
     if depth < k + 1:
@@ -82,7 +86,7 @@ def mine(queries: list[str], documents: list[str], encode_queries: Encode,
                         f"own document (distill.depth={spec.depth}); lower "
                         "distill.negatives or use a larger collection")
     ids, scores = weak_labels.hybrid_ranking(queries, documents, encode_queries,
-                                             encode_documents, spec.weight, depth, bm25)
+                                             encode_documents, spec.weight, depth, bm25, own)
     rng = np.random.default_rng([seed, 11])
     records, skipped = [], 0
     for q, row, fused in zip(queries, ids, scores):
@@ -145,9 +149,11 @@ def load_or_make(workdir: str, collection: Collection, seed: int, words: QueryWo
         return _read(file, len(collection.passages))
     documents = [document_text(collection.titles[collection.passage_article[p]], text)
                  for p, text in enumerate(collection.passages)]
-    queries = weak_labels.pseudo_queries(collection, seed, words)
+    queries, own = weak_labels.pseudo_queries(collection, seed, words,
+                                              spec.queries_per_passage)
     encode_queries, encode_documents = encoders()
-    records = mine(queries, documents, encode_queries, encode_documents, spec, seed, bm25)
+    records = mine(queries, documents, encode_queries, encode_documents, spec, seed, bm25,
+                   own)
     logging.info("distill: %d queries from %d passages, each with a positive and %d "
                  "negatives scored by %s (fused with BM25 at dense weight %.2f); %s",
                  len(records), len(documents), spec.negatives, spec.teacher, spec.weight, file)

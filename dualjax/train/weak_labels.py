@@ -34,29 +34,39 @@ FILE = "pseudo_pairs.jsonl"
 Encode = Callable[[list[str]], np.ndarray]  # texts -> unit vectors [n, dim]
 
 
-def pseudo_queries(collection: Collection, seed: int, words: QueryWords = QueryWords()
-                   ) -> list[str]:
-    """One query per passage: a sentence of it of at least words.min words, else a crop
-    of it; cut to its first words.max words (0: whole)."""
+def pseudo_queries(collection: Collection, seed: int, words: QueryWords = QueryWords(),
+                   per_passage: int = 1) -> tuple[list[str], np.ndarray]:
+    """(queries, the passage each was cut from, int64): `per_passage` distinct sentences
+    of each passage of at least words.min words (all it has when fewer), else one crop of
+    it; each cut to its first words.max words (0: whole). A passage's first query is the
+    same whatever `per_passage`."""
     rng = np.random.default_rng([seed, 7])
     crops = PairGenerator(collection, ("crop",), seed)
-    out = []
+    queries, own = [], []
     for p in range(len(collection.passages)):
         sentences = [s for s in collection.passage_sentences(p)
                      if len(s.split()) >= words.min]
-        out.append(words.cut(sentences[rng.integers(len(sentences))] if sentences
-                             else crops._crop(p, rng)))
-    return out
+        if not sentences:
+            picked = [crops._crop(p, rng)]
+        else:
+            first = int(rng.integers(len(sentences)))
+            rest = np.delete(np.arange(len(sentences)), first)
+            more = np.random.default_rng([seed, 8, p]).permutation(rest)[:per_passage - 1]
+            picked = [sentences[i] for i in (first, *more)]
+        queries += [words.cut(s) for s in picked]
+        own += [p] * len(picked)
+    return queries, np.asarray(own, np.int64)
 
 
 def hybrid_ranking(queries: list[str], documents: list[str], encode_queries: Encode,
-                   encode_documents: Encode, weight: float, k: int, bm25: dict | None = None
-                   ) -> tuple[np.ndarray, np.ndarray]:
+                   encode_documents: Encode, weight: float, k: int, bm25: dict | None = None,
+                   own: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(ids int [nq, k], fused scores [nq, k]): each query's top k of the documents other
-    than documents[i] (queries[i] was cut from it) by the dense ranking fused with BM25's
-    (score interpolation at `weight`, `hybrid.fuse_scores`; -1 padding). bm25: BM25's
-    options (`baselines.rank`; None: its defaults)."""
-    own = np.arange(len(queries), dtype=np.int64)
+    than documents[own[i]] (queries[i] was cut from it; own: by default i) by the dense
+    ranking fused with BM25's (score interpolation at `weight`, `hybrid.fuse_scores`; -1
+    padding). bm25: BM25's options (`baselines.rank`; None: its defaults)."""
+    if own is None:
+        own = np.arange(len(queries), dtype=np.int64)
     exact = ann.ExactIndex(encode_documents(documents))
     scores, ids = exact.search(encode_queries(queries), k, own)
     lex_scores, lex_ids = baselines.rank_texts("bm25", documents, queries, k, own,
@@ -95,7 +105,7 @@ def load_or_make(workdir: str, collection: Collection, seed: int, words: QueryWo
             return [tuple(json.loads(line)) for line in f if line.strip()]
     documents = [document_text(collection.titles[collection.passage_article[p]], text)
                  for p, text in enumerate(collection.passages)]
-    queries = pseudo_queries(collection, seed, words)
+    queries, _ = pseudo_queries(collection, seed, words)  # one per passage, in order
     pairs = hybrid_pairs(queries, documents, encode_queries, encode_documents, weight,
                          bm25=bm25)
     logging.info("Pseudo-labels: %d queries from %d passages, each labelled with the first "
