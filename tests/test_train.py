@@ -179,9 +179,10 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
     assert texts and '"global_batch_size": 32' in texts[0]
 
 
-def test_the_host_runs_at_most_one_step_ahead_of_the_device():
-    """Steps dispatch asynchronously; keeping a step's metrics waits for the step before
-    it, so a signal's checkpoint waits for one step in flight, not log_every_steps."""
+def test_the_host_queues_only_a_few_seconds_of_steps():
+    """Steps dispatch asynchronously; keeping a step's metrics waits for the step `ahead`
+    before it (1 until a train row measures the step time, then AHEAD_SECONDS' worth),
+    so a signal's checkpoint waits for seconds of steps, not log_every_steps of them."""
     from types import SimpleNamespace
 
     class Leaf:  # a metric on the device: records when the host waited for it
@@ -197,7 +198,15 @@ def test_the_host_runs_at_most_one_step_ahead_of_the_device():
     for step in range(1, 5):
         rows.add(step, {"loss": Leaf(step)})
         assert waited == list(range(1, step))  # every step before the newest, and not it
+    waited.clear()
+    rows.ahead = 3  # measured: 3 steps take AHEAD_SECONDS
+    rows.pending = []
+    for step in range(1, 7):
+        rows.add(step, {"loss": Leaf(step)})
+    assert waited == [1, 2, 3]  # before steps 4, 5 and 6: three in flight at most
     rows.close()
+    assert train.steps_ahead(8.0) == 1 == train.steps_ahead(train.AHEAD_SECONDS)  # MiniLM
+    assert train.steps_ahead(0.002) == int(train.AHEAD_SECONDS / 0.002)  # the quick start
 
 
 def test_ctrl_c_saves_like_sigterm_and_a_second_one_stops_at_once(tmp_path, ctrl_c):
