@@ -38,7 +38,6 @@ from absl import logging
 
 from dualjax import models, pretrained
 from dualjax.config import specs
-from dualjax.data.beir import document_text
 from dualjax.data.documents import Collection
 from dualjax.data.pretraining import QueryWords
 from dualjax.errors import DataError, PretrainedError
@@ -147,8 +146,7 @@ def load_or_make(workdir: str, collection: Collection, seed: int, words: QueryWo
     file = path(workdir, name)
     if os.path.exists(file):
         return _read(file, len(collection.passages))
-    documents = [document_text(collection.titles[collection.passage_article[p]], text)
-                 for p, text in enumerate(collection.passages)]
+    documents = weak_labels.passage_documents(collection)
     queries, own = weak_labels.pseudo_queries(collection, seed, words,
                                               spec.queries_per_passage)
     encode_queries, encode_documents = encoders()

@@ -34,6 +34,12 @@ FILE = "pseudo_pairs.jsonl"
 Encode = Callable[[list[str]], np.ndarray]  # texts -> unit vectors [n, dim]
 
 
+def passage_documents(collection: Collection) -> list[str]:
+    """Each passage as the document it is retrieved as: "title. passage"."""
+    return [document_text(collection.titles[collection.passage_article[p]], text)
+            for p, text in enumerate(collection.passages)]
+
+
 def pseudo_queries(collection: Collection, seed: int, words: QueryWords = QueryWords(),
                    per_passage: int = 1) -> tuple[list[str], np.ndarray]:
     """(queries, the passage each was cut from, int64): `per_passage` distinct sentences
@@ -103,8 +109,7 @@ def load_or_make(workdir: str, collection: Collection, seed: int, words: QueryWo
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             return [tuple(json.loads(line)) for line in f if line.strip()]
-    documents = [document_text(collection.titles[collection.passage_article[p]], text)
-                 for p, text in enumerate(collection.passages)]
+    documents = passage_documents(collection)
     queries, _ = pseudo_queries(collection, seed, words)  # one per passage, in order
     pairs = hybrid_pairs(queries, documents, encode_queries, encode_documents, weight,
                          bm25=bm25)
