@@ -15,15 +15,20 @@ handles both itself (`workdir.Signals`: it saves a checkpoint first).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import signal
+import socket
 import sys
 import threading
-from typing import Callable
+import traceback
+from typing import Callable, Iterator
 
 from absl import app, flags
 
-from dualjax.errors import Terminated  # noqa: F401 (raised here)
+from dualjax.errors import Terminated, UsageError
+from dualjax.runtime import coordinator, peers
 
 
 def define_process_flags(module: str) -> None:
@@ -43,27 +48,34 @@ def define_process_flags(module: str) -> None:
                       "with no other flag.", module_name=module)
     flags.DEFINE_integer("coordinator_timeout", 300, "Multi-process runs: seconds to wait "
                          "for every process to join before giving up.", module_name=module)
+    flags.DEFINE_float("peer_timeout", 10, "Multi-process runs: seconds without a sign of "
+                       "life from a process (killed, its host down) before the others stop.",
+                       module_name=module)
 
 
-def init_processes(command: str) -> None:
+def init_processes(command: str, kept: str = "nothing half-written was kept") -> None:
     """jax.distributed.initialize when the process flags ask for it (explicitly, or from
-    the environment). When the processes do not all join within --coordinator_timeout,
-    `command` ends in one line, exit status 1: jax itself would abort the process with a
-    C++ stack (no Python error to catch), so a watchdog thread says it first. Nothing has
-    been written by then."""
+    the environment), with the watcher that ends every process with any one of them
+    (`runtime/peers.py`; `kept`: what its line says is left after a stop).
+
+    Everything that can be said before the processes meet is said in one line
+    (UsageError): flags that do not go together, a process id out of range, a
+    coordinator port already taken, --distributed with no cluster to find. When the
+    processes do not all join within --coordinator_timeout, `command` ends in one line,
+    exit status 1: jax itself would abort the process with a C++ stack (no Python error
+    to catch), so a watchdog thread says it first. Nothing has been written by then."""
     f = flags.FLAGS
     explicit = [f.coordinator_address, f.num_processes, f.process_id]
     if not f.distributed and all(v is None for v in explicit):
         return
-    if not f.distributed and any(v is None for v in explicit):
-        raise app.UsageError("--coordinator_address, --num_processes and --process_id go "
-                             "together (or --distributed alone)")
-    if not f.distributed and not 0 <= f.process_id < f.num_processes:
-        raise app.UsageError(f"--process_id={f.process_id}: give 0 to --num_processes - 1 "
-                             f"({f.num_processes - 1})")
+    if not f.distributed:
+        _check_process_flags(f.coordinator_address, f.num_processes, f.process_id)
     import jax
     # Several CPU processes (as in the tests) need CPU collectives; no effect elsewhere.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # jax's preemption notifier would take SIGTERM from dualjax's handlers and swallow
+    # it; a training run agrees on its stopping step itself (runtime/signals.py).
+    jax.config.update("jax_enable_preemption_service", False)
     where = (f"--coordinator_address={f.coordinator_address}" if f.coordinator_address
              else "--distributed")
 
@@ -76,16 +88,96 @@ def init_processes(command: str) -> None:
     watchdog.daemon = True
     watchdog.start()
     try:  # jax's own deadline later than the watchdog's
-        jax.distributed.initialize(coordinator_address=f.coordinator_address,
-                                   num_processes=f.num_processes, process_id=f.process_id,
-                                   initialization_timeout=f.coordinator_timeout + 30)
+        with _service_beside_process_0(f, where):
+            jax.distributed.initialize(coordinator_address=f.coordinator_address,
+                                       num_processes=f.num_processes,
+                                       process_id=f.process_id,
+                                       initialization_timeout=f.coordinator_timeout + 30)
+    except UsageError:
+        raise
+    except ValueError as e:  # what the environment did not give
+        if f.distributed:
+            raise UsageError("--distributed: no cluster found in the environment (a Cloud "
+                             "TPU pod slice, SLURM, Open MPI, ...) to take the processes "
+                             f"from ({e.args[0].rstrip('.')}); elsewhere give "
+                             "--coordinator_address, --num_processes and --process_id"
+                             ) from None
+        raise UsageError(f"{where}: {e}") from None
     finally:
         watchdog.cancel()
+    from jax._src import distributed
+    peers.Peers(distributed.global_state.client, jax.process_index(), jax.process_count(),
+                command, f.peer_timeout, kept).start()
 
 
-def run(main: Callable[[list[str]], None], module: str, **kwargs) -> None:
+def _check_process_flags(address: str | None, count: int | None, me: int | None) -> None:
+    """UsageError for process flags that cannot form a run."""
+    if any(v is None for v in (address, count, me)):
+        raise UsageError("--coordinator_address, --num_processes and --process_id go "
+                         "together (or --distributed alone)")
+    if count < 1:
+        raise UsageError(f"--num_processes={count}: give how many processes run the "
+                         "command, at least 1")
+    if not 0 <= me < count:
+        raise UsageError(f"--process_id={me}: give 0 to {count - 1} (--num_processes={count})")
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--coordinator_address={address}: give host:port (the host of "
+                         "process 0, a free port)")
+
+
+@contextlib.contextmanager
+def _service_beside_process_0(f, where: str) -> Iterator[None]:
+    """In process 0: the coordination service started in a process of its own
+    (`runtime/coordinator.py`) on a port checked free first, and jax.distributed made to
+    use it instead of starting one inside this process. Elsewhere, or where this jax
+    has no such seam: nothing (jax serves from process 0 itself)."""
+    from jax._src import distributed
+    from jax._src.lib import _jax
+    if f.process_id != 0 or not hasattr(_jax, "get_distributed_runtime_service") or \
+            not hasattr(distributed, "_jax"):
+        yield
+        return
+    port = int(f.coordinator_address.rpartition(":")[2])
+    _check_port_free(port, where)
+    try:
+        coordinator.start(f"[::]:{port}", f.num_processes, f.peer_timeout + 10)
+    except OSError as e:
+        raise UsageError(f"{where}: the coordination service could not start on port {port} "
+                         f"({e}): choose another port") from None
+    real = _jax.get_distributed_runtime_service
+    _jax.get_distributed_runtime_service = lambda *args, **kwargs: coordinator.Elsewhere()
+    try:
+        yield
+    finally:
+        _jax.get_distributed_runtime_service = real
+
+
+def _check_port_free(port: int, where: str) -> None:
+    """UsageError when something listens on `port` already (jax's service would crash
+    the process binding it, with a segmentation fault or a 27-line error)."""
+    for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # (no IPv6 on this host)
+        with s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise UsageError(f"{where}: port {port} is already in use on this host "
+                                     "(another run's coordinator?): choose another port"
+                                     ) from None
+                continue
+            return
+
+
+def run(main: Callable[[list[str]], None], module: str, name: str = "", **kwargs) -> None:
     """`app.run(main, **kwargs)`, with `module` (the command's `__name__`) standing in for
-    a console script's launcher in --help: its docstring and the flags it defined."""
+    a console script's launcher in --help: its docstring and the flags it defined.
+    `name` starts the lines it says (default: the module's, "dualjax.index")."""
     launcher = sys.modules["__main__"]
     if module != "__main__" and launcher is not sys.modules.get(module):
         launcher.__doc__ = sys.modules[module].__doc__
@@ -94,7 +186,7 @@ def run(main: Callable[[list[str]], None], module: str, **kwargs) -> None:
     if any(arg in ("-h", "-?", "--help", "--helpshort") for arg in sys.argv[1:]):
         app.usage(shorthelp=True, writeto_stdout=True, exitcode=0)
     spec = getattr(sys.modules.get(module), "__spec__", None)  # -m: "__main__" is the module
-    app.run(_stoppable(main, spec.name if spec else module), **kwargs)
+    app.run(_stoppable(main, name or (spec.name if spec else module)), **kwargs)
 
 
 def _terminate(signum, frame) -> None:
@@ -102,17 +194,47 @@ def _terminate(signum, frame) -> None:
 
 
 def _stoppable(main: Callable[[list[str]], None], name: str) -> Callable[[list[str]], None]:
-    """`main`, ended in one line by SIGINT (exit 130) or SIGTERM (exit 143)."""
+    """`main`, ended in one line by SIGINT (exit 130) or SIGTERM (exit 143), and, in a
+    multi-process command, ended at once with the others (`runtime/peers.py`): a
+    process that fails or stops leaves by os._exit, since jax's own exit would wait at
+    its shutdown barrier for processes that are gone."""
     def stoppable(argv: list[str]) -> None:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _terminate)
         try:
             main(argv)
         except KeyboardInterrupt:
-            print(f"{name}: stopped by SIGINT (Ctrl-C); nothing half-written was kept",
-                  file=sys.stderr)
-            sys.exit(130)
+            _end(130, f"{name}: stopped by SIGINT (Ctrl-C); nothing half-written was kept",
+                 "SIGINT")
         except Terminated:
-            print(f"{name}: stopped by SIGTERM; nothing half-written was kept", file=sys.stderr)
-            sys.exit(143)
+            _end(143, f"{name}: stopped by SIGTERM; nothing half-written was kept", "SIGTERM")
+        except UsageError as e:
+            _end(1, f"{name}: {e}")
+        except SystemExit as e:
+            if e.code in (None, 0) or peers.active() is None:
+                raise
+            said = isinstance(e.code, str)  # sys.exit("...") prints it on the way out
+            _end(1 if said else e.code, e.code if said else None)
+        except BaseException:
+            watcher = peers.active()
+            if watcher is None:
+                raise
+            # PeerStopped, or a collective broken by a process that is gone (its beats
+            # say so within --peer_timeout), or this process' own error: then its
+            # traceback, and an exit that does not wait at jax's shutdown barrier.
+            if peers.leaving() or watcher.await_stop():
+                watcher.exit()
+            traceback.print_exc()
+            watcher.exit(1, None, "an error")
     return stoppable
+
+
+def _end(code: int, line: str | None, announce: str = "") -> None:
+    """Exits with `code`, saying `line` (None: said already); in a multi-process
+    command, through its watcher (`Peers.exit`, which tells the others `announce`)."""
+    watcher = peers.active()
+    if watcher is not None:
+        watcher.exit(code, line, announce)
+    if line:
+        print(line, file=sys.stderr)
+    sys.exit(code)

@@ -5,8 +5,9 @@ it as `dualjax[.COMMAND]: MESSAGE` and exit 1 (`cli.py`, `main.py`).
 Raised by: ConfigError (config/validation.py), DataError (data/: a file and its line),
 WorkdirError (train/workdir.py, runtime/: the workdir and its disk), SaveError
 (train/checkpoints.py), OutputError (an --out folder, runtime/files.py),
-PretrainedError (pretrained/), NonFiniteLossError (train/step.py); Preempted and
-Terminated are the signals' (runtime/signals.py, cli.py).
+PretrainedError (pretrained/), NonFiniteLossError (train/step.py), UsageError (a
+command's flags, cli.py); Preempted, Terminated and PeerStopped are the signals' and the
+other processes' (runtime/signals.py, cli.py, runtime/peers.py).
 """
 
 
@@ -46,5 +47,15 @@ class NonFiniteLossError(FloatingPointError):
     state was saved."""
 
 
+class UsageError(ValueError):
+    """A command-line flag that cannot work: the message names it (said in one line,
+    without the usage text)."""
+
+
 class Terminated(BaseException):
     """SIGTERM, raised where the command is, so that its cleanup runs."""
+
+
+class PeerStopped(BaseException):
+    """Another process of a multi-process command stopped or died (`runtime/peers.py`):
+    raised where this one is, so that its cleanup runs before it stops too."""

@@ -36,7 +36,7 @@ from dualjax import cli
 from dualjax.config import keys as config_keys
 from dualjax.config.validation import ConfigError
 from dualjax.data.pairs_file import DataError
-from dualjax.errors import Preempted, WorkdirError
+from dualjax.errors import Preempted, UsageError, WorkdirError
 from dualjax.eval.metrics_log import setup_logging
 from dualjax.pretrained import PretrainedError
 from dualjax.runtime.files import DISK_ERRNOS
@@ -76,7 +76,7 @@ def main(argv: list[str]) -> None:
     setup_logging()
     sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
     try:
-        cli.init_processes("dualjax")
+        cli.init_processes("dualjax", kept="the checkpoints saved before are kept")
         train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
     except Preempted as e:  # saved; a scheduler must not record the job as done
         print(f"dualjax: {e}", file=sys.stderr)
@@ -85,7 +85,7 @@ def main(argv: list[str]) -> None:
         print("dualjax: stopped at once by a second signal; the checkpoints saved before "
               "are kept", file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_CODE)
-    except (ConfigError, DataError, PretrainedError, WorkdirError,
+    except (ConfigError, DataError, PretrainedError, UsageError, WorkdirError,
             step_lib.NonFiniteLossError) as e:
         sys.exit(f"dualjax: {e}")
     except OSError as e:  # the machine's: a full disk, a quota, a read-only file system
@@ -125,8 +125,8 @@ def run() -> None:
     """The `dualjax-train` console script: the same as `python -m dualjax.main`."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _stopped_while_starting)
-    cli.run(main, __name__, flags_parser=parse_flags)
+    cli.run(main, __name__, name="dualjax", flags_parser=parse_flags)
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    run()

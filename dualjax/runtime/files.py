@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, Sequence
 from absl import logging
 
 from dualjax.errors import OutputError, WorkdirError
+from dualjax.runtime import peers
 
 # A full disk, a quota, a read-only or unwritable file system: Python's errnos, and how
 # it shows in Orbax / TensorStore errors (a ValueError carrying the status).
@@ -165,6 +166,12 @@ def staged_output(out: str) -> Iterator[Callable[[], str]]:
     lock = Lock(output=out)
     lock.acquire()
     tmp = f"{out.rstrip(os.sep)}.tmp{os.getpid()}"
+
+    def remove() -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        lock.release()
+    # (a process of several, ended while blocked in a collective: runtime/peers.py)
+    forget = peers.active().on_stop(remove) if peers.active() is not None else lambda: None
     try:
         _remove_dead_writers(out)
 
@@ -179,6 +186,7 @@ def staged_output(out: str) -> Iterator[Callable[[], str]]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
+        forget()
         lock.release()
 
 

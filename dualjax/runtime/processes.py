@@ -9,7 +9,8 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
-from dualjax.errors import WorkdirError
+from dualjax.errors import PeerStopped, WorkdirError
+from dualjax.runtime import peers
 
 T = TypeVar("T")
 
@@ -20,11 +21,18 @@ def is_main() -> bool:
     return jax.process_index() == 0
 
 
+def _not_stopping() -> None:
+    """PeerStopped instead of a collective that a process that is gone would never join."""
+    if peers.leaving():
+        raise PeerStopped(peers.leaving())
+
+
 def agree(flag: bool) -> bool:
     """Process 0's `flag`, in every process (a collective: all processes call it)."""
     import jax
     if jax.process_count() == 1:
         return flag
+    _not_stopping()
     from jax.experimental import multihost_utils
     return bool(multihost_utils.broadcast_one_to_all(np.int32(bool(flag))))
 
@@ -34,6 +42,7 @@ def any_process(flag: bool) -> bool:
     import jax
     if jax.process_count() == 1:
         return flag
+    _not_stopping()
     from jax.experimental import multihost_utils
     return bool(np.max(multihost_utils.process_allgather(np.int32(bool(flag)))))
 

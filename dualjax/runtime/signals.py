@@ -7,7 +7,8 @@ import threading
 
 from absl import logging
 
-from dualjax.errors import Preempted
+from dualjax.errors import PeerStopped, Preempted
+from dualjax.runtime import peers
 
 
 class Signals:
@@ -28,6 +29,8 @@ class Signals:
         if threading.current_thread() is threading.main_thread():
             self._previous = {sig: signal.signal(sig, self._handle)
                               for sig in (signal.SIGTERM, signal.SIGINT)}
+        if peers.active() is not None:  # the others learn of a signal not deferred
+            peers.active().deferring = lambda: self.deferring
         return self
 
     def __exit__(self, *exc) -> None:
@@ -35,8 +38,12 @@ class Signals:
             signal.signal(sig, handler)
 
     def _handle(self, signum, _frame) -> None:
+        if peers.stopping():  # another process is gone: nothing more can be saved
+            raise PeerStopped(peers.stopping())
         name = signal.Signals(signum).name
         if not self.deferring:
+            if peers.active() is not None:  # the others stop with this process
+                peers.active().announce(name)
             raise Preempted(f"{name}: stopped {self.stage}; run the same command again "
                             "to resume")
         if self.received:  # asked twice: stop now, without saving
