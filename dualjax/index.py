@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -30,7 +31,7 @@ import numpy as np
 from absl import flags, logging
 
 from dualjax import cli
-from dualjax.data.corpus_file import Document, Line, corpus_path, documents
+from dualjax.data.corpus_file import Document, Line, corpus_path, documents, identity
 from dualjax.data.pairs_file import DataError
 from dualjax.retrieval import ann, quantized
 from dualjax.runtime import processes
@@ -51,6 +52,33 @@ from dualjax.serve.corpus_index import (  # noqa: F401 (recorded_dim: the index'
 from dualjax.text import sides, tokenizers
 
 BLOCK_BATCHES = 64  # a block (texts held, sorted longest first, then written) = 64 batches
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What shapes an index's shards: the same in every process of a build (agreed
+    before any work), recorded in every shard.json and in index.json."""
+    kind: str = "scann"  # "scann", "hnsw" (faiss) or "exact"
+    k: int = 100         # the results a search returns at most
+    quantize: str = ""   # "int8" or "binary": the corpus vectors kept as codes alone
+    rescore: int = 0     # a quantized index's candidates rescored with the float query
+
+    def check(self, batch_size: int = 1) -> None:
+        """`check_build`: ValueError (ImportError) before anything is read or encoded."""
+        check_build(self.kind, batch_size, self.quantize, self.rescore)
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """The documents of a build: this process' share (`mine`) and all of them
+    (`everything`, read again only to name a duplicate id), the name errors give them,
+    the file's identity (`corpus_file.identity`; None for texts given in memory) and the
+    inputs an --out must not cover."""
+    mine: Callable[[], Iterator[Document]]
+    everything: Callable[[], Iterator[Document]]
+    name: str
+    identity: dict | None = None
+    inputs: tuple[str, ...] = ()
 
 
 def build(encoder: Encoder, ids: Sequence[str], texts: Sequence[str], out: str,
@@ -82,8 +110,8 @@ def build(encoder: Encoder, ids: Sequence[str], texts: Sequence[str], out: str,
 
     def everything() -> Iterator[Document]:
         return ((Line("", 0, n, [0]), str(i), t) for n, (i, t) in enumerate(zip(ids, texts), 1))
-    _build(encoder, everything, everything, "the corpus", out, kind, k, batch_size,
-           inputs, overwrite, quantize, rescore)
+    _build(encoder, Source(everything, everything, "the corpus", None, tuple(inputs)), out,
+           Settings(kind, k, quantize, rescore), batch_size, overwrite)
     return CorpusIndex(out, encoder.id)
 
 
@@ -93,6 +121,9 @@ def build_file(encoder: Encoder, corpus: str, out: str, kind: str = "scann", k: 
     """`build` over a corpus file (`corpus_file.corpus_path`), streamed: in a run of
     several processes (jax.distributed), each reads and encodes its own share on
     `devices` (its local ones) and writes its shard; process 0 writes the manifest.
+    The processes first compare what shapes a shard (the corpus file's identity, the
+    encoder, its width, the searcher and its settings): a difference stops every process
+    in one line naming the flag and both values, before anything is written.
 
     Returns:
       The manifest (index.json's content), in every process.
@@ -100,19 +131,20 @@ def build_file(encoder: Encoder, corpus: str, out: str, kind: str = "scann", k: 
     import jax
     path = corpus_path(corpus)
     share, shares = jax.process_index(), jax.process_count()
-    return _build(encoder, lambda: documents(path, share, shares), lambda: documents(path),
-                  path, out, kind, k, batch_size, (corpus,), overwrite, quantize, rescore,
-                  devices, share, shares)
+    source = Source(lambda: documents(path, share, shares), lambda: documents(path), path,
+                    {"path": path, **identity(path)}, (corpus,))
+    return _build(encoder, source, out, Settings(kind, k, quantize, rescore), batch_size,
+                  overwrite, devices, share, shares)
 
 
-def _build(encoder: Encoder, mine: Callable[[], Iterator[Document]],
-           everything: Callable[[], Iterator[Document]], source: str, out: str, kind: str,
-           k: int, batch_size: int, inputs: Sequence[str], overwrite: bool, quantize: str,
-           rescore: int, devices: Sequence = (), share: int = 0, shares: int = 1) -> dict:
+def _build(encoder: Encoder, source: Source, out: str, settings: Settings, batch_size: int,
+           overwrite: bool, devices: Sequence = (), share: int = 0, shares: int = 1) -> dict:
     """The build of one process: its shard, then (process 0) the manifest. Every failure
     is said in each process in one line; `out` is replaced only when every shard is
     written and checked."""
-    check_build(kind, batch_size, quantize, rescore)
+    settings.check(batch_size)
+    record = _record(encoder, source, settings)
+    _agree_on_settings(record, shares)
     main, told = share == 0, False
     try:
         with contextlib.ExitStack() as stack:
@@ -121,8 +153,8 @@ def _build(encoder: Encoder, mine: Callable[[], Iterator[Document]],
                 try:
                     stage = stack.enter_context(staged_output(out))
                     check_output(out, META, "corpus index",
-                                 inputs=(encoder.directory, *inputs), overwrite=overwrite,
-                                 not_inside=NOT_INSIDE)
+                                 inputs=(encoder.directory, *source.inputs),
+                                 overwrite=overwrite, not_inside=NOT_INSIDE)
                     tmp = stage()
                 except Exception as e:  # OutputError, a disk's OSError, ...
                     refused = e
@@ -135,8 +167,8 @@ def _build(encoder: Encoder, mine: Callable[[], Iterator[Document]],
                                 "nothing was written")
             failed = None
             try:
-                _write_shard(encoder, mine(), tmp, share, shares, run, kind, k, batch_size,
-                             quantize, rescore, devices)
+                _write_shard(encoder, source.mine(), tmp, share, shares, run, settings,
+                             batch_size, record, devices)
             except (DataError, ValueError, OSError) as e:
                 failed = e
                 with open(os.path.join(tmp, f"error-{share}.txt"), "w") as f:
@@ -149,8 +181,7 @@ def _build(encoder: Encoder, mine: Callable[[], Iterator[Document]],
             if not main:
                 manifest = None
             else:
-                manifest = _finish(tmp, everything, source, encoder.id, run, kind, k,
-                                   quantize, rescore, shares)
+                manifest = _finish(tmp, source, encoder.id, run, settings, record, shares)
     except BaseException:
         if main and shares > 1 and not told:
             processes.agree(False)  # the others wait for the manifest: they stop too
@@ -163,6 +194,51 @@ def _build(encoder: Encoder, mine: Callable[[], Iterator[Document]],
             with open(os.path.join(out, META)) as f:
                 manifest = json.load(f)
     return manifest
+
+
+# What the processes of a build compare, with the flag each comes from.
+_FLAGS = {"corpus": "--corpus", "encoder": "--encoder", "dim": "--dim", "kind": "--kind",
+          "k": "the results kept (k)", "quantize": "--quantize", "rescore": "--rescore"}
+
+
+def _record(encoder: Encoder, source: Source, settings: Settings) -> dict:
+    """What shapes this process' shard, as shard.json and index.json record it."""
+    return {"corpus": source.identity, "encoder": {"path": encoder.directory,
+                                                   "id": encoder.meta["id"]},
+            "dim": encoder.dim, **dataclasses.asdict(settings)}
+
+
+def _agree_on_settings(record: dict, shares: int) -> None:
+    """DataError in every process (the same line) when the processes of a build were
+    not given the same corpus, encoder, width or searcher; before anything is written."""
+    if shares == 1:
+        return
+    records = processes.gather(record)
+    for key, flag in _FLAGS.items():
+        values = [_shown(key, r.get(key)) for r in records]
+        same = [_compared(key, r.get(key)) for r in records]
+        other = next((i for i, v in enumerate(same) if v != same[0]), None)
+        if other is not None:
+            raise DataError(f"the processes were given different {flag}: process 0 "
+                            f"{values[0]}, process {other} {values[other]}; give every "
+                            "process the same flags (nothing was written)")
+
+
+def _compared(key: str, value):
+    """What must be equal: a file's identity, not the path it is at (a shared corpus or
+    bundle may be mounted at another path on each host)."""
+    return {k: v for k, v in value.items() if k != "path"} if isinstance(value, dict) \
+        else value
+
+
+def _shown(key: str, value) -> str:
+    if key == "corpus" and value:
+        return f"{value['path']} ({value['size']:,} bytes, digest {value['digest'][:8]})"
+    if key == "encoder":
+        return f"{value['path']} (encoder {value['id']})"
+    if key == "quantize":
+        return repr(value or "none")
+    return repr(value)
 
 
 def _agree_on_stage(out: str, tmp: str | None, shares: int) -> tuple[str | None, str]:
@@ -193,8 +269,8 @@ def _id_hash(doc_id: str) -> int:
 
 
 def _write_shard(encoder: Encoder, docs: Iterator[Document], tmp: str, share: int,
-                 shares: int, run: str, kind: str, k: int, batch_size: int, quantize: str,
-                 rescore: int, devices: Sequence) -> None:
+                 shares: int, run: str, settings: Settings, batch_size: int, record: dict,
+                 devices: Sequence) -> None:
     """Streams this process' documents into its shard folder: a block at a time, its
     texts that give a token encoded longest first and written with their vectors; then
     the shard's searcher, its shard.json, and (beside it) its ids' digests."""
@@ -240,10 +316,11 @@ def _write_shard(encoder: Encoder, docs: Iterator[Document], tmp: str, share: in
         logging.warning("skipped %d documents that give the encoder no token (empty, or no "
                         "letter or digit; ids %s%s)", len(skipped), ", ".join(skipped[:5]),
                         ", ..." if len(skipped) > 5 else "")
-    settings = build_searcher(folder, kind, k, encoder.id, quantize, rescore)
+    searcher = build_searcher(folder, settings.kind, settings.k, encoder.id,
+                              settings.quantize, settings.rescore)
     write_shard_meta(folder, {
         "run": run, "shard": share, "shards": shares, "encoder_id": encoder.id, "n": n,
-        "dim": encoder.dim, "read": len(hashes), "settings": settings,
+        "dim": encoder.dim, "read": len(hashes), "settings": searcher, "build": record,
         "encode_seconds": round(encoded, 3),
         "build_seconds": round(time.perf_counter() - start - encoded, 3)})
     np.save(os.path.join(tmp, f"ids-{share}.npy"), np.frombuffer(hashes, np.uint64))
@@ -261,26 +338,26 @@ def with_tokens(ids: Sequence[str], texts: Sequence[str], tokenizer
             [ids[n] for n in sorted(skipped)])
 
 
-def _finish(tmp: str, everything: Callable[[], Iterator[Document]], source: str,
-            encoder_id: str, run: str, kind: str, k: int, quantize: str, rescore: int,
-            shares: int) -> dict:
+def _finish(tmp: str, source: Source, encoder_id: str, run: str, settings: Settings,
+            record: dict, shares: int) -> dict:
     """Process 0, once every shard is written: ids unique over all shards, a document to
     search, then index.json, written last."""
     hashes = np.concatenate([np.load(os.path.join(tmp, f"ids-{s}.npy")) for s in range(shares)])
     for s in range(shares):
         os.remove(os.path.join(tmp, f"ids-{s}.npy"))
     if not len(hashes):
-        raise DataError(f"{source}: no documents")
+        raise DataError(f"{source.name}: no documents")
     ordered = np.sort(hashes)
     if (ordered[1:] == ordered[:-1]).any():
-        _raise_duplicate(everything, source)
+        _raise_duplicate(source.everything, source.name)
     shard_metas = []
     for s in range(shares):
         with open(os.path.join(tmp, shard_name(s, shares), "shard.json")) as f:
             shard_metas.append(json.load(f))
-    meta = {"encoder_id": encoder_id, "run": run, "kind": kind, "k": k,
-            "dim": shard_metas[0]["dim"],
-            **({"quantize": quantize, "rescore": rescore} if quantize else {}),
+    meta = {"encoder_id": encoder_id, "run": run, "kind": settings.kind, "k": settings.k,
+            "dim": shard_metas[0]["dim"], "build": record,
+            **({"quantize": settings.quantize, "rescore": settings.rescore}
+               if settings.quantize else {}),
             # the slowest process' (they run at once)
             "encode_seconds": max(m["encode_seconds"] for m in shard_metas),
             "build_seconds": max(m["build_seconds"] for m in shard_metas)}

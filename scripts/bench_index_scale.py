@@ -98,8 +98,8 @@ from dualjax.serve.bundle import Encoder
 encoder = Encoder.load({bundle!r})
 def docs():
     return ((Line("", 0, n, [0]), i, t) for n, (i, t) in enumerate(questions({n}), 1))
-m = index._build(encoder, docs, docs, "generated", {out!r}, {kind!r}, 100, 256, (), True,
-                 "", 0)
+m = index._build(encoder, index.Source(docs, docs, "generated"), {out!r},
+                 index.Settings({kind!r}), 256, True)
 print("indexed", m["n"])
 """
 

@@ -138,6 +138,9 @@ def test_two_processes_index_as_one(bundle, tmp_path):
              f"{s1} was written by another build"),
             (lambda d: _rewrite(d / s1 / "shard.json", encoder_id="0" * 16),
              f"{s1} was encoded with encoder 0000000000000000"),
+            (lambda d: _rewrite(d / s1 / "shard.json", build={
+                **json.loads((d / s1 / "shard.json").read_text())["build"], "quantize": "int8"}),
+             f"{s1} was built with another quantize than the index"),
             (lambda d: shutil.copytree(d / s1, d / "shard-00002-of-00003"),
              "shard-00002-of-00003: a shard this index does not list"),
             (lambda d: (d / s1 / "corpus.jsonl").write_text("x"),
@@ -147,6 +150,37 @@ def test_two_processes_index_as_one(bundle, tmp_path):
         change(broken)
         with pytest.raises(ValueError, match=message):
             CorpusIndex(str(broken), encoder.id)
+
+
+@pytest.mark.parametrize("flags, names", [
+    ([["--quantize=binary"], ["--quantize=int8"]],
+     "--quantize: process 0 'binary', process 1 'int8'"),
+    (([], ["--corpus={half}"]), "--corpus: process 0 {corpus} (20,770 bytes"),
+])
+def test_processes_given_different_settings_stop_before_anything_is_written(
+        bundle, tmp_path, flags, names):
+    """They built an index answering from shard 0 only (quantize), or half of each file
+    with duplicate ids (corpus): now every process names the flag and both values."""
+    corpus = write_corpus(tmp_path / "corpus.tsv", 200)
+    half = tmp_path / "half.tsv"
+    half.write_text("".join(corpus.read_text().splitlines(True)[:100]))
+    extra = [[f.format(half=half) for f in side] for side in flags]
+    port = free_port()
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "dualjax.index", f"--encoder={bundle}", f"--corpus={corpus}",
+         f"--out={tmp_path / 'idx'}", "--kind=exact", "--num_processes=2",
+         f"--coordinator_address=localhost:{port}", f"--process_id={i}", *extra[i]],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+        for i in range(2)]
+    results = [(p.wait(timeout=120), p.stdout.read()) for p in procs]
+    assert [c for c, _ in results] == [1, 1], results[0][1][-2000:]
+    want = names.format(corpus=corpus)
+    for _, log in results:
+        line = last_line(log)
+        assert line.startswith(f"dualjax.index: the processes were given different {want}"), line
+        assert line.endswith("give every process the same flags (nothing was written)")
+    assert sorted(os.listdir(tmp_path)) == ["corpus.tsv", "half.tsv"]
 
 
 def _rewrite(path, **changes):

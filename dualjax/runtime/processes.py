@@ -5,7 +5,8 @@ which collectives run next is process 0's (`agree`), so no process waits on the 
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+import json
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -45,6 +46,22 @@ def any_process(flag: bool) -> bool:
     _not_stopping()
     from jax.experimental import multihost_utils
     return bool(np.max(multihost_utils.process_allgather(np.int32(bool(flag)))))
+
+
+def gather(value: Any) -> list[Any]:
+    """`value` (small, JSON-serialisable) of every process, in process order (a
+    collective: all processes call it)."""
+    import jax
+    if jax.process_count() == 1:
+        return [value]
+    _not_stopping()
+    from jax.experimental import multihost_utils
+    data = np.frombuffer(json.dumps(value, sort_keys=True).encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.int32(len(data)))).reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[:len(data)] = data
+    rows = np.asarray(multihost_utils.process_allgather(padded))
+    return [json.loads(rows[i, :n].tobytes()) for i, n in enumerate(sizes)]
 
 
 def main_first(fn: Callable[[], T]) -> T:

@@ -10,7 +10,9 @@ manifest that makes them one index (`python -m dualjax.index` builds it).
                                     are read from disk by position when answering)
         embeddings.npy              float32 [n, dim] (quantized.npz: the codes alone)
         scann/ or hnsw/             the shard's searcher (none for exact)
-        shard.json                  the build's run id, the encoder's id and the count
+        shard.json                  the build's run id, the encoder's id, the count and
+                                    what shaped it (corpus file, encoder, width,
+                                    searcher, quantization), equal to index.json's
 
 Memory when built or loaded is the vectors and a few bounded buffers: texts and ids stay
 on disk. A shard missing, left by another build or written with another encoder is
@@ -127,7 +129,7 @@ def write_manifest(directory: str, meta: dict, shards: int) -> dict:
     files, counts, settings = {}, [], {}
     for s in range(shards):
         name = shard_name(s, shards)
-        shard = _read_shard_meta(directory, name, meta["run"], meta["encoder_id"], shards)
+        shard = _read_shard_meta(directory, name, meta, shards)
         files.update({f"{name}/{n}": d for n, d in shard["files"].items()})
         files.update({f"{name}/{k}": d for k, d in
                       file_digests(os.path.join(directory, name), [SHARD_META]).items()})
@@ -140,8 +142,12 @@ def write_manifest(directory: str, meta: dict, shards: int) -> dict:
     return manifest
 
 
-def _read_shard_meta(directory: str, name: str, run: str, encoder_id: str, shards: int) -> dict:
-    """The shard's shard.json, checked against the index it belongs to."""
+def _read_shard_meta(directory: str, name: str, meta: dict, shards: int) -> dict:
+    """The shard's shard.json, checked against the index it belongs to (`meta`: its
+    manifest, or what the manifest will hold): the same build, encoder and width, and the
+    same corpus file and searcher settings (its knobs that follow from a shard's size
+    may differ)."""
+    run, encoder_id = meta["run"], meta["encoder_id"]
     path = os.path.join(directory, name, SHARD_META)
     if not os.path.isdir(os.path.join(directory, name)):
         raise ValueError(f"{os.path.join(directory, name)}: missing; the index has {shards} "
@@ -162,7 +168,24 @@ def _read_shard_meta(directory: str, name: str, run: str, encoder_id: str, shard
         raise ValueError(f"{os.path.join(directory, name)} was encoded with encoder "
                          f"{shard.get('encoder_id')}, the index with {encoder_id}: build the "
                          "index again")
+    differ = _differ(shard.get("build"), meta.get("build"))
+    if differ is None and shard.get("dim", meta.get("dim")) != meta.get("dim"):
+        differ = "dim"
+    if differ is not None:
+        raise ValueError(f"{os.path.join(directory, name)} was built with another {differ} "
+                         "than the index: build the index again")
     return shard
+
+
+def _differ(shard: dict | None, index: dict | None) -> str | None:
+    """The first setting two build records (`index.py` writes them) disagree on, the
+    path a file was read at left out (another host may mount it elsewhere); None when
+    they agree or either is missing (an index from before they were recorded)."""
+    if not isinstance(shard, dict) or not isinstance(index, dict):
+        return None
+    plain = lambda v: {k: x for k, x in v.items() if k != "path"} if isinstance(v, dict) else v
+    return next((key for key in sorted(set(shard) | set(index))
+                 if plain(shard.get(key)) != plain(index.get(key))), None)
 
 
 def recorded_dim(directory: str) -> int | None:
@@ -240,7 +263,7 @@ class CorpusIndex:
                              f"not list (it has {len(counts)}, one per process that built "
                              "it): build the index again")
         for name in names:
-            _read_shard_meta(directory, name, self.meta["run"], built_with, len(counts))
+            _read_shard_meta(directory, name, self.meta, len(counts))
         # Its parts as they were written, before anything is answered or rebuilt.
         verify_digests(directory, self.meta["files"], "index")
         self.folders = [os.path.join(directory, name) for name in names]
