@@ -51,6 +51,26 @@ def test_dimension_lists_that_do_not_parse_are_refused(key, value, message):
         validation.validate(cfg, 8)
 
 
+@pytest.mark.parametrize("key, value, width", [
+    ("loss.matryoshka_dims", "4,32", 16), ("eval.dims", "16", 16),
+    ("loss.matryoshka_dims", "8", "bow")])
+def test_prefixes_as_wide_as_the_model_are_refused_before_anything_is_written(
+        tmp_path, key, value, width):
+    """The jitted loss found loss.matryoshka_dims=32 on a 16-wide model after the data,
+    the vocabulary and config.json were written; eval.dims, after every step."""
+    from dualjax.train import loop as train
+    cfg = load_config("tiny")
+    cfg.update_from_flattened_dict({key: value})
+    if width == "bow":  # a bow tower's vectors are embed_dim wide, not output_dim
+        cfg.update_from_flattened_dict({"model.tower": "bow", "model.embed_dim": 8})
+        width = 8
+    top = value.split(",")[-1]
+    with pytest.raises(validation.ConfigError, match=rf"^config.{key}='{value}': {top} is not "
+                                                     rf"below the model's {width} dimensions"):
+        train.train_and_evaluate(cfg, str(tmp_path / "w"))
+    assert not (tmp_path / "w").exists()
+
+
 def test_pses_has_no_matryoshka_loss():
     cfg = load_config("pses")
     cfg.loss.matryoshka_dims = "16"

@@ -178,6 +178,19 @@ def test_model_spec_by_hand():
         sharding.make_mesh(8, model=3)
 
 
+def test_a_model_axis_that_splits_no_weight_is_refused_naming_it_before_anything_is_written(
+        tmp_path):
+    """It was refused when the sharded state was made (after the tables and the
+    vocabulary), naming the optimizer's copy (opt_state/.../key_bias) of the weight."""
+    from dualjax.config.validation import ConfigError
+    cfg = tiny(**{"model.tower": "bert", "model.tokenizer": "hf", "mesh.model_axis": 4,
+                  "model.pretrained": tiny_bert_with_mlp(tmp_path / "bert", 37)})
+    with pytest.raises(ConfigError, match=r"^config.mesh.model_axis=4 does not divide the 37 "
+                                          r"mlp of params/tower/layer_0/mlp_in/bias \(37,\)"):
+        train.train_and_evaluate(cfg, str(tmp_path / "w"))
+    assert not (tmp_path / "w").exists()
+
+
 def tiny_bert_with_mlp(folder, mlp: int):
     """The tiny BERT fixture with an MLP of `mlp` columns (random weights there): its
     37 columns split over no model axis."""

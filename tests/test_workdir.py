@@ -23,10 +23,11 @@ def tiny(**overrides):
 
 
 def started(path, cfg):
-    """A workdir as a run with `cfg` leaves it after building its vocabulary."""
+    """A workdir as a run with `cfg` leaves it after its first checkpoint."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(cfg.to_dict()))
     (path / "vocab.json").write_text("{}")
+    (path / "checkpoints" / "5").mkdir(parents=True)
     return path
 
 
@@ -41,7 +42,27 @@ def test_a_changed_config_is_refused_before_any_file_is_touched(tmp_path, key, o
     assert f"{key}: {old!r} -> {new!r}" in str(e.value)
     assert "cannot change when it resumes" in str(e.value)
     assert (run / "config.json").read_text() == before
-    assert sorted(os.listdir(run)) == [".lock", "config.json", "vocab.json"]
+    assert sorted(os.listdir(run)) == [".lock", "checkpoints", "config.json", "vocab.json"]
+
+
+def test_a_run_stopped_before_its_first_checkpoint_takes_a_corrected_config(tmp_path):
+    """A run that diverged before its first checkpoint left its vocabulary, and the
+    corrected command was refused ("cannot change ... optimizer.learning_rate"): the
+    workdir was stuck. Now nothing is trained there yet, so the run starts over, and
+    what it made from the changed keys (here model.vocab_size: the vocabulary) is made
+    again."""
+    from dualjax.errors import NonFiniteLossError
+    run = tmp_path / "run"
+    quick = {"eval.untrained": False, "eval.baselines": "", "eval.index": "exact"}
+    with pytest.raises(NonFiniteLossError):
+        train.train_and_evaluate(tiny(**quick, **{"optimizer.learning_rate": 1e38}), str(run))
+    assert {"vocab.json", "config.json"} <= set(os.listdir(run))
+    assert not any(n.isdigit() for n in os.listdir(run / "checkpoints"))
+    vocab_before = len(json.loads((run / "vocab.json").read_text())["vocab"])
+    results = train.train_and_evaluate(tiny(**quick, **{"model.vocab_size": 300}), str(run))
+    assert "dual_encoder [exact]" in results
+    assert len(json.loads((run / "vocab.json").read_text())["vocab"]) < vocab_before
+    assert json.loads((run / "config.json").read_text())["model"]["vocab_size"] == 300
 
 
 def test_cadences_steps_and_eval_settings_may_change_and_are_recorded(tmp_path):

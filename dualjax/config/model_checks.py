@@ -14,15 +14,22 @@ from dualjax.config import specs
 from dualjax.config.checks import one_of, positive
 from dualjax.errors import ConfigError
 from dualjax.models import dual_encoder, pses, towers
+from dualjax.runtime import sharding
+from dualjax.runtime.files import has_checkpoint
 from dualjax.text import tokenizers
 
 
-def check_model(config: ml_collections.ConfigDict, workdir: str = "") -> None:
-    """config.model: tokenizer, model, towers, pretrained start, fields and similarity."""
+def check_model(config: ml_collections.ConfigDict, workdir: str = "") -> int | None:
+    """config.model: tokenizer, model, towers, pretrained start, fields and similarity.
+
+    Returns:
+      The width of the model's vectors (`models.vector_dim`), which later checks need;
+      None when only init_from's towers know it.
+    """
     one_of("model.tokenizer", config.model.tokenizer, tokenizers.KINDS)
     one_of("model.name", config.model.name, models.MODELS)
     _check_towers(config.model)
-    _check_pretrained(config, workdir)
+    start = _check_pretrained(config, workdir)
     _check_features(config.model)
     one_of("model.similarity", config.model.similarity, dual_encoder.SIMILARITIES)
     low, high = (math.exp(x) for x in dual_encoder.LOG_TEMPERATURE_RANGE)
@@ -30,6 +37,29 @@ def check_model(config: ml_collections.ConfigDict, workdir: str = "") -> None:
             and not low <= config.model.temperature <= high):
         raise ConfigError(f"config.model.temperature={config.model.temperature} must be in "
                           f"[{low:g}, {high:g}] for the learned temperature")
+    bert = start.bert if start else None
+    if "bert" in specs.tower_names(config.model) and bert is None:
+        return None  # (init_from's towers: their width is checked when they are read)
+    _check_model_axis(config, bert)
+    return models.vector_dim(specs.model_spec(config.model), bert)
+
+
+def _check_model_axis(config: ml_collections.ConfigDict, bert) -> None:
+    """mesh.model_axis divides every transformer / BERT weight's heads and MLP columns,
+    checked on the towers' abstract shapes (nothing is computed): the sharded state
+    found it after the data and the vocabulary were written."""
+    m = config.mesh.get("model_axis", 1)
+    used = specs.tower_names(config.model)
+    if m <= 1 or config.model.name != "dual_encoder" or not {"transformer", "bert"} & set(used):
+        return
+    import jax
+    model = models.make_model(specs.model_spec(config.model), 64, bert=bert)
+    max_len = max(specs.max_lens(config.model))
+    shapes = jax.eval_shape(lambda: dual_encoder.init_params(model, jax.random.key(0), 8))
+    try:
+        sharding.check_model_axis(shapes, dual_encoder.logical_axes(model, max_len), m)
+    except ValueError as e:
+        raise ConfigError(f"config.{e}") from None
 
 
 def _check_towers(model: ml_collections.ConfigDict) -> None:
@@ -68,11 +98,12 @@ def _check_towers(model: ml_collections.ConfigDict) -> None:
                           "model.transformer.width for a transformer)")
 
 
-def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = "") -> None:
+def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = ""):
     """model.pretrained / tokenizer="hf" / tower="bert": the start exists (fetched, its
     digests right) and the towers and tokenizer are the ones it fits. A run resumed from
     a checkpoint needs no folder: its towers are the checkpoint's, its tokenizer is
-    WORKDIR/vocab.json, and WORKDIR/pretrained.json stands in for the start."""
+    WORKDIR/vocab.json, and WORKDIR/pretrained.json stands in for the start. Returns the
+    start (None without one)."""
     from dualjax import pretrained  # reads the folder; needs safetensors for a table
     m = config.model
     name, tok = m.get("pretrained", ""), m.tokenizer
@@ -85,7 +116,7 @@ def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = "") -> N
         if tok == "hf" and not m.get("tokenizer_path", "") and not config.init_from:
             raise ConfigError("config.model.tokenizer='hf' reads model.tokenizer_path (a "
                               "tokenizer.json) or model.pretrained's tokenizer: set one")
-        return
+        return pretrained.load(config.init_from) if config.init_from else None
     try:
         start = pretrained.resolve(name, m.get("pretrained_pooling", ""))
     except (pretrained.PretrainedError, ImportError) as e:
@@ -121,15 +152,14 @@ def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = "") -> N
             raise ConfigError(f"config.model.embed_dim={m.embed_dim}, but {name}'s token "
                               f"table is {start.dim} wide: set --config.model.embed_dim="
                               f"{start.dim}")
+    return start
 
 
 def _recorded_start(workdir: str, name: str):
     """The start WORKDIR/pretrained.json records for model.pretrained=`name`, when the
     workdir also holds a checkpoint to resume from (else None: the weights are needed)."""
     from dualjax import pretrained
-    ckpts = os.path.join(workdir, "checkpoints")
-    if not workdir or not (os.path.isdir(ckpts)
-                           and any(n.isdigit() for n in os.listdir(ckpts))):
+    if not workdir or not has_checkpoint(workdir):
         return None
     start = pretrained.load(workdir)
     canonical = pretrained.sources.canonical

@@ -63,21 +63,34 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, workdir: str =
     recorded pretrained start lets a resumed run go on without the start's folder)."""
     task_list = specs.task_configs(config)
     _check_tasks(task_list)
-    check_model(config, workdir)
+    width = check_model(config, workdir)
     pretraining = _check_pretraining(config, task_list)
     _check_distill(config, task_list, workdir)
     _check_loss(config.loss)
-    if specs.dims(config.loss.get("matryoshka_dims", ""), "loss.matryoshka_dims") and (
-            config.model.name == "pses" or specs.is_mlm(config)):
-        raise ConfigError("config.loss.matryoshka_dims: the Matryoshka loss is the dual "
-                          "encoder's in-batch loss on prefixes; model.name='pses' and MLM "
-                          "pre-training have none")
-    specs.dims(config.eval.get("dims", ""), "eval.dims")
+    _check_dims(config, width)
     _check_pses_data(config, task_list, pretraining)
     _check_optimizer(config, task_list)
     _check_eval(config)
     _check_numbers(config)
     _check_batch(config, task_list, num_devices)
+
+
+def _check_dims(config: ml_collections.ConfigDict, width: int | None) -> None:
+    """loss.matryoshka_dims and eval.dims: prefixes of the model's vectors, each below
+    their `width` (the jitted loss or the final evaluation found it, after the data,
+    the vocabulary and all the steps)."""
+    trained = specs.dims(config.loss.get("matryoshka_dims", ""), "loss.matryoshka_dims")
+    if trained and (config.model.name == "pses" or specs.is_mlm(config)):
+        raise ConfigError("config.loss.matryoshka_dims: the Matryoshka loss is the dual "
+                          "encoder's in-batch loss on prefixes; model.name='pses' and MLM "
+                          "pre-training have none")
+    evaluated = specs.dims(config.eval.get("dims", ""), "eval.dims")
+    for key, dims in (("loss.matryoshka_dims", trained), ("eval.dims", evaluated)):
+        if width is not None and dims and dims[-1] >= width:
+            raise ConfigError(f"config.{key}={config[key.split('.')[0]][key.split('.')[1]]!r}:"
+                              f" {dims[-1]} is not below the model's {width} dimensions (each "
+                              "is a prefix of its vectors, which are trained and searched "
+                              "whole anyway)")
 
 
 def _check_tasks(task_list) -> None:

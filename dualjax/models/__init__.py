@@ -8,7 +8,7 @@ from typing import Callable
 
 import jax
 
-from dualjax.models import dual_encoder, pses
+from dualjax.models import dual_encoder, pses, towers
 from dualjax.models.spec import ModelSpec
 
 MODELS = ("dual_encoder", "pses")
@@ -21,6 +21,17 @@ def make_model(spec: ModelSpec, vocab_size: int, feature_sizes: dict | None = No
     if spec.name == "pses":
         return pses.make_model(spec, vocab_size, num_tasks)
     return dual_encoder.make_model(spec, vocab_size, feature_sizes, num_tasks, bert)
+
+
+def vector_dim(spec: ModelSpec, bert=None) -> int:
+    """The width of the unit vectors the model's towers return (both sides agree: the
+    config checks say so first); bert: the "bert" tower's `BertConfig`."""
+    if spec.name == "pses":
+        return spec.pses.shared_dim + (spec.pses.specific_dim if spec.pses.score == "concat"
+                                       else 0)
+    if spec.query_tower == "bert":
+        return bert.hidden_size
+    return towers.output_dim(spec, spec.query_tower)
 
 
 def logical_axes(model, max_lens: tuple[int, int]):

@@ -228,9 +228,13 @@ def atomic_json(path: str | os.PathLike, payload: Any, **dump_args: Any) -> None
 
 def has_state(workdir: str) -> bool:
     """Whether the workdir holds what a run trained or built: a vocabulary or a checkpoint."""
+    return os.path.exists(os.path.join(workdir, "vocab.json")) or has_checkpoint(workdir)
+
+
+def has_checkpoint(workdir: str) -> bool:
+    """Whether the workdir holds a checkpoint (a run trained in it)."""
     ckpts = os.path.join(workdir, "checkpoints")
-    return os.path.exists(os.path.join(workdir, "vocab.json")) or (
-        os.path.isdir(ckpts) and any(name.isdigit() for name in os.listdir(ckpts)))
+    return os.path.isdir(ckpts) and any(name.isdigit() for name in os.listdir(ckpts))
 
 
 class Lock:

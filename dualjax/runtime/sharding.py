@@ -130,6 +130,22 @@ def param_spec(shape: tuple[int, ...], mesh: jax.sharding.Mesh, strategy: str,
     return P(*spec) if any(spec) else P()
 
 
+def check_model_axis(params: Any, param_axes: Any, m: int) -> None:
+    """ValueError naming the first weight ("params/...") whose heads or MLP columns a
+    `model` axis of m devices does not divide (`model_dim`). params: the params tree or
+    its abstract shapes; param_axes: its logical names (`dual_encoder.logical_axes`)."""
+    names = _names(param_axes)
+    for path, x in jax.tree_util.tree_leaves_with_path(params):
+        keys = _keys(path)
+        model_dim(tuple(x.shape), m, names.get(keys), "/".join(("params", *keys)))
+
+
+def _names(param_axes: Any) -> dict[tuple[str, ...], tuple]:
+    """{param path: its logical axis names}."""
+    return {_keys(path): tuple(spec) for path, spec in jax.tree_util.tree_leaves_with_path(
+        param_axes, is_leaf=lambda x: isinstance(x, P))} if param_axes is not None else {}
+
+
 def state_shardings(abstract_state: Any, mesh: jax.sharding.Mesh, strategy: str,
                     param_axes: Any = None) -> Any:
     """The NamedSharding of every leaf of a train state (from `jax.eval_shape`):
@@ -139,11 +155,10 @@ def state_shardings(abstract_state: Any, mesh: jax.sharding.Mesh, strategy: str,
     if strategy not in PARAM_SHARDINGS:
         raise ValueError(f"mesh.param_sharding={strategy!r} is not one of: "
                          f"{', '.join(PARAM_SHARDINGS)}")
-    names = {}
-    if param_axes is not None:
-        for path, spec in jax.tree_util.tree_leaves_with_path(
-                param_axes, is_leaf=lambda x: isinstance(x, P)):
-            names[_keys(path)] = tuple(spec)
+    names = _names(param_axes)
+    if isinstance(abstract_state, dict) and "params" in abstract_state:  # a weight named,
+        # not the optimizer's copy of it (opt_state/.../mu/...)
+        check_model_axis(abstract_state["params"], param_axes, mesh.shape.get(MODEL_AXIS, 1))
 
     def leaf(path, x) -> NamedSharding:
         keys = _keys(path)

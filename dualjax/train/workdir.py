@@ -11,6 +11,10 @@ keeps its config: keys that shape the run (model, tokenizer, data, batch, loss,
 optimizer, seed) cannot change on resume, and a difference is refused before any file
 is touched, listing old and new values. Cadences, the number of steps, the mesh and
 `eval.*` may change; the changes are logged and config.json records the new values.
+Before its first checkpoint a run has trained nothing: a workdir whose run was refused
+or stopped then takes a corrected config, and what the run had made from the keys that
+changed (the vocabulary, pseudo-labels, teacher scores, metrics) is made again
+(`start_over`).
 
 It also records the identity of the run's input files (`check_data`, WORKDIR/data.json:
 each file's path, size, modification time and sha256), and refuses to resume on files
@@ -21,9 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import hashlib
 import json
 import os
+import shutil
 from typing import Any, Iterator, Sequence
 
 import ml_collections
@@ -31,7 +37,14 @@ from absl import logging
 
 from dualjax.config.keys import flatten
 from dualjax.errors import WorkdirError
-from dualjax.runtime.files import MARKER, Lock, atomic_json, atomic_write, has_state
+from dualjax.runtime.files import (
+    MARKER,
+    Lock,
+    atomic_json,
+    atomic_write,
+    has_checkpoint,
+    has_state,
+)
 from dualjax.runtime.processes import is_main, main_first
 
 # Keys (or groups, ending in ".") that may change when a run resumes.
@@ -61,13 +74,53 @@ def config_changes(saved: dict, config: dict) -> tuple[list[str], list[str]]:
     return refused, allowed
 
 
+# What a run makes from its config before the first checkpoint, and the keys (or groups,
+# ending in "."; "" for any) each is made from: `start_over` removes those a change
+# concerns, and the run makes them again.
+DERIVED = (
+    (("vocab.json", "features.json", "pretrained.json", "data.json"),
+     ("model.", "data.", "tasks.", "init_from")),
+    (("pseudo_pairs*.jsonl",), ("model.", "data.", "tasks.", "seed", "init_from")),
+    (("teacher_scores*.jsonl",), ("distill.", "data.", "tasks.", "seed")),
+    (("metrics.jsonl", "report.md", "tensorboard", "runs"), ("",)),
+)
+
+
+def start_over(workdir: str, config: ml_collections.ConfigDict) -> list[str]:
+    """In a workdir without a checkpoint, whose saved config differs from `config` in
+    keys that shape the run (a run refused or stopped before it trained): removes what
+    that run made from the changed keys (`DERIVED`), so that this run makes it again
+    from its own config, and returns the changes ("key: old -> new"); [] otherwise."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path) or has_checkpoint(workdir):
+        return []
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return []  # (check_and_write_config names the unreadable file)
+    refused, _ = config_changes(saved, config.to_dict())
+    keys = [change.split(":")[0] for change in refused]
+    for names, groups in DERIVED:
+        if not any(key == g or key.startswith(g) for key in keys for g in groups):
+            continue
+        for name in names:
+            for found in glob.glob(os.path.join(workdir, name)):
+                (shutil.rmtree if os.path.isdir(found) else os.remove)(found)
+    if refused:
+        logging.warning("%s holds no checkpoint yet: its run starts over with the new "
+                        "config (%s)", workdir, "; ".join(refused))
+    return refused
+
+
 def check_and_write_config(workdir: str, config: ml_collections.ConfigDict,
                            write: bool = True) -> None:
     """Refuses a config that differs from the workdir's in keys that shape the run (when
-    the workdir holds trained state); writes config.json (with `write`)."""
+    the workdir holds a checkpoint: before, `start_over`); writes config.json (with
+    `write`)."""
     path = os.path.join(workdir, "config.json")
     current = config.to_dict()
-    if os.path.exists(path) and has_state(workdir):
+    if os.path.exists(path) and has_checkpoint(workdir):
         try:
             with open(path) as f:
                 saved = json.load(f)
@@ -132,6 +185,7 @@ def guard(workdir: str, config: ml_collections.ConfigDict,
                                ) from None
         try:
             check_and_write_config(workdir, config, write=False)  # refusals before writes
+            start_over(workdir, config)
             changed = check_data(workdir, data_files)
             check_and_write_config(workdir, config)
             if not os.path.exists(os.path.join(workdir, MARKER)):  # once the config holds
