@@ -5,7 +5,6 @@ similarity; each failure a ConfigError naming the key and what would work."""
 from __future__ import annotations
 
 import math
-import os
 
 import ml_collections
 
