@@ -59,10 +59,7 @@ def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "t
     Returns:
       The bundle, loaded from `out`.
     """
-    unknown = sorted(set(platforms) - set(PLATFORMS)) or ([] if platforms else ["(none)"])
-    if unknown:
-        raise ValueError(f"--platforms: {', '.join(unknown)} is not one of jax's: "
-                         f"{', '.join(PLATFORMS)}")
+    check_platforms(platforms)
     with staged_output(out) as stage:  # one writer: a second export into `out` is refused
         check_output(out, "encoder.json", "bundle", inputs=[workdir], overwrite=overwrite,
                      not_inside=NOT_INSIDE)
@@ -70,6 +67,14 @@ def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "t
         params = jax.device_get(trained.params)
         _write_bundle(stage(), workdir, trained, params, platforms)
     return Encoder.load(out)
+
+
+def check_platforms(platforms: Sequence[str]) -> None:
+    """ValueError naming a platform jax.export does not lower for."""
+    unknown = sorted(set(platforms) - set(PLATFORMS)) or ([] if platforms else ["(none)"])
+    if unknown:
+        raise ValueError(f"--platforms: {', '.join(unknown)} is not one of jax's: "
+                         f"{', '.join(PLATFORMS)}")
 
 
 def export_sentence_transformers(workdir: str, out: str, overwrite: bool = False) -> dict:
@@ -145,7 +150,11 @@ def main(argv: list[str]) -> None:
     setup_logging()
     f = flags.FLAGS
     try:
+        check_platforms(f.platforms)
         if f.format == "sentence-transformers":
+            if f["platforms"].present:  # (it was ignored without a word)
+                raise ValueError("--platforms is for --format=bundle (jax.export); a "
+                                 "sentence-transformers folder runs wherever PyTorch does")
             record = export_sentence_transformers(f.workdir, f.out, f.overwrite)
         else:
             encoder = export(f.workdir, f.out, f.platforms, f.overwrite)

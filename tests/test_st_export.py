@@ -246,3 +246,81 @@ def test_one_tower_with_the_starts_prompts_is_a_plain_folder(tmp_path):
     for side in ("query", "document"):
         np.testing.assert_allclose(_folder_vectors(out, 24, prompt=prompts[side]),
                                    _run_vectors(workdir, side), atol=1e-5)
+
+
+LONG = ("Represent this question for retrieving the paragraphs that answer it best among "
+        "all the documents of the collection taking every word into account")
+
+
+@pytest.mark.parametrize("tokenizer", ["word", "char_trigram", "hf"])
+def test_a_prompt_that_leaves_no_room_for_the_text_is_refused_before_anything_is_written(
+        tmp_path, tokenizer):
+    """A 36-word model.query_prompt at max_len 16 was taken without a word: every query
+    was the prompt alone (all query vectors equal, map@100 as untrained). Now the config
+    check counts its tokens with the run's tokenizer (its kind's, for one built from the
+    data), names the numbers and writes nothing; the start's own prompts too."""
+    from dualjax.config.validation import ConfigError
+    from dualjax.train import loop as train
+    cfg = load_config("tiny")
+    cfg.model.update(query_prompt=LONG, max_len=16, tokenizer=tokenizer)
+    if tokenizer == "hf":
+        cfg.model.update(tower="bert", pretrained=TINY)
+    with pytest.raises(ConfigError, match=r"^config.model.query_prompt='Represent this question "
+                                          r"for retrieving t...' takes (\d+) of the side's 16 "
+                                          r"tokens \(its max length\), leaving 0 for the text; "
+                                          r"at least 8 are needed"):
+        train.train_and_evaluate(cfg, str(tmp_path / "w"))
+    assert not (tmp_path / "w").exists()
+    cfg.model.update(query_prompt="question: ")  # a short one is fine
+    from dualjax.config import validation
+    validation.validate(cfg, 8)
+
+
+def test_a_starts_prompt_too_long_for_the_side_names_the_start(tmp_path):
+    import shutil
+
+    from dualjax.config.validation import ConfigError, validate
+    start = tmp_path / "start"
+    shutil.copytree(TINY, start)
+    (start / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "query: ", "passage": LONG}}))
+    cfg = load_config("tiny")
+    cfg.model.update(tower="bert", tokenizer="hf", pretrained=str(start), doc_max_len=20)
+    with pytest.raises(ConfigError, match=rf"^the document prompt of model.pretrained="
+                                          rf"'{start}' \(set config.model.document_prompt to "
+                                          r"replace it\)=.* takes \d+ of the side's 20 tokens"):
+        validate(cfg, 8)
+
+
+def test_export_refuses_a_workdirs_prompt_that_leaves_no_room(tmp_path):
+    """A workdir trained before the check (its config.json edited here): export names
+    the prompt instead of writing a bundle whose queries are the prompt alone."""
+    workdir = _run(tmp_path)
+    config = json.loads(pathlib.Path(workdir, "config.json").read_text())
+    config["model"]["query_prompt"] = LONG
+    pathlib.Path(workdir, "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"^config.model.query_prompt=.* takes \d+ of the "
+                                         r"side's 24 tokens"):
+        export.export(workdir, str(tmp_path / "bundle"), platforms=("cpu",))
+    assert not (tmp_path / "bundle").exists()
+
+
+def test_export_says_what_the_workdir_is_when_it_is_not_one(tmp_path):
+    """export --workdir=<a bundle> said "[Errno 2] ... config.json"; --platforms was
+    silently ignored with --format=sentence-transformers."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "encoder.json").write_text("{}")
+    for workdir, message in ((bundle, f"{bundle}: is a bundle, not a training workdir (no "
+                                      "config.json): give the run it came from"),
+                             (tmp_path / "nowhere", f"{tmp_path / 'nowhere'}: no such folder")):
+        out = subprocess.run([sys.executable, "-m", "dualjax.export", f"--workdir={workdir}",
+                              f"--out={tmp_path / 'x'}"], capture_output=True, text=True)
+        assert (out.returncode, out.stderr.strip().splitlines()[-1]) == (
+            1, f"dualjax.export: {message}"), out.stderr
+    out = subprocess.run([sys.executable, "-m", "dualjax.export", f"--workdir={bundle}",
+                          f"--out={tmp_path / 'x'}", "--format=sentence-transformers",
+                          "--platforms=cpu"], capture_output=True, text=True)
+    assert out.stderr.strip().splitlines()[-1] == (
+        "dualjax.export: --platforms is for --format=bundle (jax.export); a "
+        "sentence-transformers folder runs wherever PyTorch does")

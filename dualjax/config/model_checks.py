@@ -5,6 +5,7 @@ similarity; each failure a ConfigError naming the key and what would work."""
 from __future__ import annotations
 
 import math
+import os
 
 import ml_collections
 
@@ -15,7 +16,7 @@ from dualjax.errors import ConfigError
 from dualjax.models import dual_encoder, pses, towers
 from dualjax.runtime import sharding
 from dualjax.runtime.files import has_checkpoint
-from dualjax.text import tokenizers
+from dualjax.text import sides, tokenizers
 
 
 def check_model(config: ml_collections.ConfigDict, workdir: str = "") -> int | None:
@@ -36,11 +37,65 @@ def check_model(config: ml_collections.ConfigDict, workdir: str = "") -> int | N
             and not low <= config.model.temperature <= high):
         raise ConfigError(f"config.model.temperature={config.model.temperature} must be in "
                           f"[{low:g}, {high:g}] for the learned temperature")
+    _check_prompts(config, start, workdir)
     bert = start.bert if start else None
     if "bert" in specs.tower_names(config.model) and bert is None:
         return None  # (init_from's towers: their width is checked when they are read)
     _check_model_axis(config, bert)
     return models.vector_dim(specs.model_spec(config.model), bert)
+
+
+def _check_prompts(config: ml_collections.ConfigDict, start, workdir: str) -> None:
+    """Each side's prompt (model.query_prompt / document_prompt, else the start's) leaves
+    room for the text in the side's max length (`sides.check_prompt`), counted with the
+    run's tokenizer where it is known before the data is read: a pretrained start's or
+    model.tokenizer_path, the workdir's or init_from's vocabulary; for a vocabulary built
+    from the data, one of its kind built from the prompt. (A sentencepiece model is only
+    known once trained: `train/inputs.py` checks it then.)"""
+    m = config.model
+    prompts = specs.prompts(m, start.prompts if start else None)
+    if not any(prompts):
+        return
+    tokenizer = _known_tokenizer(config, start, workdir)
+    for key, prompt, max_len in zip(("query_prompt", "document_prompt"), prompts,
+                                    specs.max_lens(m)):
+        if not prompt:
+            continue
+        tok = tokenizer or _tokenizer_of(m, prompt)
+        if tok is None:
+            continue
+        where = (f"config.model.{key}" if m.get(key, "") else
+                 f"the {key.split('_')[0]} prompt of model.pretrained={m.pretrained!r} (set "
+                 f"config.model.{key} to replace it)")
+        try:
+            sides.check_prompt(tok, prompt, max_len, where)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+def _known_tokenizer(config: ml_collections.ConfigDict, start, workdir: str):
+    """The run's tokenizer when it is known before the data is read, else None."""
+    for folder in (workdir, config.init_from):
+        if folder and os.path.exists(os.path.join(folder, "vocab.json")):
+            return tokenizers.load_tokenizer(os.path.join(folder, "vocab.json"))
+    if config.model.tokenizer != "hf":
+        return None
+    from dualjax import pretrained
+    if start is not None:
+        return start.tokenizer()
+    path = config.model.get("tokenizer_path", "")
+    return pretrained.read_tokenizer(path) if path else None
+
+
+def _tokenizer_of(model: ml_collections.ConfigDict, prompt: str):
+    """A tokenizer of model.tokenizer's kind built from the prompt alone (every token of
+    it known: it counts as the run's will), None for sentencepiece and "hf"."""
+    if model.tokenizer in ("sentencepiece", "hf"):
+        return None
+    return tokenizers.build_tokenizer(model.tokenizer, [prompt], vocab_size=model.vocab_size,
+                                      num_oov_buckets=model.num_oov_buckets,
+                                      trigram_vocab_size=model.get("trigram_vocab_size",
+                                                                   40_000))
 
 
 def _check_model_axis(config: ml_collections.ConfigDict, bert) -> None:

@@ -80,6 +80,30 @@ class Side:
         return x
 
 
+MIN_TEXT_TOKENS = 8  # of a side's max_len, what its prompt must leave to the text itself
+
+
+def prompt_tokens(tokenizer: Tokenizer, prompt: str) -> int:
+    """The tokens a prompt takes of a side's max_len, the tokenizer's own ([CLS], [SEP])
+    included: what a text encoded behind it has left is max_len minus this."""
+    return int(tokenizer.encode([prompt], 4096)[1].sum())
+
+
+def check_prompt(tokenizer: Tokenizer, prompt: str, max_len: int, what: str) -> None:
+    """ValueError naming `what` (the key or file the prompt comes from) when the prompt
+    leaves its side fewer than MIN_TEXT_TOKENS tokens for the text: every text would be
+    cut to nothing, and every vector of the side would be the prompt's."""
+    if not prompt:
+        return
+    used = prompt_tokens(tokenizer, prompt)
+    if max_len - used < MIN_TEXT_TOKENS:
+        raise ValueError(f"{what}={prompt[:40] + '...' if len(prompt) > 40 else prompt!r} "
+                         f"takes {used} of the side's {max_len} tokens (its max length), "
+                         f"leaving {max(max_len - used, 0)} for the text; at least "
+                         f"{MIN_TEXT_TOKENS} are needed: shorten the prompt or raise the "
+                         "side's max length")
+
+
 def longest_first(texts: Sequence[str]) -> np.ndarray:
     """The texts' indices, longest (in characters) first, as sentence-transformers batches
     them: the texts of a batch are of about one length, cut to one bucket."""

@@ -12,6 +12,7 @@ from absl import logging
 
 from dualjax import pretrained
 from dualjax.config import specs as specs_lib
+from dualjax.errors import ConfigError
 from dualjax.text import features, sides, tokenizers
 from dualjax.text.tokenizers import Tokenizer
 
@@ -68,6 +69,13 @@ def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
             features.save(path, *side_fields)
     q_len, d_len = specs_lib.max_lens(config.model)
     q_prompt, d_prompt = specs_lib.prompts(config.model, start.prompts if start else None)
+    for key, prompt, max_len in (("query_prompt", q_prompt, q_len),
+                                 ("document_prompt", d_prompt, d_len)):
+        try:  # (the config checks counted it before, where the tokenizer was known)
+            sides.check_prompt(tokenizer, prompt, max_len, f"config.model.{key}"
+                               if config.model.get(key, "") else f"the start's {key}")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     return sides.Inputs(sides.Side(tokenizer, q_len, side_fields[0], q_prompt),
                         sides.Side(tokenizer, d_len, side_fields[1], d_prompt))
 

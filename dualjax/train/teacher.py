@@ -192,6 +192,13 @@ def encoders(config: ml_collections.ConfigDict, spec: TeacherSpec, mesh: jax.sha
     fns = models.make_encoders(model)
     prompts = specs.prompts(model_config, start.prompts)
 
+    for side, prompt in zip(("query", "document"), prompts):
+        try:
+            sides.check_prompt(tokenizer, prompt, max_len, f"the {side} prompt of "
+                               f"distill.teacher={spec.teacher!r}")
+        except ValueError as e:
+            raise PretrainedError(f"{e} (distill.max_len)") from None
+
     def encode(side: int, texts: list[str]) -> np.ndarray:
         inputs = sides.Side(tokenizer, max_len, prompt=prompts[side])
         return encoding.encode_texts(lambda x: fns[side](params, x), texts, inputs,

@@ -15,6 +15,7 @@ from dualjax import models, pretrained
 from dualjax.config import specs
 from dualjax.models import dual_encoder
 from dualjax.runtime import sharding
+from dualjax.runtime.files import folder_kind
 from dualjax.text import sides
 from dualjax.train import checkpoints, warm_start
 from dualjax.train import inputs as inputs_lib
@@ -36,7 +37,15 @@ def load_trained(workdir: str, config: ml_collections.ConfigDict | None = None) 
     start's, step 0), replicated over all devices, with the config (WORKDIR/config.json
     unless given), the saved tokenizer and categorical field vocabularies."""
     if config is None:
-        with open(os.path.join(workdir, "config.json")) as f:
+        path = os.path.join(workdir, "config.json")
+        if not os.path.isdir(workdir):
+            raise FileNotFoundError(f"{workdir}: no such folder")
+        if not os.path.isfile(path):
+            kind = folder_kind(workdir)
+            raise FileNotFoundError(
+                f"{workdir}: {'is a ' + kind + ', not' if kind else 'not'} a training "
+                f"workdir (no config.json){': give the run it came from' if kind else ''}")
+        with open(path) as f:
             config = ml_collections.ConfigDict(json.load(f))
 
     def not_saved(name: str):
