@@ -154,13 +154,16 @@ def test_graded_metrics_and_run_files_equal_pytrec_eval(tmp_path):
     (pytrec_eval) on graded qrels, scored from the TREC run file `report.write_runs`
     writes; with the grades dropped, nDCG differs (the binary gains of before)."""
     pytrec_eval = pytest.importorskip("pytrec_eval")
+    from urllib.parse import unquote
+
     from dualjax.eval import report
     from dualjax.eval.scoring import Ranking
 
     rng = np.random.default_rng(0)
     nq, n, k = 40, 60, 30
-    corpus_keys = [f"doc-{j}" for j in range(n)]
-    query_keys = [f"q{i}" for i in range(nq)]
+    # Ids with whitespace (BEIR allows them) gave 7-column lines: escaped, read back.
+    corpus_keys = [f"doc-{j}" if j % 7 else f"doc {j}%" for j in range(n)]
+    query_keys = [f"q{i}" if i % 5 else f"q\t{i}" for i in range(nq)]
     grades = [{int(j): int(rng.integers(1, 4)) for j in rng.choice(n, rng.integers(1, 8),
                                                                 replace=False)}
               for _ in range(nq)]
@@ -173,10 +176,13 @@ def test_graded_metrics_and_run_files_equal_pytrec_eval(tmp_path):
     run: dict[str, dict[str, float]] = {}
     with open(path) as f:
         for line in f:
-            qid, q0, doc, rank, score, tag = line.split()
+            qid, q0, doc, rank, score, tag = line.split()  # 6 columns
             assert q0 == "Q0" and tag == "sys"
-            run.setdefault(qid, {})[doc] = float(score)
-    assert len(run["q3"]) == 20
+            run.setdefault(unquote(qid), {})[unquote(doc)] = float(score)
+    assert len(run["q3"]) == 20 and "q\t5" in run
+    assert any(" " in doc for ranked in run.values() for doc in ranked)
+    assert (report.trec_id("doc 1"), report.trec_id("50%off"), report.trec_id("a b%\u3000")) \
+        == ("doc%201", "50%off", "a%20b%25%E3%80%80")
     qrels = {query_keys[i]: {corpus_keys[j]: g for j, g in grades[i].items()}
              for i in range(nq)}
     measures = {"ndcg_cut.10", "ndcg_cut.20", "map_cut.100", "recall.10", "recall.100",

@@ -7,9 +7,11 @@ probability, one line per system)."""
 from __future__ import annotations
 
 import os
+import urllib.parse
 from typing import Collection, Sequence
 
 import numpy as np
+from absl import logging
 
 from dualjax.eval.scoring import Ranking, row_label
 from dualjax.retrieval import metrics
@@ -131,19 +133,45 @@ def run_file_name(split: str, label: str) -> str:
     return f"{split}_{system}{'' if kind in ('', 'exact') else '_' + kind}.trec"
 
 
+def trec_id(key: str) -> str:
+    """An id as a run file writes it: as it is, or, when it holds whitespace (a run
+    file's column separator), with that whitespace and any '%' percent-escaped ("doc 1"
+    -> "doc%201"; `urllib.parse.unquote` reads it back; docs/evaluation.md)."""
+    if not any(c.isspace() for c in key):
+        return key
+    return "".join(urllib.parse.quote(c, safe="") if c.isspace() or c == "%" else c
+                   for c in key)
+
+
 def write_trec_run(path: str, ranking: Ranking, query_keys: Sequence[str],
                    corpus_keys: Sequence[str], tag: str) -> None:
     """`ranking` as a TREC run file: a line `qid Q0 docid rank score tag` per retrieved
-    document (rank from 1, -1 padding left out), the ids as the data names them, so
-    that trec_eval or pytrec_eval can score it against the collection's own qrels.
-    (trec_eval orders each query's lines by score, so documents of equal score may be
-    ranked among themselves otherwise than here.)"""
+    document (rank from 1, -1 padding left out), the ids as the data names them (those
+    with whitespace escaped: `trec_id`), so that trec_eval or pytrec_eval can score it
+    against the collection's own qrels. (trec_eval orders each query's lines by score,
+    so documents of equal score may be ranked among themselves otherwise than here.)"""
+    query_keys, corpus_keys = _escaped(query_keys), _escaped(corpus_keys)
     lines = []
     for q, (ids, scores) in enumerate(zip(ranking.ids.tolist(), ranking.scores.tolist())):
         lines += [f"{query_keys[q]} Q0 {corpus_keys[d]} {r} {s:.8g} {tag}\n"
                   for r, (d, s) in enumerate(((d, s) for d, s in zip(ids, scores) if d >= 0),
                                              start=1)]
     atomic_write(path, "".join(lines))
+
+
+def _escaped(keys: Sequence[str]) -> Sequence[str]:
+    """`keys` as run files write them (`trec_id`); said once when any is escaped."""
+    escaped = [trec_id(k) for k in keys]
+    changed = [k for k, e in zip(keys, escaped) if k != e]
+    if changed and not _said_escaped[0]:
+        _said_escaped[0] = True
+        logging.warning("%d ids hold whitespace (%r, ...): the run files write them with "
+                        "their whitespace percent-escaped (%r), as docs/evaluation.md says "
+                        "(said once)", len(changed), changed[0], trec_id(changed[0]))
+    return escaped
+
+
+_said_escaped = [False]  # once per process
 
 
 def write_runs(workdir: str, split: str, ranked: dict[str, Ranking],
