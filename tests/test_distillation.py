@@ -16,6 +16,7 @@ from dualjax.data.pretraining import QueryWords
 from dualjax.errors import DataError
 from dualjax.losses import distill as distillation
 from dualjax.runtime import sharding
+from dualjax.runtime.files import read_records, write_records
 from dualjax.train import teacher
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "pretrained"
@@ -190,13 +191,45 @@ def test_a_teacher_that_does_not_fit_or_a_foreign_scores_file_is_one_line(tmp_pa
                                            288, False)
     (tmp_path / "run").mkdir()
     bad = {"query": "q", "documents": [0, len(collection.passages)], "scores": [1.0, 0.5]}
-    (tmp_path / "run" / teacher.FILE).write_text(
-        json.dumps({"query": "q", "documents": [0, 1], "scores": [1.0, 0.5]}) + "\n"
-        + json.dumps(bad) + "\n")
+    write_records(tmp_path / "run" / teacher.FILE,
+                  [{"query": "q", "documents": [0, 1], "scores": [1.0, 0.5]}, bad])
     with pytest.raises(DataError, match=r"teacher_scores.jsonl:2: not a teacher record of "
                                         r"this collection"):
         teacher.load_or_make(str(tmp_path / "run"), collection, 0, QueryWords(),
                              teacher.TeacherSpec("t"), lambda: pytest.fail("encoded"))
+
+
+def test_a_teacher_file_cut_short_is_scored_again_not_trained_on(tmp_path, caplog):
+    """teacher_scores.jsonl cut to 40 of its records, then resumed, was taken as it was
+    ("DISTILL: 40 items"): its end record (a count and a digest) now says it is not
+    whole, the log names it, and the teacher scores the candidates again."""
+    from dualjax.data import documents
+    collection = documents.read_collection(str(beir_folder(tmp_path)), str(tmp_path / "tfds"),
+                                           288, False)
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(1000, 8))
+    encode = lambda texts: np.stack([table[hash(t) % 1000] / np.linalg.norm(table[hash(t) % 1000])
+                                     for t in texts])
+    calls = []
+
+    def encoders():
+        calls.append(1)
+        return encode, encode
+
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    spec = teacher.TeacherSpec("t", negatives=1, depth=4, margin=0.0)
+    made = teacher.load_or_make(str(workdir), collection, 0, QueryWords(), spec, encoders)
+    assert len(made) > 4 and calls == [1]
+    assert teacher.load_or_make(str(workdir), collection, 0, QueryWords(), spec,
+                                encoders) == made and calls == [1]  # whole: read back
+    lines = (workdir / teacher.FILE).read_text().splitlines(True)
+    for cut in (lines[:len(made) // 2], lines[:-1], lines[:3] + lines[4:]):
+        (workdir / teacher.FILE).write_text("".join(cut))
+        again = teacher.load_or_make(str(workdir), collection, 0, QueryWords(), spec, encoders)
+        assert again == made and read_records(workdir / teacher.FILE)[0] == made
+    assert calls == [1, 1, 1, 1]
+    assert f"{workdir / teacher.FILE}: no end record" in caplog.text
 
 
 # --- a run --------------------------------------------------------------------------------
@@ -235,7 +268,7 @@ def test_a_student_learns_a_tiny_mpnet_teachers_scores(tmp_path, monkeypatch):
     workdir = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
         train.train_and_evaluate(cfg, str(workdir), hooks=[stop_at(1)])
-    records = [json.loads(line) for line in (workdir / teacher.FILE).read_text().splitlines()]
+    records, _ = read_records(workdir / teacher.FILE)
     assert records and all(len(r["documents"]) == 3 == len(r["scores"]) for r in records)
     assert all(len(r["query"].split()) <= 5 for r in records)  # cut as data.max_query_words says
     assert all(r["scores"][0] >= max(r["scores"][1:]) for r in records)

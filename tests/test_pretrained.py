@@ -18,6 +18,7 @@ import pytest
 from conftest import load_config, stop_at, write_beir_folder
 from dualjax import pretrained
 from dualjax.config import validation as config_lib
+from dualjax.runtime.files import read_records
 from dualjax.text import sides
 from dualjax.train import warm_start
 from dualjax.models import dual_encoder
@@ -514,13 +515,18 @@ def test_adapting_with_pseudo_labels_on_a_beir_folder(tmp_path, monkeypatch):
     workdir = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
         train.train_and_evaluate(cfg, str(workdir), hooks=[stop_at(1)])
-    pairs = [json.loads(line) for line in (workdir / weak_labels.FILE).read_text().splitlines()]
+    pairs, _ = read_records(workdir / weak_labels.FILE)
     assert 0 < len(pairs) <= len(texts)
     for query, positive in pairs:
         assert len(query.split()) <= 6                    # data.max_query_words
         source = next(t for t in texts if query in t)
         assert positive in texts and positive != source
     monkeypatch.setattr(weak_labels, "hybrid_pairs", lambda *a, **k: pytest.fail("relabelled"))
+    made = (workdir / weak_labels.FILE).read_text()
+    (workdir / weak_labels.FILE).write_text("".join(made.splitlines(True)[:2]))  # cut short
+    with pytest.raises(pytest.fail.Exception, match="relabelled"):  # ... is labelled again
+        train.train_and_evaluate(cfg, str(workdir))
+    (workdir / weak_labels.FILE).write_text(made)
     rows = train.train_and_evaluate(cfg, str(workdir))
     assert {"dual_encoder [exact]", "start [exact]", "bm25 [exact]",
             "dual_encoder+bm25_interp [exact]"} <= set(rows)

@@ -550,6 +550,16 @@ def test_select_by_keeps_and_evaluates_the_best_validation_step(tmp_path):
                                         **overrides}), 8)
 
 
+def test_a_best_json_cut_short_is_named(tmp_path):
+    from dualjax.errors import WorkdirError
+    from dualjax.train import checkpoints
+    (tmp_path / "best").mkdir()
+    (tmp_path / "best" / "best.json").write_text('{"metric": "map@100", "st')
+    with pytest.raises(WorkdirError, match=r"best/best.json: unreadable .*remove .*best to "
+                                           "choose again"):
+        checkpoints.BestParams(str(tmp_path), "map@100")
+
+
 def test_early_stopping_ends_training_once_val_stops_improving(tmp_path, capsys):
     """eval.early_stopping=1: training stops at the first evaluation that is not a new
     best; the final evaluation is of that step, and the same command again finds the run

@@ -226,6 +226,40 @@ def atomic_json(path: str | os.PathLike, payload: Any, **dump_args: Any) -> None
     atomic_write(path, json.dumps(payload, **dump_args) + "\n")
 
 
+END = "_end"  # the key of the record a whole JSONL file ends with (`write_records`)
+
+
+def write_records(path: str | os.PathLike, rows: Sequence[Any]) -> None:
+    """`rows` as JSON lines, then an end record {"_end": {"count", "sha256"}} of the
+    lines before it, written atomically: `read_records` knows the file whole. For the
+    files a run makes and a resume reads back (pseudo-labels, teacher scores): one cut
+    at a line end would parse, and be trained on, as fewer records."""
+    body = "".join(json.dumps(r) + "\n" for r in rows)
+    end = {END: {"count": len(rows), "sha256": hashlib.sha256(body.encode()).hexdigest()}}
+    atomic_write(path, body + json.dumps(end) + "\n")
+
+
+def read_records(path: str | os.PathLike) -> tuple[list[Any] | None, str]:
+    """(the rows, "") of a file `write_records` wrote, or (None, why) when it is not
+    whole: cut short, changed since, or without an end record (cut there, or written
+    before files had one)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    body, _, last = data.rstrip(b"\n").rpartition(b"\n")
+    body = body + b"\n" if body else b""
+    try:
+        end = json.loads(last)[END]
+        count, digest = int(end["count"]), str(end["sha256"])
+    except (ValueError, KeyError, TypeError):
+        return None, "no end record (cut short, or written before files had one)"
+    if hashlib.sha256(body).hexdigest() != digest:
+        return None, "its records are not those its end record counts (cut or changed)"
+    rows = [json.loads(line) for line in body.decode("utf-8").splitlines() if line.strip()]
+    if len(rows) != count:
+        return None, f"{len(rows)} records where its end record says {count}"
+    return rows, ""
+
+
 def has_state(workdir: str) -> bool:
     """Whether the workdir holds what a run trained or built: a vocabulary or a checkpoint."""
     return os.path.exists(os.path.join(workdir, "vocab.json")) or has_checkpoint(workdir)

@@ -19,7 +19,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import serialization
 
-from dualjax.errors import SaveError  # noqa: F401 (raised here)
+from dualjax.errors import SaveError, WorkdirError  # noqa: F401 (SaveError: raised here)
 from dualjax.runtime.files import DISK_ERRNOS, DISK_STATUS, atomic_write
 from dualjax.runtime.processes import is_main
 from dualjax.runtime.sharding import to_host
@@ -131,10 +131,16 @@ class BestParams:
         self.value = -float("inf")
         meta = os.path.join(self.root, "best.json")
         if os.path.exists(meta):
-            with open(meta) as f:
-                saved = json.load(f)
-            if saved["metric"] == metric:
-                self.step, self.value = saved["step"], saved["value"]
+            try:
+                with open(meta) as f:
+                    saved = json.load(f)
+                kept = saved["metric"], int(saved["step"]), float(saved["value"])
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise WorkdirError(f"{meta}: unreadable ({e}); it names the best step so "
+                                   f"far: remove {self.root} to choose again from the next "
+                                   "evaluations") from None
+            if kept[0] == metric:
+                self.step, self.value = kept[1:]
 
     def offer(self, step: int, value: float, params: Any) -> bool:
         """Keeps `params` if `value` beats the best so far; returns whether it did."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import os
 from typing import Callable
 
@@ -44,7 +43,7 @@ from dualjax.errors import DataError, PretrainedError
 from dualjax.models import dual_encoder
 from dualjax.retrieval import encoding
 from dualjax.runtime import sharding
-from dualjax.runtime.files import atomic_write
+from dualjax.runtime.files import read_records, write_records
 from dualjax.text import sides
 from dualjax.train import warm_start, weak_labels
 
@@ -117,35 +116,34 @@ def path(workdir: str, name: str = "") -> str:
     return os.path.join(workdir, FILE if not name else FILE.replace(".jsonl", f"_{name}.jsonl"))
 
 
-def _read(file: str, passages: int) -> list[dict]:
-    """The records of a teacher_scores file; DataError naming file:line for a bad one."""
-    out = []
-    with open(file, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-                ok = (isinstance(r["query"], str) and len(r["documents"]) == len(r["scores"])
-                      and all(0 <= int(j) < passages for j in r["documents"]))
-            except (ValueError, KeyError, TypeError):
-                ok = False
-            if not ok:
-                raise DataError(f"{file}:{n}: not a teacher record of this collection (delete "
-                                "the file to score the candidates again)")
-            out.append(r)
-    return out
+def _checked(file: str, records: list, passages: int) -> list[dict]:
+    """The records of a whole teacher_scores file; DataError naming file:line for one
+    that is not a record of this collection."""
+    for n, r in enumerate(records, 1):
+        try:
+            ok = (isinstance(r["query"], str) and len(r["documents"]) == len(r["scores"])
+                  and all(0 <= int(j) < passages for j in r["documents"]))
+        except (ValueError, KeyError, TypeError):
+            ok = False
+        if not ok:
+            raise DataError(f"{file}:{n}: not a teacher record of this collection (delete "
+                            "the file to score the candidates again)")
+    return records
 
 
 def load_or_make(workdir: str, collection: Collection, seed: int, words: QueryWords,
                  spec: TeacherSpec, encoders: Callable[[], tuple[Encode, Encode]],
                  main: bool = True, name: str = "", bm25: dict | None = None) -> list[dict]:
     """WORKDIR/teacher_scores.jsonl (task `name`'s: teacher_scores_<name>.jsonl) if it
-    exists, else the records mined (`mine`) with the teacher's (query, document)
-    `encoders()` (called only then) and, by the main process, written there."""
+    is there whole (`files.read_records`), else the records mined (`mine`) with the
+    teacher's (query, document) `encoders()` (called only then) and, by the main
+    process, written there (again, said in the log, for a file cut short)."""
     file = path(workdir, name)
     if os.path.exists(file):
-        return _read(file, len(collection.passages))
+        records, why = read_records(file)
+        if records is not None:
+            return _checked(file, records, len(collection.passages))
+        logging.warning("%s: %s: the teacher scores the candidates again", file, why)
     documents = weak_labels.passage_documents(collection)
     queries, own = weak_labels.pseudo_queries(collection, seed, words,
                                               spec.queries_per_passage)
@@ -156,7 +154,7 @@ def load_or_make(workdir: str, collection: Collection, seed: int, words: QueryWo
                  "negatives scored by %s (fused with BM25 at dense weight %.2f); %s",
                  len(records), len(documents), spec.negatives, spec.teacher, spec.weight, file)
     if main:
-        atomic_write(file, "".join(json.dumps(r) + "\n" for r in records))
+        write_records(file, records)
     return records
 
 

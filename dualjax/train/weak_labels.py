@@ -17,7 +17,6 @@ WORKDIR/pseudo_pairs.jsonl, so a resumed run trains on the same pairs.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Callable
 
@@ -28,7 +27,7 @@ from dualjax.data.beir import document_text
 from dualjax.data.documents import Collection
 from dualjax.data.pretraining import PairGenerator, QueryWords
 from dualjax.retrieval import ann, baselines, hybrid
-from dualjax.runtime.files import atomic_write
+from dualjax.runtime.files import read_records, write_records
 
 FILE = "pseudo_pairs.jsonl"
 Encode = Callable[[list[str]], np.ndarray]  # texts -> unit vectors [n, dim]
@@ -103,12 +102,15 @@ def load_or_make(workdir: str, collection: Collection, seed: int, words: QueryWo
                  weight: float, encode_queries: Encode, encode_documents: Encode,
                  main: bool = True, name: str = "", bm25: dict | None = None
                  ) -> list[tuple[str, str]]:
-    """WORKDIR/pseudo_pairs.jsonl (task `name`'s: pseudo_pairs_<name>.jsonl) if it
-    exists, else the pairs made (and, by the main process, written there)."""
+    """WORKDIR/pseudo_pairs.jsonl (task `name`'s: pseudo_pairs_<name>.jsonl) if it is
+    there whole (`files.read_records`), else the pairs made (and, by the main process,
+    written there; again, said in the log, for a file cut short)."""
     path = pairs_path(workdir, name)
     if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            return [tuple(json.loads(line)) for line in f if line.strip()]
+        pairs, why = read_records(path)
+        if pairs is not None:
+            return [tuple(p) for p in pairs]
+        logging.warning("%s: %s: the pairs are made again", path, why)
     documents = passage_documents(collection)
     queries, _ = pseudo_queries(collection, seed, words)  # one per passage, in order
     pairs = hybrid_pairs(queries, documents, encode_queries, encode_documents, weight,
@@ -117,5 +119,5 @@ def load_or_make(workdir: str, collection: Collection, seed: int, words: QueryWo
                  "other document of the start's hybrid with BM25 (w %.2f); %s", len(pairs),
                  len(documents), weight, path)
     if main:
-        atomic_write(path, "".join(json.dumps(p) + "\n" for p in pairs))
+        write_records(path, pairs)
     return pairs
