@@ -205,8 +205,12 @@ def _check_flags() -> None:
     if _MAX_CHARS.value < 0:
         raise ValueError(f"--max_chars={_MAX_CHARS.value}: give 0 (all) or more")
     weight = _HYBRID_WEIGHT.value
-    if weight is not None and not (_HYBRID.value and 0 <= weight <= 1):
-        raise ValueError("--hybrid_weight is a weight in [0, 1] for --hybrid")
+    if weight is not None and not _HYBRID.value:
+        raise ValueError(f"--hybrid_weight={weight:g} weighs the dense scores in a hybrid "
+                         "search: give --hybrid too (e.g. --hybrid=bm25)")
+    if weight is not None and not 0 <= weight <= 1:
+        raise ValueError(f"--hybrid_weight={weight:g}: give a weight in [0, 1] (the dense "
+                         "scores' share)")
 
 
 def snippet(text: str, max_chars: int) -> str:

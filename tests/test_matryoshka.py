@@ -100,6 +100,10 @@ def test_a_run_trains_on_each_prefix_and_serves_them(tmp_path):
                                _unit(full.encode_documents(texts)[:, :4]), atol=1e-6)
     with pytest.raises(ValueError, match="dim=17: this bundle's vectors have 16"):
         full.at_dim(17)
+    for odd in ("8", True, 4.0):  # a comparison's TypeError, and 1-d vectors for True
+        with pytest.raises(TypeError, match=rf"dim={odd!r}: give the number of dimensions as "
+                                            r"an int \(1 to 16\), or None for all"):
+            full.at_dim(odd)
 
     # An index built at 4 dimensions: the search reads its queries at 4 too.
     ids = [f"d{i}" for i in range(len(texts))]

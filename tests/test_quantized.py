@@ -33,7 +33,19 @@ def test_binary_codes_are_the_signs_a_bit_each():
     corpus, _ = _data(dim=20)
     idx = quantized.QuantizedIndex.build(corpus, "binary")
     assert idx.codes.shape == (len(corpus), 3)  # 20 bits in 3 bytes
-    np.testing.assert_array_equal(idx.decoded(np.arange(len(corpus))), np.sign(corpus))
+    np.testing.assert_allclose(idx.decoded(np.arange(len(corpus))),  # unit vectors
+                               np.sign(corpus) / np.sqrt(20), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", quantized.KINDS)
+def test_scores_are_cosines_on_the_float_indexes_scale(kind):
+    """A binary index printed scores of +4 to +6 where float and int8 ones print
+    cosines: each query's first score now lies in [-1, 1], near the float cosine."""
+    corpus, queries = _data(n=500, dim=64, nq=20)
+    floats = ann.ExactIndex(corpus, 16, 128).search(queries, 1)[0][:, 0]
+    scores = quantized.QuantizedIndex.build(corpus, kind).search(queries, 1)[0][:, 0]
+    assert (np.abs(scores) <= 1 + 1e-5).all()
+    assert np.abs(scores - floats).max() < (0.05 if kind == "int8" else 0.4)
 
 
 @pytest.mark.parametrize("kind", quantized.KINDS)

@@ -8,7 +8,9 @@ searched over the codes and rescored (sentence-transformers' `quantize_embedding
   with the float query against the decoded corpus vectors.
 - binary: the sign of each coordinate, packed eight to a byte. The first pass ranks by
   Hamming distance between the query's signs and the corpus', then the top `rescore`
-  are scored with the float query against the corpus' +-1 vectors.
+  are scored with the float query against the corpus' +-1 vectors over sqrt(dim): the
+  unit vectors along the signs, so that scores are cosines as the float and int8
+  indexes' are (lower: a sign vector is not quite its document's direction).
 
 `QuantizedIndex.search` keeps `ExactIndex.search`'s contract (scores, ids [nq, k], a
 query's own document excluded, -1 padding); the float corpus vectors are not kept. Both
@@ -35,7 +37,8 @@ FILE = "quantized.npz"
 @dataclasses.dataclass(frozen=True)
 class QuantizedIndex:
     """kind "int8": codes int8 [n, dim], lo and step float32 [dim] (x ~ lo + (code + 128)
-    * step); kind "binary": codes uint8 [n, ceil(dim / 8)] (np.packbits of x > 0)."""
+    * step); kind "binary": codes uint8 [n, ceil(dim / 8)] (np.packbits of x > 0; x ~
+    sign(x) / sqrt(dim))."""
     kind: str
     codes: np.ndarray
     dim: int
@@ -66,7 +69,7 @@ class QuantizedIndex:
         codes = self.codes[rows]
         if self.kind == "binary":
             bits = np.unpackbits(codes, axis=-1, count=self.dim)
-            return bits.astype(np.float32) * 2.0 - 1.0
+            return (bits.astype(np.float32) * 2.0 - 1.0) / np.float32(np.sqrt(self.dim))
         return self.lo + (codes.astype(np.float32) + 128.0) * self.step
 
     def search(self, queries: np.ndarray, k: int, exclude: np.ndarray | None = None,
@@ -137,7 +140,8 @@ def _search_chunk(q: jax.Array, own: jax.Array, codes: jax.Array, lo: jax.Array,
     top, cand = jax.lax.top_k(first, depth)  # [c, depth]
     picked = codes[cand]  # [c, depth, dim or bytes]
     if kind == "binary":
-        vectors = jnp.unpackbits(picked, axis=-1, count=dim).astype(jnp.float32) * 2.0 - 1.0
+        signs = jnp.unpackbits(picked, axis=-1, count=dim).astype(jnp.float32) * 2.0 - 1.0
+        vectors = signs / jnp.sqrt(jnp.float32(dim))  # unit vectors: the scores are cosines
     else:
         vectors = lo + (picked.astype(jnp.float32) + 128.0) * step
     exact = jnp.einsum("qd,qcd->qc", q, vectors)

@@ -123,6 +123,9 @@ class Encoder:
         """Matryoshka: the vectors cut to their first `dim` coordinates, renormalised
         (None: all of them)."""
         full = int(self.meta["dim"])
+        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, (int, np.integer))):
+            raise TypeError(f"dim={dim!r}: give the number of dimensions as an int (1 to "
+                            f"{full}), or None for all")
         if dim is not None and not 1 <= dim <= full:
             raise ValueError(f"dim={dim}: this bundle's vectors have {full} dimensions; "
                              f"give 1 to {full}")

@@ -29,8 +29,9 @@ def _library():
     try:
         import tokenizers
     except ImportError:
-        raise ImportError("model.tokenizer='hf' needs the tokenizers library: "
-                          "pip install 'dualjax[pretrained]'") from None
+        raise ImportError("model.tokenizer='hf' needs the tokenizers library, which "
+                          "dualjax installs: pip install -e . (or pip install tokenizers)"
+                          ) from None
     return tokenizers
 
 
