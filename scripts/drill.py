@@ -6,10 +6,11 @@ reports.
         [--full_disk] [--seed=0] [--json=out.json]
     python scripts/drill.py --serving --out=runs/drill_serving [--json=out.json] [--only=RE]
 
---serving runs the serving drill instead (scripts/serving_drill.py, and issue 30's cases
-in scripts/odd_input_drill.py): export, index, search and training given odd input,
-damaged files, races and signals, each case refused in one line or answered correctly
-(--only: the cases whose name matches RE).
+--serving runs the serving drill instead (scripts/serving_drill.py, issue 30's cases in
+scripts/odd_input_drill.py and issue 43's in scripts/round3_drill.py): export, index,
+search and training given odd input, damaged files, races, signals and processes that
+disagree or die, each case refused in one line or answered correctly (--only: the cases
+whose name matches RE).
 
 Every run is `python -m dualjax.main --config=configs/tiny.py` with 40 steps, a checkpoint
 every 5 and no evaluation before the last step (the issue's drill). One uninterrupted
@@ -219,10 +220,12 @@ def main() -> None:
 
 def serving(args) -> None:
     import odd_input_drill
+    import round3_drill
     import serving_drill
     t0 = time.time()
     setup = serving_drill.prepare(os.path.abspath(args.out))
-    cases = [c for c in serving_drill.CASES + odd_input_drill.cases()
+    every = serving_drill.CASES + odd_input_drill.cases() + round3_drill.cases()
+    cases = [c for c in every
              if re.search(args.only, c.name)]
     results = serving_drill.run_cases(setup, cases)
     print(serving_drill.table(results))
