@@ -5,6 +5,7 @@ reports.
     python scripts/drill.py --out=runs/drill [--kills=20] [--terms=5] [--concurrent=5]
         [--full_disk] [--seed=0] [--json=out.json]
     python scripts/drill.py --serving --out=runs/drill_serving [--json=out.json] [--only=RE]
+    python scripts/drill.py --tour --out=runs/drill_tour [--json=out.json]
 
 --serving runs the serving drill instead (scripts/serving_drill.py, issue 30's cases in
 scripts/odd_input_drill.py and issue 43's in scripts/round3_drill.py): export, index,
@@ -162,11 +163,16 @@ def main() -> None:
                    help="also fill a 700 KB tmpfs at a checkpoint (needs root)")
     p.add_argument("--json", default="")
     p.add_argument("--serving", action="store_true", help="the serving drill instead")
+    p.add_argument("--tour", action="store_true", help="the README's quick start and tour, "
+                   "in order, from a fresh clone (scripts/tour_drill.py) instead")
     p.add_argument("--only", default="", help="--serving: the cases whose name matches")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.serving:
         return serving(args)
+    if args.tour:
+        import tour_drill
+        return tour_drill.main(args.out, args.json)
     rng = random.Random(args.seed)
 
     t0 = time.time()
