@@ -91,7 +91,7 @@ def write_data(folder: str, seed: int = 0) -> None:
         for p in range(4):
             sentences = [_sentence(rng, topic) for _ in range(4)]
             text = " ".join(sentences)
-            paragraphs.append({"section": None, "text": text})
+            paragraphs.append({"section": None if p == 0 else "Care", "text": text})
             doc = f"a{a}p{p}"
             corpus.append({"_id": doc, "title": f"{topic} {a}", "text": text})
             question = " ".join(sentences[1].split()[:8]) + "?"
@@ -102,7 +102,9 @@ def write_data(folder: str, seed: int = 0) -> None:
                 "answers": [{"answer_start": len(sentences[0]) + 1,
                              "text": sentences[1].split()[3]}]}]})
         articles.append({"id": f"{topic}_{a}", "title": f"{topic} {a}",
-                         "paragraphs": paragraphs})
+                         "paragraphs": paragraphs,  # a lead, then a section (BFS); links
+                         "links": [f"{topic}_{(a + k * len(TOPICS)) % 30}"  # (WLP)
+                                   for k in (1, 2)]})
         squad.append({"title": f"{topic} {a}", "paragraphs": squad_paragraphs})
     with open(os.path.join(folder, "articles.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in articles)
