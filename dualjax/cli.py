@@ -193,6 +193,22 @@ def _terminate(signum, frame) -> None:
     raise Terminated()
 
 
+def _signals_again(hook):
+    """An unraisable-exception hook that delivers a signal again when its handler's
+    exception was raised inside a finalizer (a `__del__` that ran just then) and so
+    swallowed: the command would go on as if the signal had not come (once seen: a
+    SIGTERM during the final evaluation, a traceback, and exit 0)."""
+    def unraisablehook(args):
+        signum = {Terminated: signal.SIGTERM, KeyboardInterrupt: signal.SIGINT}.get(
+            args.exc_type, getattr(args.exc_value, "signum", 0))
+        if signum:  # a moment later, from outside the finalizer (again if need be)
+            threading.Timer(0.01, signal.pthread_kill,
+                            (threading.main_thread().ident, signum)).start()
+            return
+        hook(args)
+    return unraisablehook
+
+
 def _stoppable(main: Callable[[list[str]], None], name: str) -> Callable[[list[str]], None]:
     """`main`, ended in one line by SIGINT (exit 130) or SIGTERM (exit 143), and, in a
     multi-process command, ended at once with the others (`runtime/peers.py`): a
@@ -201,8 +217,14 @@ def _stoppable(main: Callable[[list[str]], None], name: str) -> Callable[[list[s
     def stoppable(argv: list[str]) -> None:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _terminate)
+        sys.unraisablehook = _signals_again(sys.unraisablehook)
         try:
             main(argv)
+            # Done: a signal while the interpreter winds down (jax's teardown takes a
+            # moment) would kill it with no word and no exit status of its own.
+            if threading.current_thread() is threading.main_thread():
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, signal.SIG_IGN)
         except KeyboardInterrupt:
             _end(130, f"{name}: stopped by SIGINT (Ctrl-C); nothing half-written was kept",
                  "SIGINT")

@@ -29,7 +29,9 @@ class OutputError(ValueError):
 
 class Preempted(Exception):
     """SIGTERM or SIGINT stopped the run (during training, after saving a checkpoint);
-    running the same command again resumes from the last checkpoint."""
+    running the same command again resumes from the last checkpoint. `signum`: the
+    signal, when raised by its handler."""
+    signum = 0
 
 
 class SaveError(WorkdirError):

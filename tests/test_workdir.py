@@ -291,3 +291,35 @@ def test_a_signal_while_the_command_starts_is_one_line_and_exit_143(tmp_path):
     assert proc.returncode == 143, err[:3000]
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith("dualjax: SIGTERM: stopped")
+
+
+def test_a_signal_swallowed_by_a_finalizer_is_delivered_again():
+    """A SIGTERM whose handler ran inside a `__del__` raised there, was printed as an
+    ignored exception, and the command went on to exit 0 (seen once in the drill during
+    the final evaluation). The commands' unraisable hook delivers it again; and once
+    the command is done, a signal during the interpreter's teardown is ignored."""
+    from dualjax import cli
+
+    class Finalizer:
+        def __del__(self):
+            signal.raise_signal(signal.SIGTERM)
+
+    previous = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT),
+                sys.unraisablehook)
+    done = []
+    try:
+        def main(argv):
+            Finalizer()  # made and collected at once: its __del__ gets the signal
+            for _ in range(200):
+                time.sleep(0.01)
+            done.append("went on")
+
+        with pytest.raises(SystemExit) as e:
+            cli._stoppable(main, "dualjax.test")([])
+        assert e.value.code == 143 and done == []
+        cli._stoppable(lambda argv: None, "dualjax.test")([])
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+        sys.unraisablehook = previous[2]

@@ -44,8 +44,10 @@ class Signals:
         if not self.deferring:
             if peers.active() is not None:  # the others stop with this process
                 peers.active().announce(name)
-            raise Preempted(f"{name}: stopped {self.stage}; run the same command again "
-                            "to resume")
+            error = Preempted(f"{name}: stopped {self.stage}; run the same command again "
+                              "to resume")
+            error.signum = signum  # (raised again if a finalizer swallows it: cli.py)
+            raise error
         if self.received:  # asked twice: stop now, without saving
             raise KeyboardInterrupt
         self.received = name
