@@ -307,7 +307,7 @@ def cases() -> list[Case]:
              check=lambda s, out: _exit(out) == 0 and "starts over with the new config" in out,
              slow=True),
         # 4. prompts that leave room
-        Case("a 26-word query prompt at max_len 16", lambda s, d: _refused_then(
+        Case("a 23-word query prompt at max_len 16", lambda s, d: _refused_then(
             _main(f"{d}/w", f"--config.model.query_prompt={LONG_PROMPT}"), d), "answered",
              check=_nothing_written(r"config.model.query_prompt=.* takes \d+ of the side's 16 "
                                     r"tokens")),
