@@ -83,6 +83,31 @@ def test_hf_tokenizer_feeds_sentence_transformers_ids(minilm):
         assert (ids[mask.sum(1) == max_len, max_len - 1] == tok.token_ids("")[-1]).all()
 
 
+def test_hf_batch_encoding_equals_the_per_text_reference(minilm, wordllama):
+    """`encode` truncates and adds [CLS] / [SEP] inside the library, in its threads; the
+    reference does it per text in Python (truncate, then post-process): equal ids and
+    masks for BERT's WordPiece (special tokens), WordLlama's lowercased BPE (none) and a
+    static table that drops its unknown pieces, at every length from 1 to past the
+    longest text."""
+    from dualjax.text import hf
+    texts = ["", " ", "Hello World of Fluids", "naïve café — 北京 🙂 " * 30,
+             "x" * 3000, "A b. " * 200, "one", "Zürich's ZIP code is 8001?"]
+    bert = pretrained.resolve(minilm).tokenizer()
+    static = pretrained.resolve(wordllama).tokenizer()
+    dropping = hf.HFTokenizer(bert.spec, lowercase=True, add_special_tokens=True,
+                              drop_unknown=True)  # (WordPiece has no piece for 🙂)
+    for tok in (bert, static, dropping):
+        for max_len in (1, 2, 3, 8, 64, 512, 2048):
+            want = hf._padded(tok._ids(tok._tok.encode_batch(
+                [tok._prepare(t) for t in texts], add_special_tokens=False), max_len), max_len)
+            got = tok.encode(texts, max_len)
+            np.testing.assert_array_equal(got[0], want[0], err_msg=f"{max_len}")
+            np.testing.assert_array_equal(got[1], want[1])
+    assert bert.encode(texts, 64)[1].sum(1).max() == 64
+    assert (bert.encode(texts, 64)[0] == dropping.unknown_id).any()  # what it drops
+    assert not (dropping.encode(texts, 64)[0] == dropping.unknown_id).any()
+
+
 def test_hf_tokenizer_saves_loads_and_pickles(tmp_path):
     import pickle
     tok = pretrained.resolve(TINY).tokenizer()
