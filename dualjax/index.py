@@ -17,6 +17,7 @@ process sees (shared storage), as a training workdir is.
 from __future__ import annotations
 
 import array
+import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
@@ -36,6 +37,7 @@ from dualjax.data.pairs_file import DataError
 from dualjax.retrieval import ann, quantized
 from dualjax.runtime import processes
 from dualjax.runtime.files import check_output, staged_output
+from dualjax.runtime.pipeline import prefetched
 from dualjax.runtime.progress import Progress
 from dualjax.serve.bundle import Encoder
 from dualjax.serve.corpus_index import (  # noqa: F401 (recorded_dim: the index's API)
@@ -49,7 +51,7 @@ from dualjax.serve.corpus_index import (  # noqa: F401 (recorded_dim: the index'
     write_manifest,
     write_shard_meta,
 )
-from dualjax.text import sides, tokenizers
+from dualjax.text import tokenizers
 
 BLOCK_BATCHES = 64  # a block (texts held, sorted longest first, then written) = 64 batches
 
@@ -279,34 +281,36 @@ def _write_shard(encoder: Encoder, docs: Iterator[Document], tmp: str, share: in
     writer = ShardWriter(folder, encoder.dim)
     tokenizer = encoder.sides["document"].tokenizer
     hashes, skipped, block_size = array.array("Q"), [], BLOCK_BATCHES * batch_size
-    chunk = 4 * batch_size * max(1, len(devices))  # texts per progress update
-    block_ids: list[str] = []
-    block_texts: list[str] = []
 
-    def flush(bar: Progress) -> None:
-        ids, texts, dropped = with_tokens(block_ids, block_texts, tokenizer)
-        skipped.extend(dropped)
-        vectors = np.zeros((len(texts), encoder.dim), np.float32)
-        order = sides.longest_first(texts)
-        for at in range(0, len(texts), chunk):
-            rows = order[at:at + chunk]
-            vectors[rows] = encoder.encode_documents([texts[i] for i in rows],
-                                                     batch_size=batch_size, devices=devices)
-            bar.update(len(rows))
-        writer.add(ids, texts, vectors)
-        block_ids.clear()
-        block_texts.clear()
+    def blocks() -> Iterator[tuple[list[str], list[str]]]:
+        """(ids, texts) of each block of documents, with their ids' digests kept."""
+        ids: list[str] = []
+        texts: list[str] = []
+        for _, doc_id, text in docs:
+            hashes.append(_id_hash(doc_id))
+            ids.append(doc_id)
+            texts.append(text)
+            if len(texts) == block_size:
+                yield ids, texts
+                ids, texts = [], []
+        yield ids, texts
 
+    # The next block is read and parsed, and the last one written, while this one is
+    # encoded (`runtime.pipeline`): none of the three waits for the others.
+    written = None
     try:
         with Progress(None, f"encode corpus{f' (shard {share})' if shares > 1 else ''}",
-                      "text") as bar:
-            for _, doc_id, text in docs:
-                hashes.append(_id_hash(doc_id))
-                block_ids.append(doc_id)
-                block_texts.append(text)
-                if len(block_texts) == block_size:
-                    flush(bar)
-            flush(bar)
+                      "text") as bar, concurrent.futures.ThreadPoolExecutor(1) as write:
+            for block_ids, block_texts in prefetched(blocks()):
+                ids, texts, dropped = with_tokens(block_ids, block_texts, tokenizer)
+                skipped.extend(dropped)
+                vectors = encoder.encode_documents(texts, batch_size=batch_size,
+                                                   devices=devices, progress=bar.update)
+                if written is not None:
+                    written.result()
+                written = write.submit(writer.add, ids, texts, vectors)
+            if written is not None:
+                written.result()
     except BaseException:
         writer.abort()
         raise
@@ -321,7 +325,7 @@ def _write_shard(encoder: Encoder, docs: Iterator[Document], tmp: str, share: in
     write_shard_meta(folder, {
         "run": run, "shard": share, "shards": shares, "encoder_id": encoder.id, "n": n,
         "dim": encoder.dim, "read": len(hashes), "settings": searcher, "build": record,
-        "encode_seconds": round(encoded, 3),
+        "encode_seconds": round(encoded, 3), "encode_profile": encoder.timings.as_dict(),
         "build_seconds": round(time.perf_counter() - start - encoded, 3)})
     np.save(os.path.join(tmp, f"ids-{share}.npy"), np.frombuffer(hashes, np.uint64))
 

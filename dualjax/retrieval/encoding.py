@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from dualjax.runtime import sharding
+from dualjax.runtime.pipeline import overlapped
 from dualjax.runtime.progress import Progress
 from dualjax.text.features import Fields
 from dualjax.text.sides import Side, longest_first
@@ -27,29 +28,34 @@ def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], side: Side, batch_si
     each batch is cut to `length_bucket` of its longest text, so short texts are not
     run at the full max length (padding never changes a text's vector). The last batch
     is padded to the full size so each length compiles once (for every corpus alike);
-    each batch is sharded over the mesh's `data` axis. In a multi-host
-    run every process calls this with the same texts: each tokenizes every batch,
-    places its share, and gets all the embeddings back.
+    each batch is sharded over the mesh's `data` axis. The host tokenizes the next
+    batch while the device encodes this one (`runtime.pipeline.overlapped`). In a
+    multi-host run every process calls this with the same texts: each tokenizes every
+    batch, places its share, and gets all the embeddings back.
     """
     n_dev, n_proc, me = sharding.data_size(mesh), jax.process_count(), jax.process_index()
     batch_size = -(-batch_size // n_dev) * n_dev
     share = batch_size // n_proc  # this process's rows of each batch
     order = longest_first(texts)
-    out = np.zeros((len(texts), 0), np.float32)
-    bar = Progress(len(texts), desc, "text", leave=False)
-    for start in range(0, len(texts), batch_size):
-        rows = order[start:start + batch_size]
+    out: list[np.ndarray] = []  # [len(texts), dim], once the first vectors say the width
+
+    def prepare(rows: np.ndarray) -> dict[str, np.ndarray]:
         x = side.encode_batch([texts[i] for i in rows],
                               None if fields is None else [fields[i] for i in rows], batch_size)
-        x = {k: v[me * share:(me + 1) * share] for k, v in x.items()}
-        vectors = encode_fn(sharding.put_global_batch(x, mesh))
+        return {k: v[me * share:(me + 1) * share] for k, v in x.items()}
+
+    def take(rows: np.ndarray, vectors: jax.Array) -> None:
         if n_proc > 1:  # the other processes' rows too
             from jax.experimental import multihost_utils
             vectors = multihost_utils.process_allgather(vectors, tiled=True)
         vectors = np.asarray(vectors)
-        if not out.shape[1]:
-            out = np.zeros((len(texts), vectors.shape[1]), vectors.dtype)
-        out[rows] = vectors[:len(rows)]
+        if not out:
+            out.append(np.zeros((len(texts), vectors.shape[1]), vectors.dtype))
+        out[0][rows] = vectors[:len(rows)]
         bar.update(len(rows))
+
+    bar = Progress(len(texts), desc, "text", leave=False)
+    overlapped((order[start:start + batch_size] for start in range(0, len(texts), batch_size)),
+               prepare, lambda rows, x: encode_fn(sharding.put_global_batch(x, mesh)), take)
     bar.close()
-    return out
+    return out[0] if out else np.zeros((len(texts), 0), np.float32)

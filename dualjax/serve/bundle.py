@@ -21,13 +21,14 @@ import copy
 import hashlib
 import json
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import numpy as np
 from flax import serialization
 
 from dualjax.runtime.files import verify_digests
+from dualjax.runtime.pipeline import Timings, overlapped
 from dualjax.text import features, sides, tokenizers
 
 FORMAT = 2  # encoder.json "format": bumped when a bundle's layout changes (2: "files")
@@ -100,6 +101,7 @@ class Encoder:
                                                    f.read()))
         self._dim = self._checked_dim(dim)
         self._device_params = {}  # device -> the params there (`_params_on`; shared by at_dim)
+        self.timings = Timings()  # where the encoding time went, over every call so far
         self._fns = {}
         for side in SIDES:
             path = os.path.join(directory, f"{side}.jax_export")
@@ -169,12 +171,13 @@ class Encoder:
         return self._encode("query", texts, fields, batch_size)
 
     def encode_documents(self, texts: Sequence[str], fields: Sequence[dict] | None = None,
-                         batch_size: int = 256, devices: Sequence[jax.Device] = ()
-                         ) -> np.ndarray:
+                         batch_size: int = 256, devices: Sequence[jax.Device] = (),
+                         progress: Callable[[int], None] | None = None) -> np.ndarray:
         """The document tower's vectors: as `encode_queries`, for documents; with
         `devices` (a process' local devices), the batches go to them in turn, each device
-        encoding its own while the next is dispatched (the default device: none given)."""
-        return self._encode("document", texts, fields, batch_size, devices)
+        encoding its own while the next is dispatched (the default device: none given);
+        `progress(n)` is called as each batch of n texts is stored."""
+        return self._encode("document", texts, fields, batch_size, devices, progress)
 
     def _params_on(self, device: jax.Device | None):
         """The parameters on `device` (one copy per device, made once)."""
@@ -185,12 +188,13 @@ class Encoder:
         return self._device_params[device]
 
     def _encode(self, side: str, texts: Sequence[str], fields, batch_size: int,
-                devices: Sequence[jax.Device] = ()) -> np.ndarray:
+                devices: Sequence[jax.Device] = (),
+                progress: Callable[[int], None] | None = None) -> np.ndarray:
         """Batches longest text first (by characters, as sentence-transformers does), each
         cut to the length bucket of its longest text when the bundle's length is symbolic
         (padding never changes a vector); full batches, so each bucket compiles once.
-        Batches are dispatched one per device before any is read back, so that several
-        devices encode at once."""
+        The host tokenizes the next batches while the devices encode (one batch in flight
+        on each device: `runtime.pipeline.overlapped`)."""
         method = {"query": "encode_queries", "document": "encode_documents"}[side]
         if isinstance(texts, (str, bytes)):
             raise TypeError(f"{method} takes a sequence of texts, not one string: pass [text]")
@@ -209,27 +213,30 @@ class Encoder:
         # an older bundle's functions take max_len alone
         min_bucket = self.min_bucket if self.meta.get("length") == "symbolic" else s.max_len
         devices = list(devices) or [None]
-        pending = []
+        rows_of = lambda n: order[n * batch_size:(n + 1) * batch_size]
 
-        def collect():
-            for rows, y in pending:
-                y = np.asarray(y)[:len(rows), :self.dim]
-                if self._dim:
-                    y = y / np.maximum(np.linalg.norm(y, axis=1, keepdims=True), 1e-6)
-                out[rows] = y
-            pending.clear()
-
-        for n, start in enumerate(range(0, len(texts), batch_size)):
-            rows = order[start:start + batch_size]
+        def prepare(n: int) -> list[np.ndarray]:
+            rows = rows_of(n)
             x = s.encode_batch([texts[i] for i in rows],
                                None if fields is None else [fields[i] for i in rows],
                                batch_size if len(texts) > batch_size else 0, min_bucket)
-            args = [x["ids"], x["mask"]] + ([x["cats"]] if "cats" in x else [])
+            return [x["ids"], x["mask"]] + ([x["cats"]] if "cats" in x else [])
+
+        def run(n: int, args: list[np.ndarray]):
             device = devices[n % len(devices)]
             if device is not None:
                 args = jax.device_put(args, device)
-            pending.append((rows, self._fns[side](self._params_on(device), *args)))
-            if len(pending) == len(devices):
-                collect()
-        collect()
+            return self._fns[side](self._params_on(device), *args)
+
+        def take(n: int, y) -> None:
+            rows = rows_of(n)
+            y = np.asarray(y)[:len(rows), :self.dim]
+            if self._dim:
+                y = y / np.maximum(np.linalg.norm(y, axis=1, keepdims=True), 1e-6)
+            out[rows] = y
+            if progress is not None:
+                progress(len(rows))
+
+        overlapped(range(-(-len(texts) // batch_size)), prepare, run, take,
+                   ahead=len(devices) + 1, lag=len(devices), timings=self.timings)
         return out

@@ -1,0 +1,154 @@
+"""Host and device at work at once: while the device runs batch n, the host prepares
+batch n+1 (reads, tokenizes, pads) and reads back and stores the vectors of batch n-1.
+
+jax dispatches a computation and returns at once; only reading its result waits. A loop
+that prepares a batch, runs it and reads it back before preparing the next makes host
+and device take turns, each idle half the time. `overlapped` runs `prepare` in a worker
+thread up to `ahead` jobs in advance (the tokenizers library and numpy release the GIL
+while they work), dispatches each job's device work in order, and reads a job's result
+back only once `lag` later jobs are dispatched (one per device when several take turns).
+Every corpus encoding goes through it: evaluation, `dualjax.index`, the bundle's
+`Encoder`, the teacher's pass and the pseudo-labels.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterable, Iterator, TypeVar
+
+import jax
+
+J = TypeVar("J")  # a job: what to encode (row indices, a device)
+P = TypeVar("P")  # a job prepared by the host (token ids, masks)
+
+
+@dataclasses.dataclass
+class Timings:
+    """Where an `overlapped` run's time went, in seconds: the host preparing jobs (in its
+    worker thread), dispatching them, and storing results (in the caller's thread); the
+    caller waiting for a preparation (the host is the bottleneck) or for a device result
+    (the device is)."""
+    prepare: float = 0.0
+    dispatch: float = 0.0
+    store: float = 0.0
+    wait_host: float = 0.0
+    wait_device: float = 0.0
+    jobs: int = 0
+
+    def add(self, other: Timings) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: round(getattr(self, f.name), 3) for f in dataclasses.fields(self)}
+
+
+def overlapped(jobs: Iterable[J], prepare: Callable[[J], P], run: Callable[[J, P], Any],
+               take: Callable[[J, Any], None], ahead: int = 2, lag: int = 1,
+               timings: Timings | None = None) -> None:
+    """prepare(job) on the host, run(job, prepared) on the device (dispatched, not
+    waited for), take(job, result) once `lag` more jobs are dispatched, for every job,
+    in order; everything taken before it returns.
+
+    Args:
+      jobs: the jobs, in the order they are run and taken.
+      prepare: host work of one job, run in a worker thread, at most `ahead` jobs early.
+      run: dispatches a prepared job (returns without waiting for the device).
+      take: reads a job's result back (waits for it) and stores it.
+      ahead: jobs prepared in advance (>= 1).
+      lag: jobs dispatched before a result is read back (>= 1; the number of devices
+        taking turns, so that each has one in flight).
+      timings: where the time went is added to it (the bench's split of host, device
+        and waiting).
+    """
+    jobs = iter(jobs)
+    t = timings if timings is not None else Timings()
+    clock = time.perf_counter
+
+    def timed_prepare(job: J) -> P:
+        start = clock()
+        try:
+            return prepare(job)
+        finally:
+            t.prepare += clock() - start
+
+    def finish(job: J, result: Any) -> None:
+        start = clock()
+        jax.block_until_ready(result)
+        middle = clock()
+        take(job, result)
+        t.wait_device += middle - start
+        t.store += clock() - middle
+        t.jobs += 1
+
+    ready: collections.deque = collections.deque()  # (job, future of its preparation)
+    running: collections.deque = collections.deque()  # (job, its dispatched result)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="prepare") as pool:
+        def fill() -> None:
+            while len(ready) < ahead:
+                job = next(jobs, _END)
+                if job is _END:
+                    return
+                ready.append((job, pool.submit(timed_prepare, job)))
+        try:
+            fill()
+            while ready:
+                job, prepared = ready.popleft()
+                fill()  # the next job's preparation starts before this one runs
+                start = clock()
+                args = prepared.result()
+                middle = clock()
+                running.append((job, run(job, args)))
+                t.wait_host += middle - start
+                t.dispatch += clock() - middle
+                while len(running) > lag:
+                    finish(*running.popleft())
+            while running:
+                finish(*running.popleft())
+        finally:
+            for _, prepared in ready:
+                prepared.cancel()
+
+
+def prefetched(items: Iterable[J], depth: int = 1) -> Iterator[J]:
+    """`items`, produced in a worker thread up to `depth` ahead of their consumer (a
+    file read and parsed while the previous block is encoded). An error of the producer
+    is raised where its item would have come."""
+    queue_: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        queue_.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            queue_.put((_END, None))
+        except BaseException as e:  # said where the consumer reads it
+            queue_.put((_END, e))
+
+    worker = threading.Thread(target=produce, name="prefetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item, error = queue_.get()
+            if error is not None:
+                raise error
+            if item is _END:
+                return
+            yield item
+    finally:
+        stop.set()
+
+
+_END = object()
