@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 from absl import app, flags
 
 from dualjax.errors import Terminated, UsageError
-from dualjax.runtime import coordinator, peers
+from dualjax.runtime import coordinator, peers, xla_cache
 
 
 def define_process_flags(module: str) -> None:
@@ -185,6 +185,7 @@ def run(main: Callable[[list[str]], None], module: str, name: str = "", **kwargs
             flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     if any(arg in ("-h", "-?", "--help", "--helpshort") for arg in sys.argv[1:]):
         app.usage(shorthelp=True, writeto_stdout=True, exitcode=0)
+    xla_cache.enable()  # compiled programs kept between runs (runtime/xla_cache.py)
     spec = getattr(sys.modules.get(module), "__spec__", None)  # -m: "__main__" is the module
     app.run(_stoppable(main, name or (spec.name if spec else module)), **kwargs)
 
