@@ -218,3 +218,31 @@ def test_sentence_spans(paragraph, expected):
 
 def test_sentence_spans_are_character_spans():
     assert text.sentence_spans(" Ab. Cd.") == [(1, 4), (5, 8)]
+
+
+def test_a_side_tokenizes_each_distinct_text_once_with_the_same_rows():
+    """A collection's documents come back with each of their queries (SQuAD's 42 k pairs
+    hold 2 k paragraphs): `Side.encode` tokenizes each distinct text once and gives
+    every row what tokenizing it alone gives, prompt and fields included."""
+    from dualjax.text.sides import Side
+
+    tok = build_word_tokenizer(["how do i fix my bike", "cook rice fast", "what is a bike"],
+                               vocab_size=50, num_oov_buckets=4)
+    seen = []
+
+    class Counting:
+        vocab_size = tok.vocab_size
+
+        def encode(self, texts, max_len):
+            seen.extend(texts)
+            return tok.encode(texts, max_len)
+
+    texts = ["how do i fix my bike", "cook rice fast", "how do i fix my bike", "",
+             "cook rice fast", "what is a bike", "how do i fix my bike"]
+    side = Side(Counting(), 6, prompt="q ")
+    got = side.encode(texts)
+    assert sorted(seen) == sorted({"q " + t for t in texts})  # each distinct text once
+    for i, t in enumerate(texts):
+        alone = Side(tok, 6, prompt="q ").encode([t])
+        np.testing.assert_array_equal(got["ids"][i], alone["ids"][0])
+        np.testing.assert_array_equal(got["mask"][i], alone["mask"][0])

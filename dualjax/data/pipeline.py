@@ -91,6 +91,7 @@ def pair_texts(source) -> Iterable[str]:
 
 
 PRETOKENIZE_MAX_BYTES = 2 * 2 ** 30  # a source whose token ids fit in this is encoded once
+CHUNK = 1 << 15  # records encoded at a time when the source is pretokenized
 
 
 class ReadPairs(grain.transforms.Map):
@@ -112,9 +113,11 @@ class ReadPairs(grain.transforms.Map):
         row_bytes = 5 * (inputs.query.max_len + (1 + num_hard_negatives) * inputs.document.max_len)
         self._table = None
         if pretokenize and len(source) * row_bytes <= PRETOKENIZE_MAX_BYTES:
-            parts = [self._encode(read_records(source, range(start, min(start + 4096,
+            # Large chunks: a document repeated over the collection is tokenized once a
+            # chunk (`Side.encode`).
+            parts = [self._encode(read_records(source, range(start, min(start + CHUNK,
                                                                         len(source)))))
-                     for start in range(0, len(source), 4096)]
+                     for start in range(0, len(source), CHUNK)]
             self._table = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def map(self, indices: np.ndarray) -> dict[str, np.ndarray]:

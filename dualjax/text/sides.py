@@ -58,8 +58,16 @@ class Side:
         when the side has categorical fields (all missing when `fields` is None)."""
         texts = list(texts)
         _warn_if_long(texts, self.max_len)
+        # Each distinct text tokenized once (a collection's documents come back with each
+        # of their queries: SQuAD's pairs hold 2 k paragraphs 42 k times).
+        first: dict[str, int] = {}
+        rows = np.fromiter((first.setdefault(t, len(first)) for t in texts), np.int64,
+                           len(texts))
+        distinct = list(first)
         ids, mask = self.tokenizer.encode(
-            [self.prompt + t for t in texts] if self.prompt else texts, self.max_len)
+            [self.prompt + t for t in distinct] if self.prompt else distinct, self.max_len)
+        if len(distinct) < len(texts):
+            ids, mask = ids[rows], mask[rows]
         out = {"ids": ids, "mask": mask}
         if self.features:
             given = fields if fields is not None else [None] * len(texts)
