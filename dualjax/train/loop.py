@@ -425,6 +425,9 @@ class _TrainRows:
                                       / max(now - self.since[1], 1e-9))
         self.ahead = steps_ahead((now - self.since[1]) / max(step - self.since[0], 1))
         self.since = (step, now)
+        stats = jax.local_devices()[0].memory_stats()  # (None on CPU)
+        if stats and "peak_bytes_in_use" in stats:  # the device's high-water mark so far
+            values["device_peak_gib"] = stats["peak_bytes_in_use"] / 2 ** 30
         self.run.log.write(step, "train", values, **self.run.tasks[task].fields())
         self.bar.set_postfix(loss=f"{values['loss']:.4f}")
         if self.bar.disable:  # not a terminal (CI, nohup, a pipe): progress as lines
