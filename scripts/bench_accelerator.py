@@ -129,7 +129,7 @@ def toy_rows(n: int = 400) -> list[tuple[str, str]]:
 
 def write_data(out: str, rows: list[tuple[str, str]], repeat: int, docs: int) -> tuple[str, str]:
     """pairs.tsv (the rows `repeat` times, shuffled each time) and corpus.jsonl (`docs`
-    paragraphs, numbered so none repeats an id)."""
+    paragraphs, each numbered: no id and no text repeats)."""
     pairs, corpus = os.path.join(out, "pairs.tsv"), os.path.join(out, "corpus.jsonl")
     rng = random.Random(0)
     with open(pairs, "w") as f:
@@ -138,8 +138,9 @@ def write_data(out: str, rows: list[tuple[str, str]], repeat: int, docs: int) ->
             rng.shuffle(rows)
             f.writelines(f"{q}\t{c}\n" for q, c in rows)
     paragraphs = sorted({c for _, c in rows})
-    with open(corpus, "w") as f:
-        f.writelines(json.dumps({"_id": f"d{i}", "text": paragraphs[i % len(paragraphs)]})
+    with open(corpus, "w") as f:  # each text distinct (its number in front): no encoder
+        # may tokenize a repeated one once for all (dualjax's batches would)
+        f.writelines(json.dumps({"_id": f"d{i}", "text": f"{i}. {paragraphs[i % len(paragraphs)]}"})
                      + "\n" for i in range(docs))
     return pairs, corpus
 
