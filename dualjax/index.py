@@ -53,7 +53,7 @@ from dualjax.serve.corpus_index import (  # noqa: F401 (recorded_dim: the index'
 )
 from dualjax.text import tokenizers
 
-BLOCK_BATCHES = 64  # a block (texts held, sorted longest first, then written) = 64 batches
+BLOCK_BATCHES = 16  # a block (texts held, sorted longest first, then written) = 16 batches
 
 
 @dataclasses.dataclass(frozen=True)
