@@ -28,11 +28,11 @@ from typing import Iterator
 import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
-from tensorflow_datasets.core.example_parser import tf_example_pb2
 
 from dualjax.data import beir, clusters, mining, pairs_file, reqa, synthetic
 from dualjax.data.clusters import RawData, RetrievalTask
 from dualjax.data.pairs_file import DataError
+from dualjax.data.records import Records
 from dualjax.errors import WorkdirError
 from dualjax.runtime.files import DISK_ERRNOS
 from dualjax.text.words import normalize, words
@@ -76,7 +76,6 @@ def _json(fields: dict | None) -> str:
 def _fields(raw: bytes) -> dict | None:
     return json.loads(raw.decode("utf-8")) if raw else None
 _last_load: dict = {}  # one RawData, shared by the three tables of one dataset
-_EXAMPLE = tf_example_pb2.Example  # what TFDS writes each record as
 
 
 class _RetrievalBuilder(tfds.core.GeneratorBasedBuilder):
@@ -384,51 +383,10 @@ def _disk_trouble(e: BaseException) -> int:
     return next((n for n in DISK_ERRNOS if os.strerror(n) in str(e)), 0)
 
 
-class Records:
-    """A table's split as a random-access source of records, as TFDS's data source gives
-    them, parsed without TFDS's per-feature Python: the raw tf.Example bytes that
-    array_record reads (TFDS's own reader, its order and shards) decoded with protobuf's
-    C parser, each feature as `_FEATURES` declares it (text: bytes; int64: int;
-    sequences: a list of bytes / an int64 array). Reading back a table of 41k SQuAD pairs
-    took 3.7 s through TFDS, 0.8 s here."""
-
-    def __init__(self, builder: tfds.core.DatasetBuilder, split: str, table: str):
-        self._tfds = builder.as_data_source(split=split)
-        self._raw = getattr(self._tfds, "data_source", None)  # (None: TFDS decodes)
-        self._features = _FEATURES[table]()
-
-    def __len__(self) -> int:
-        return len(self._tfds)
-
-    def __getitem__(self, index: int) -> dict:
-        return self.__getitems__([index])[0]
-
-    def __getitems__(self, indices) -> list[dict]:
-        if self._raw is None:
-            return list(self._tfds.__getitems__(list(indices)))
-        return [self._parse(raw) for raw in self._raw.__getitems__(list(indices))]
-
-    def _parse(self, raw: bytes) -> dict:
-        feature = _EXAMPLE.FromString(raw).features.feature
-        out = {}
-        for name, kind in self._features.items():
-            if isinstance(kind, tfds.features.Sequence):
-                if isinstance(kind.feature, tfds.features.Text):
-                    out[name] = list(feature[name].bytes_list.value)
-                else:
-                    out[name] = np.asarray(feature[name].int64_list.value, np.int64)
-            elif isinstance(kind, tfds.features.Text):  # (b"" is written as no value)
-                values = feature[name].bytes_list.value
-                out[name] = values[0] if values else b""
-            else:  # np.int64
-                out[name] = int(feature[name].int64_list.value[0])
-        return out
-
-
 def train_source(spec: DatasetSpec, tfds_dir: str) -> Records:
     """Random-access source of training pairs: records {"query", "document": bytes,
     "query_fields", "document_fields": JSON bytes, b"" when none}."""
-    return Records(prepare(spec, tfds_dir, "pairs"), "train", "pairs")
+    return Records(prepare(spec, tfds_dir, "pairs"), "train", _FEATURES["pairs"]())
 
 
 def eval_splits(spec: DatasetSpec, tfds_dir: str) -> tuple[str, ...]:
@@ -445,8 +403,10 @@ def _read_sorted(source) -> list[dict]:
 
 def eval_task(spec: DatasetSpec, tfds_dir: str, split: str) -> RetrievalTask:
     """The retrieval task of an evaluation split ("val" or "test")."""
-    corpus = _read_sorted(Records(prepare(spec, tfds_dir, "corpus"), split, "corpus"))
-    queries = _read_sorted(Records(prepare(spec, tfds_dir, "queries"), split, "queries"))
+    corpus = _read_sorted(Records(prepare(spec, tfds_dir, "corpus"), split,
+                                  _FEATURES["corpus"]()))
+    queries = _read_sorted(Records(prepare(spec, tfds_dir, "queries"), split,
+                                   _FEATURES["queries"]()))
     corpus_fields = [_fields(r["fields"]) for r in corpus]
     query_fields = [_fields(r["fields"]) for r in queries]
     keys = lambda records: ([r["key"].decode("utf-8") for r in records]
