@@ -46,6 +46,7 @@ from dualjax.serve.corpus_index import (  # noqa: F401 (recorded_dim: the index'
     CorpusIndex,
     ShardWriter,
     build_searcher,
+    differing,
     recorded_dim,
     shard_name,
     write_manifest,
@@ -216,21 +217,13 @@ def _agree_on_settings(record: dict, shares: int) -> None:
     if shares == 1:
         return
     records = processes.gather(record)
-    for key, flag in _FLAGS.items():
-        values = [_shown(key, r.get(key)) for r in records]
-        same = [_compared(key, r.get(key)) for r in records]
-        other = next((i for i, v in enumerate(same) if v != same[0]), None)
-        if other is not None:
-            raise DataError(f"the processes were given different {flag}: process 0 "
-                            f"{values[0]}, process {other} {values[other]}; give every "
-                            "process the same flags (nothing was written)")
-
-
-def _compared(key: str, value):
-    """What must be equal: a file's identity, not the path it is at (a shared corpus or
-    bundle may be mounted at another path on each host)."""
-    return {k: v for k, v in value.items() if k != "path"} if isinstance(value, dict) \
-        else value
+    for other, theirs in enumerate(records):
+        key = differing(records[0], theirs)
+        if key is not None:
+            raise DataError(f"the processes were given different {_FLAGS.get(key, key)}: "
+                            f"process 0 {_shown(key, records[0].get(key))}, process {other} "
+                            f"{_shown(key, theirs.get(key))}; give every process the same "
+                            "flags (nothing was written)")
 
 
 def _shown(key: str, value) -> str:

@@ -168,7 +168,7 @@ def _read_shard_meta(directory: str, name: str, meta: dict, shards: int) -> dict
         raise ValueError(f"{os.path.join(directory, name)} was encoded with encoder "
                          f"{shard.get('encoder_id')}, the index with {encoder_id}: build the "
                          "index again")
-    differ = _differ(shard.get("build"), meta.get("build"))
+    differ = differing(shard.get("build"), meta.get("build"))
     if differ is None and shard.get("dim", meta.get("dim")) != meta.get("dim"):
         differ = "dim"
     if differ is not None:
@@ -177,15 +177,16 @@ def _read_shard_meta(directory: str, name: str, meta: dict, shards: int) -> dict
     return shard
 
 
-def _differ(shard: dict | None, index: dict | None) -> str | None:
-    """The first setting two build records (`index.py` writes them) disagree on, the
-    path a file was read at left out (another host may mount it elsewhere); None when
-    they agree or either is missing (an index from before they were recorded)."""
-    if not isinstance(shard, dict) or not isinstance(index, dict):
+def differing(a: dict | None, b: dict | None) -> str | None:
+    """The first setting two build records (`dualjax.index` writes them) disagree on; a
+    file's identity counts, not the path it was read at (a shared corpus or bundle may be
+    mounted elsewhere on each host); None when they agree or either is missing (an
+    index from before they were recorded)."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
         return None
     plain = lambda v: {k: x for k, x in v.items() if k != "path"} if isinstance(v, dict) else v
-    return next((key for key in sorted(set(shard) | set(index))
-                 if plain(shard.get(key)) != plain(index.get(key))), None)
+    return next((key for key in sorted(set(a) | set(b))
+                 if plain(a.get(key)) != plain(b.get(key))), None)
 
 
 def recorded_dim(directory: str) -> int | None:
