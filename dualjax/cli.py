@@ -10,7 +10,9 @@ for help is not an error, so here it is 0.
 Ctrl-C (SIGINT) and SIGTERM end every command in one line, exit 130 and 143, instead of
 a traceback (or, for SIGTERM, a silent death): what a command was writing is cleaned up
 on the way out (`workdir.staged_output`), so nothing half-written is left. Training
-handles both itself (`workdir.Signals`: it saves a checkpoint first).
+handles both itself (`workdir.Signals`: it saves a checkpoint first). The processes of
+a multi-process command (`init_processes`) end together, each in one line, whichever of
+them is signalled, fails or dies (`runtime/peers.py`).
 """
 
 from __future__ import annotations
@@ -105,9 +107,10 @@ def init_processes(command: str, kept: str = "nothing half-written was kept") ->
         raise UsageError(f"{where}: {e}") from None
     finally:
         watchdog.cancel()
-    from jax._src import distributed
-    peers.Peers(distributed.global_state.client, jax.process_index(), jax.process_count(),
-                command, f.peer_timeout, kept).start()
+    if jax.process_count() > 1:
+        from jax._src import distributed
+        peers.Peers(distributed.global_state.client, jax.process_index(),
+                    jax.process_count(), command, f.peer_timeout, kept).start()
 
 
 def _check_process_flags(address: str | None, count: int | None, me: int | None) -> None:
