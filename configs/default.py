@@ -302,7 +302,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.optimizer.momentum = 0.9      # sgd: momentum
     c.optimizer.weight_decay = 0.0  # adamw: decoupled weight decay
     c.optimizer.warmup_steps = 100  # adam/adamw: linear warmup from 0 to the peak
-    c.optimizer.decay = "linear"    # adam/adamw after warmup: "linear" (to 0 at the end) | "constant"
+    c.optimizer.decay = "linear"    # adam/adamw after warmup: "linear" (to 0 at the end)
+                                    # | "constant"
     c.optimizer.grad_clip_norm = 0.0  # clip the global gradient norm to this (0: off)
     c.optimizer.table_updates = "dense"  # "lazy": a step updates only the token-table rows its
                                     # batch reads (their moments too): faster, but not Adam's
@@ -325,7 +326,8 @@ def get_config() -> ml_collections.ConfigDict:
                                     # "dual_encoder@64"), as Encoder(dim=) and --dim read them
     c.eval.batch_size = 512         # texts per jitted encoding batch
     c.eval.query_chunk = 256        # queries scored at once against the corpus
-    c.eval.corpus_chunk = 4096      # corpus rows scored at once (memory: query_chunk x corpus_chunk)
+    c.eval.corpus_chunk = 4096      # corpus rows scored at once (memory: query_chunk x
+                                    # corpus_chunk)
     c.eval.untrained = True         # also evaluate the model at initialisation (system "untrained")
     c.eval.baselines = "bm25,tfidf,identity"  # lexical baselines on the same task ("": none)
     c.eval.bm25_k1 = 0.9            # BM25's term-frequency saturation (pyserini's BEIR "flat"

@@ -25,7 +25,8 @@ import socket
 import sys
 import threading
 import traceback
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 from absl import app, flags
 
@@ -115,7 +116,7 @@ def init_processes(command: str, kept: str = "nothing half-written was kept") ->
 
 def _check_process_flags(address: str | None, count: int | None, me: int | None) -> None:
     """UsageError for process flags that cannot form a run."""
-    if any(v is None for v in (address, count, me)):
+    if address is None or count is None or me is None:
         raise UsageError("--coordinator_address, --num_processes and --process_id go "
                          "together (or --distributed alone)")
     if count < 1:
@@ -239,8 +240,9 @@ def _stoppable(main: Callable[[list[str]], None], name: str) -> Callable[[list[s
         except SystemExit as e:
             if e.code in (None, 0) or peers.active() is None:
                 raise
-            said = isinstance(e.code, str)  # sys.exit("...") prints it on the way out
-            _end(1 if said else e.code, e.code if said else None)
+            if isinstance(e.code, str):  # sys.exit("...") prints it on the way out
+                _end(1, e.code)
+            _end(e.code or 1, None)  # (never 0 or None here)
         except BaseException:
             watcher = peers.active()
             if watcher is None:
@@ -255,7 +257,7 @@ def _stoppable(main: Callable[[list[str]], None], name: str) -> Callable[[list[s
     return stoppable
 
 
-def _end(code: int, line: str | None, announce: str = "") -> None:
+def _end(code: int, line: str | None, announce: str = "") -> NoReturn:
     """Exits with `code`, saying `line` (None: said already); in a multi-process
     command, through its watcher (`Peers.exit`, which tells the others `announce`)."""
     watcher = peers.active()

@@ -8,26 +8,36 @@ WorkdirError (train/workdir.py, runtime/: the workdir and its disk), SaveError
 PretrainedError (pretrained/), NonFiniteLossError (train/step.py), UsageError (a
 command's flags, cli.py); Preempted, Terminated and PeerStopped are the signals' and the
 other processes' (runtime/signals.py, cli.py, runtime/peers.py).
+
+Every one but the last two is a `DualjaxError`: `except DualjaxError` catches what
+dualjax raises on purpose and nothing else. Terminated and PeerStopped derive from
+BaseException (as KeyboardInterrupt does), so that no `except Exception` swallows them.
+Import them from here (`from dualjax.errors import ConfigError`), never through the
+module that raises them: tests/test_layers.py checks it.
 """
 
 
-class ConfigError(ValueError):
+class DualjaxError(Exception):
+    """What dualjax raises on purpose: a message of one line that says what to do."""
+
+
+class ConfigError(DualjaxError, ValueError):
     """A config value that cannot work; the message names the key."""
 
 
-class DataError(ValueError):
+class DataError(DualjaxError, ValueError):
     """Bad input data; the message names the file and line."""
 
 
-class WorkdirError(Exception):
+class WorkdirError(DualjaxError):
     """The workdir cannot be used for this run; the message says why and what to do."""
 
 
-class OutputError(ValueError):
+class OutputError(DualjaxError, ValueError):
     """An output folder that may not be written: the message names it and says why."""
 
 
-class Preempted(Exception):
+class Preempted(DualjaxError):
     """SIGTERM or SIGINT stopped the run (during training, after saving a checkpoint);
     running the same command again resumes from the last checkpoint. `signum`: the
     signal, when raised by its handler."""
@@ -39,17 +49,17 @@ class SaveError(WorkdirError):
     checkpoints are intact."""
 
 
-class PretrainedError(ValueError):
+class PretrainedError(DualjaxError, ValueError):
     """A pretrained start that cannot be used: the message is one line saying why and
     what to run."""
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(DualjaxError, FloatingPointError):
     """Training produced a non-finite loss, gradient or parameter norm; nothing of that
     state was saved."""
 
 
-class UsageError(ValueError):
+class UsageError(DualjaxError, ValueError):
     """A command-line flag that cannot work: the message names it (said in one line,
     without the usage text)."""
 

@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -110,7 +110,7 @@ def export_sentence_transformers(workdir: str, out: str, overwrite: bool = False
 def _write_bundle(tmp: str, workdir: str, trained, params, platforms) -> None:
     model, inputs = trained.model, trained.inputs
     dims = {}
-    for side, method in zip(SIDES, ("encode_queries", "encode_documents")):
+    for side, method in zip(SIDES, ("encode_queries", "encode_documents"), strict=True):
         s = getattr(inputs, side)
 
         def encode(params, ids, mask, cats=None, method=method):

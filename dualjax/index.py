@@ -26,14 +26,14 @@ import os
 import secrets
 import sys
 import time
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from absl import flags, logging
 
 from dualjax import cli
 from dualjax.data.corpus_file import Document, Line, corpus_path, documents, identity
-from dualjax.data.pairs_file import DataError
+from dualjax.errors import DataError
 from dualjax.retrieval import ann, quantized
 from dualjax.runtime import processes
 from dualjax.runtime.files import check_output, staged_output
@@ -112,7 +112,8 @@ def build(encoder: Encoder, ids: Sequence[str], texts: Sequence[str], out: str,
         raise ValueError(f"{len(ids)} ids for {len(texts)} texts")
 
     def everything() -> Iterator[Document]:
-        return ((Line("", 0, n, [0]), str(i), t) for n, (i, t) in enumerate(zip(ids, texts), 1))
+        return ((Line("", 0, n, [0]), str(i), t)
+                for n, (i, t) in enumerate(zip(ids, texts, strict=True), 1))
     _build(encoder, Source(everything, everything, "the corpus", None, tuple(inputs)), out,
            Settings(kind, k, quantize, rescore), batch_size, overwrite)
     return CorpusIndex(out, encoder.id)
@@ -196,6 +197,7 @@ def _build(encoder: Encoder, source: Source, out: str, settings: Settings, batch
         if not main:
             with open(os.path.join(out, META)) as f:
                 manifest = json.load(f)
+    assert manifest is not None
     return manifest
 
 

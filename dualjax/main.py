@@ -34,14 +34,10 @@ from ml_collections import config_flags
 
 from dualjax import cli
 from dualjax.config import keys as config_keys
-from dualjax.config.validation import ConfigError
-from dualjax.data.pairs_file import DataError
-from dualjax.errors import Preempted, UsageError, WorkdirError
+from dualjax.errors import DualjaxError, Preempted
 from dualjax.eval.metrics_log import setup_logging
-from dualjax.pretrained import PretrainedError
 from dualjax.runtime.files import DISK_ERRNOS
 from dualjax.train import loop as train
-from dualjax.train import step as step_lib
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, as a process killed by it (also after SIGINT)
 
@@ -85,8 +81,7 @@ def main(argv: list[str]) -> None:
         print("dualjax: stopped at once by a second signal; the checkpoints saved before "
               "are kept", file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_CODE)
-    except (ConfigError, DataError, PretrainedError, UsageError, WorkdirError,
-            step_lib.NonFiniteLossError) as e:
+    except DualjaxError as e:  # a config key, a data line, a workdir, ...: one line
         sys.exit(f"dualjax: {e}")
     except OSError as e:  # the machine's: a full disk, a quota, a read-only file system
         if e.errno not in DISK_ERRNOS:
@@ -109,7 +104,8 @@ def parse_flags(argv: list[str]) -> list[str]:
             sys.exit(f"dualjax: --config={config}: cannot load it ({lines[-1].strip()})")
         sys.exit(f"dualjax: {lines[0]}")
     except (AttributeError, KeyError) as e:  # ml_collections: no such config key
-        key = re.search(r"(\w+)", str(e)).group(1)
+        found = re.search(r"(\w+)", str(e))
+        key = found.group(1) if found else str(e)
         bad = [a.split("=")[0] for a in argv[1:]
                if a.startswith("--config.") and f".{key}" in a.split("=")[0]]
         hint = re.search(r'Did you mean "(\w+)"', str(e))

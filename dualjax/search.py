@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from absl import flags, logging
@@ -91,9 +92,9 @@ class Searcher:
         scores, ids = self.index.search(self.encode_queries(queries), k)
         if hybrid:
             scores, ids = fused((scores, ids), self.corpus, queries, k, hybrid, weight)
-        return [[(float(s), int(i)) for s, i in zip(row_s, row_i) if i >= 0]
+        return [[(float(s), int(i)) for s, i in zip(row_s, row_i, strict=True) if i >= 0]
                 if tokenizers.gives_tokens(self.tokenizer, query) else []
-                for query, row_s, row_i in zip(queries, scores, ids)]
+                for query, row_s, row_i in zip(queries, scores, ids, strict=True)]
 
     def search(self, queries: Sequence[str], hybrid: str = "",
                weight: float | None = None) -> Results:
@@ -227,12 +228,16 @@ def main(argv: list[str]) -> None:
     try:
         _check_flags()
         queries = read_queries(_QUERY.value, _QUERIES_FILE.value)
-        searcher = (from_bundle(_ENCODER.value, _INDEX.value, _K.value) if _ENCODER.value else
-                    from_workdir(_WORKDIR.value, _SPLIT.value, _K.value, _TASK.value))
+        encoder, index, workdir = _ENCODER.value, _INDEX.value, _WORKDIR.value
+        if encoder and index:  # (_check_flags: these two, or a workdir)
+            searcher = from_bundle(encoder, index, _K.value)
+        else:
+            assert workdir
+            searcher = from_workdir(workdir, _SPLIT.value, _K.value, _TASK.value)
         answers = searcher.ranked(queries, _HYBRID.value, _HYBRID_WEIGHT.value)
     except (FileNotFoundError, ImportError, ValueError, WorkdirError) as e:
         sys.exit(f"dualjax.search: {e}")
-    for query, results in zip(queries, answers):
+    for query, results in zip(queries, answers, strict=True):
         print(f"\n> {query}")
         if not tokenizers.gives_tokens(searcher.tokenizer, query):
             print("  (no letter or digit the model reads: nothing to search for)")

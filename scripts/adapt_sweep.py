@@ -32,12 +32,10 @@ import numpy as np
 import optax
 
 from dualjax import losses, pretrained
-from dualjax.retrieval import baselines
-from dualjax.retrieval import hybrid
-from dualjax.retrieval import metrics
 from dualjax.data import beir, documents, pretraining
-from dualjax.text.sides import length_bucket
 from dualjax.models.bert import BertTower
+from dualjax.retrieval import baselines, hybrid, metrics
+from dualjax.text.sides import length_bucket
 
 SHARED = [f"../shared/data/{c}" for c in ("npl", "med", "time", "adi")]
 
@@ -104,7 +102,7 @@ def pseudo_pairs(collection, corpus_vectors, tok_encode, texts, rng) -> list[tup
     dense = top_k(tok_encode(queries), corpus_vectors, k, exclude=own)
     lex_scores, lex_ids = baselines.rank_texts("bm25", texts, queries, k, own)
     fused = hybrid.fuse_scores(dense, (lex_ids, lex_scores), 0.5, 1)
-    return [(q, texts[int(j)]) for q, j in zip(queries, fused[:, 0]) if j >= 0]
+    return [(q, texts[int(j)]) for q, j in zip(queries, fused[:, 0], strict=True) if j >= 0]
 
 
 def train(start, params, tok, pair_fn, args, seed=0):
@@ -120,7 +118,8 @@ def train(start, params, tok, pair_fn, args, seed=0):
         norm = lambda x: x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
         q = norm(encode_tower.apply({"params": p}, q_ids, q_mask))
         d = norm(encode_tower.apply({"params": p}, d_ids, d_mask))
-        return losses.in_batch_softmax(q, d, 1 / args.temperature, 0.0, symmetric=args.symmetric)[0]
+        return losses.in_batch_softmax.reference(q, d, 1 / args.temperature, 0.0,
+                                                 symmetric=args.symmetric)[0]
 
     @jax.jit
     def step(p, o, q_ids, q_mask, d_ids, d_mask):
@@ -181,10 +180,10 @@ def main() -> None:
                                                                args.query_len),
                                          task.corpus, np.random.default_rng(0))
                     order = np.random.default_rng(1).permutation(len(pairs))
-                    pair_fn = lambda i: pairs[order[i % len(pairs)]]
+                    pair_fn = lambda i, pairs=pairs, order=order: pairs[order[i % len(pairs)]]
                 else:
                     gen = pretraining.PairGenerator(collection, tuple(variant.split("+")), 0)
-                    pair_fn = lambda i: gen.pair(i)[:2]
+                    pair_fn = lambda i, gen=gen: gen.pair(i)[:2]
                 cap = int(args.max_epochs * len(task.corpus) / args.batch) or 1
                 params, seen = train(start, base, tok, pair_fn,
                                      argparse.Namespace(**{**vars(args), "steps": min(

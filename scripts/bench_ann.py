@@ -62,7 +62,8 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -170,16 +171,15 @@ if __name__ == "__main__":
 import faiss  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
-
 from bench_train import cpu_model  # noqa: E402  (this folder is on sys.path when run)
-from dualjax import models  # noqa: E402
-from dualjax.retrieval import ann, encoding  # noqa: E402
-from dualjax.eval import scoring
-from dualjax.runtime import sharding
-from dualjax.config import specs
-from dualjax.data import builders  # noqa: E402
-from dualjax.train.trained import load_trained  # noqa: E402
 
+from dualjax import models  # noqa: E402
+from dualjax.config import specs  # noqa: E402
+from dualjax.data import builders  # noqa: E402
+from dualjax.eval import scoring  # noqa: E402
+from dualjax.retrieval import ann, encoding  # noqa: E402
+from dualjax.runtime import sharding  # noqa: E402
+from dualjax.train.trained import load_trained  # noqa: E402
 
 # ----------------------------------------------------------------------------- embeddings
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -480,7 +480,7 @@ def bench_scann(emb: Embedded, k: int, args: argparse.Namespace) -> list[Setting
 
 
 # ----------------------------------------------------------------------------- faiss
-def faiss_search_fn(idx: "faiss.Index", k: int, n: int, exclude: np.ndarray,
+def faiss_search_fn(idx: faiss.Index, k: int, n: int, exclude: np.ndarray,
                     **params: int) -> SearchFn:
     """queries -> ids [nq, k]: a search for k + 1 with each query's own row dropped, after
     setting `params` (efSearch of idx.hnsw, nprobe of an IVF index) on the index."""

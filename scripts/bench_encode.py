@@ -97,8 +97,8 @@ def matmul_rates() -> None:
         xt, wt = torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(w.T))
         flop = 2 * m * k * n / 1e9
         with torch.inference_mode():
-            rates = (flop / median_s(lambda: matmul(xj, wj).block_until_ready()),
-                     flop / median_s(lambda: torch.nn.functional.linear(xt, wt)))
+            rates = (flop / median_s(lambda xj=xj, wj=wj: matmul(xj, wj).block_until_ready()),
+                     flop / median_s(lambda xt=xt, wt=wt: torch.nn.functional.linear(xt, wt)))
         print(f"[{m}, {k}] x [{k}, {n}]: XLA {rates[0]:6.1f} GFLOP/s, PyTorch {rates[1]:6.1f}")
 
 
@@ -118,6 +118,7 @@ def main() -> None:
         return matmul_rates()
     import torch
     from sentence_transformers import SentenceTransformer
+
     import dualjax
     from dualjax import pretrained
 

@@ -29,11 +29,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
 
-    from dualjax.retrieval import ann
-    from dualjax.retrieval import encoding
+    from dualjax import models
+    from dualjax.retrieval import ann, encoding
     from dualjax.runtime import sharding
     from dualjax.train import tasks
-    from dualjax import models
     from dualjax.train.trained import load_trained
 
     trained = load_trained(args.workdir)

@@ -21,10 +21,9 @@ import time
 import jax
 import numpy as np
 
-from dualjax import models
-from dualjax import export
-from dualjax.train import trained as trained_lib
+from dualjax import export, models
 from dualjax.train import tasks as tasks_lib
+from dualjax.train import trained as trained_lib
 
 
 def main() -> None:
@@ -64,7 +63,8 @@ def main() -> None:
     rates = {name: len(texts) / statistics.median(t) for name, t in times.items()}
     for name, rate in rates.items():
         print(f"{name}: {rate:,.0f} texts/s (median of {args.repeats})")
-    print(f"ratio exported / training-time: {rates['exported encoder'] / rates['training-time towers']:.2f}"
+    ratio = rates["exported encoder"] / rates["training-time towers"]
+    print(f"ratio exported / training-time: {ratio:.2f}"
           f" ({platform.node()}, {os.cpu_count()} CPUs, {len(jax.devices())} device(s), "
           f"model {model.config.model.name}, {len(texts)} texts, batch {args.batch_size})")
 

@@ -19,10 +19,10 @@ import runpy
 
 import ml_collections
 
+from dualjax.config.keys import flatten
+from dualjax.eval.metrics_log import setup_logging
 from dualjax.train import checkpoints
 from dualjax.train import loop as train
-from dualjax.eval.metrics_log import setup_logging
-from dualjax.config.keys import flatten
 
 KEYS = ("map@100", "ndcg@10", "recall@10", "recall@100")
 DEFAULT = pathlib.Path(__file__).resolve().parent.parent / "configs" / "default.py"

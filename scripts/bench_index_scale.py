@@ -56,17 +56,17 @@ def make_bundle(work: str) -> str:
     bundle = os.path.join(work, "bundle")
     if os.path.isfile(os.path.join(bundle, "encoder.json")):
         return bundle
-    code = ("import sys; sys.path.insert(0, %r)\n"
+    code = ("import sys; sys.path.insert(0, {!r})\n"
             "from ml_collections import config_flags\n"
             "import importlib.util\n"
-            "spec = importlib.util.spec_from_file_location('c', %r)\n"
+            "spec = importlib.util.spec_from_file_location('c', {!r})\n"
             "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
             "cfg = m.get_config(); cfg.num_train_steps = 20; cfg.eval.untrained = False\n"
             "cfg.eval.baselines = ''; cfg.eval.every_steps = 0\n"
             "from dualjax.train import loop\n"
-            "loop.train_and_evaluate(cfg, %r)\n"
+            "loop.train_and_evaluate(cfg, {!r})\n"
             "from dualjax import export\n"
-            "export.export(%r, %r, platforms=('cpu',))\n") % (
+            "export.export({!r}, {!r}, platforms=('cpu',))\n").format(
         REPO, os.path.join(REPO, "configs", "tiny.py"), os.path.join(work, "run"),
         os.path.join(work, "run"), bundle)
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

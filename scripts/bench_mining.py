@@ -32,8 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Callable, Sequence
 
 import numpy as np
 from absl import logging as absl_logging
@@ -41,10 +41,10 @@ from absl import logging as absl_logging
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dualjax.retrieval import baselines  # noqa: E402
-from dualjax.config import specs
+from dualjax.config import specs  # noqa: E402
 from dualjax.data import builders, mining  # noqa: E402
 from dualjax.data.clusters import RetrievalTask  # noqa: E402
+from dualjax.retrieval import baselines  # noqa: E402
 from dualjax.text.words import normalize  # noqa: E402
 
 

@@ -207,9 +207,11 @@ def table3(args) -> dict:
                 "dual_encoder": rows["dual_encoder"], "bm25": rows["bm25"]}
     lines = ["| model | " + " | ".join(f"{f:g}: R@1 / 5 / 10 / 50 / 100" for f in args.fractions)
              + " |", "|---|" + "---|" * len(args.fractions),
-             "| BM25 | " + " | ".join(recall_cells(results["bm25"][f]) for f in args.fractions) + " |"]
+             "| BM25 | " + " | ".join(recall_cells(results["bm25"][f]) for f in args.fractions)
+             + " |"]
     for label, per in results["models"].items():
-        lines.append(f"| {label} | " + " | ".join(recall_cells(per[f]) for f in args.fractions) + " |")
+        lines.append(f"| {label} | " + " | ".join(recall_cells(per[f]) for f in args.fractions)
+                     + " |")
     results["table"] = "\n".join(lines)
     results["zero_shot_table"] = zero_shot_table(results["zero_shot"])
     return results
@@ -231,7 +233,8 @@ def variants_suite(args, variants: dict[str, tuple[str, dict]]) -> dict:
     5% (fine-tuning keeps the pre-training run's similarity)."""
     out = {"pretraining": {}, "zero_shot": {}, "finetuned_0.05": {}}
     for label, (tasks, extra) in variants.items():
-        p = out["pretraining"][label] = pretrain(args, "bow_mlp", tasks, extra=extra, label=slug(label))
+        p = out["pretraining"][label] = pretrain(args, "bow_mlp", tasks, extra=extra,
+                                                 label=slug(label))
         for target in ("reqa", "npl"):
             rows = zero_shot(args, "bow_mlp", p["workdir"], target, slug(label), extra)
             out["zero_shot"][f"{label} -> {target}"] = {"dual_encoder": rows["dual_encoder"],

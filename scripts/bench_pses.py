@@ -195,7 +195,8 @@ def main() -> None:
                               for label, rows in results["shared_score"].items())])]
     text = "\n".join(lines + critic + shared + per_seed)
     print(text)
-    print(f"\n{platform.node()}, {os.cpu_count()} CPUs, {time.time() - start:.0f} s, seeds {seeds}, "
+    print(f"\n{platform.node()}, {os.cpu_count()} CPUs, {time.time() - start:.0f} s, "
+          f"seeds {seeds}, "
           f"{args.weak_steps} weak + {args.tune_steps} fine-tuning steps")
     if args.json:
         with open(args.json, "w") as f:

@@ -75,10 +75,12 @@ def main() -> None:
         k = min(K, len(corpus))
         exclude = task.query_corpus_index
         exact = ann.ExactIndex(corpus, 256, 4096)
-        systems = {"float32": (corpus.nbytes, lambda q: exact.search(q, k, exclude)[1])}
+        systems = {"float32": (corpus.nbytes, lambda q, exact=exact, k=k, exclude=exclude:
+                               exact.search(q, k, exclude)[1])}
         for kind in quantized.KINDS:
             idx = quantized.QuantizedIndex.build(corpus, kind)
-            systems[kind] = (idx.nbytes, lambda q, idx=idx: idx.search(q, k, exclude)[1])
+            systems[kind] = (idx.nbytes, lambda q, idx=idx, k=k, exclude=exclude:
+                             idx.search(q, k, exclude)[1])
         for label, (size, search) in systems.items():
             ids, qps = timed(search, queries)
             m = metrics.retrieval_metrics(ids, task.relevant, grades=task.grades)

@@ -132,11 +132,11 @@ def towers_child(batch: int, chunks: int, layers: int, width: int, max_len: int,
 
     sys.path.insert(0, REPO)
     from dualjax import losses
-    from dualjax.runtime import sharding
     from dualjax.config import specs
-    from dualjax.train import step as step_lib
     from dualjax.models import dual_encoder
     from dualjax.objectives import in_batch as objective_lib
+    from dualjax.runtime import sharding
+    from dualjax.train import step as step_lib
 
     cfg = runpy.run_path(os.path.join(REPO, "configs", "default.py"))["get_config"]().model
     cfg.tower, cfg.max_len = "transformer", max_len
@@ -190,7 +190,8 @@ def run_child(args: list[str], head: dict) -> dict:
     out = subprocess.run([sys.executable, os.path.abspath(__file__), *args],
                          capture_output=True, text=True, check=False)
     if out.returncode != 0:
-        return {**head, "error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
+        return {**head,
+                "error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

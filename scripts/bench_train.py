@@ -173,11 +173,11 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
     from dualjax import losses, objectives
-    from dualjax.runtime import sharding
     from dualjax.config import specs
+    from dualjax.models import dual_encoder
+    from dualjax.runtime import sharding
     from dualjax.train import lazy_rows as tables
     from dualjax.train import step as step_lib
-    from dualjax.models import dual_encoder
 
     (devices,) = args.devices
     config = default_config()
@@ -282,14 +282,14 @@ def torch_dual_encoder(workload: str, vocab: int, dim: int, form: str = "embeddi
     "A": nn.Embedding -> masked mean -> Linear -> tanh -> Linear -> tanh, as dualjax's
     BowMlpTower; with form "bag" / "bag_sparse" the table and the mean are one
     nn.EmbeddingBag(mode="mean") over the real tokens (flat ids and offsets; sparse
-    gradients for "bag_sparse"). "B-*": token + learned position (512 rows) embeddings, a learned [CLS]
-    vector prepended, nn.TransformerEncoder (pre-LN, GELU MLP of 4x width, no dropout,
-    padding keys masked) with a final LayerNorm, Linear on the [CLS] state, as dualjax's
-    TransformerTower.
+    gradients for "bag_sparse"). "B-*": token + learned position (512 rows) embeddings, a
+    learned [CLS] vector prepended, nn.TransformerEncoder (pre-LN, GELU MLP of 4x width, no
+    dropout, padding keys masked) with a final LayerNorm, Linear on the [CLS] state, as
+    dualjax's TransformerTower.
     """
     import torch
-    from torch import nn
     import torch.nn.functional as F
+    from torch import nn
 
     class BowMlp(nn.Module):
         def __init__(self):
@@ -449,10 +449,10 @@ def bench_torch_step(args: argparse.Namespace) -> dict[str, Any]:
 
 def bench_input(args: argparse.Namespace) -> dict[str, Any]:
     """Times `pipeline.train_iterator` over the synthetic dataset (run in a subprocess)."""
-    from dualjax.text import sides
     from dualjax.config import specs
-    from dualjax.text import words as text
     from dualjax.data import builders, pipeline
+    from dualjax.text import sides
+    from dualjax.text import words as text
 
     config = default_config()
     with tempfile.TemporaryDirectory(prefix="bench_tfds_") as tfds_dir:
@@ -560,7 +560,8 @@ def print_report(args: argparse.Namespace, train_results: list[dict], input_resu
         base = train_results[0]
         for r in train_results[1:]:
             print(f"\nRatio {r['devices']}-device {r['param_sharding']} / {base['devices']}-device "
-                  f"{base['param_sharding']} (same run): pairs/s x{r['per_s'] / base['per_s']:.2f}, "
+                  f"{base['param_sharding']} (same run): "
+                  f"pairs/s x{r['per_s'] / base['per_s']:.2f}, "
                   f"median step time x{r['median_ms'] / base['median_ms']:.2f}")
     if input_result:
         r = input_result
@@ -626,7 +627,7 @@ def run_comparison(args: argparse.Namespace) -> dict[str, Any]:
                                                     for r in rs]}
             versions.update({k: rs[0][k] for k in ("jax_version", "torch_version",
                                                    "torch_threads") if k in rs[0]})
-        rate = lambda side: sides[side]["per_s"]
+        rate = lambda side, sides=sides: sides[side]["per_s"]
         ratios = {"dense": rate("dualjax") / max(rate(s) for s in sides if s in
                                                   ("pytorch", "pytorch_bag"))}
         if not transformer:

@@ -8,10 +8,11 @@
 
 Each variant is one `python -m dualjax.main` run (own workdir under --out, a shared
 --tfds_dir so the data is prepared once) on the Quora cluster split, searched exactly,
-with every question as a candidate (the towers suite: the split's questions). A finished workdir is not trained again, so an
-interrupted suite resumes where it stopped. The table gives the dual encoder's test-split
-metrics, the training throughput (median pairs/second of the train rows of
-metrics.jsonl after the first, which includes compilation) and the wall time.
+with every question as a candidate (the towers suite: the split's questions). A finished
+workdir is not trained again, so an interrupted suite resumes where it stopped. The table
+gives the dual encoder's test-split metrics, the training throughput (median pairs/second
+of the train rows of metrics.jsonl after the first, which includes compilation) and the
+wall time.
 
 Suites:
 - losses: configs/quora_gillick.py (bow 300-d, SGD momentum lr 0.01, batch 1000) with each
@@ -190,7 +191,8 @@ def table(results: list[dict]) -> str:
                   "| variant | " + " | ".join(f"p={p}" for p in ps) + " |",
                   "|---|" + "---:|" * len(ps)]
         for r in results:
-            cells = [f"{100 * r['typo'][p]['recall@10']:.1f} / {100 * r['typo'][p]['recall@100']:.1f}"
+            cells = [f"{100 * r['typo'][p]['recall@10']:.1f} / "
+                     f"{100 * r['typo'][p]['recall@100']:.1f}"
                      if p in r["typo"] else "-" for p in ps]
             lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -38,7 +38,6 @@ import sys
 import time
 
 import numpy as np
-
 from bench_variants import read_rows, slug  # scripts/ is on the path of a script
 
 SHARED = [f"../shared/data/{c}" for c in ("npl", "med", "time", "adi")]
@@ -93,8 +92,7 @@ def load_task(workdir: str):
 
 def lexical_rows(task) -> dict[str, dict]:
     """Each LEXICAL row's metrics on `task`, and BEST."""
-    from dualjax.retrieval import baselines
-    from dualjax.retrieval import metrics
+    from dualjax.retrieval import baselines, metrics
     k = min(100, len(task.corpus))
     rows = {}
     for name, options in LEXICAL.items():
@@ -123,8 +121,7 @@ def weight_sweep(workdirs: dict[str, str], best: dict[str, float]
                  ) -> dict[float, tuple[float, float]]:
     """{w: (mean, lowest) over collections of nDCG@10(w * dense + (1 - w) * bm25) /
     best[c]}, from each collection's run files of one dense system."""
-    from dualjax.retrieval import hybrid
-    from dualjax.retrieval import metrics
+    from dualjax.retrieval import hybrid, metrics
     runs = {}  # collection -> (task, dense run, BM25 run), read once
     for c, workdir in workdirs.items():
         task = load_task(workdir)
@@ -152,9 +149,7 @@ def sentence_transformers_rows(workdir: str, folder: str, weight: float) -> dict
     split (as dualjax read them), searched exactly; alone and fused with BM25."""
     from sentence_transformers import SentenceTransformer
 
-    from dualjax.retrieval import baselines
-    from dualjax.retrieval import hybrid
-    from dualjax.retrieval import metrics
+    from dualjax.retrieval import baselines, hybrid, metrics
     task = load_task(workdir)
     model = SentenceTransformer(folder, device="cpu")
     start = time.time()

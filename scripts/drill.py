@@ -48,8 +48,8 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from dualjax.train import checkpoints  # noqa: E402
 from dualjax.eval.metrics_log import row_key  # noqa: E402
+from dualjax.train import checkpoints  # noqa: E402
 
 FLAGS = ("--config=configs/tiny.py", "--config.num_train_steps=40",
          "--config.checkpoint_every_steps=5", "--config.eval_every_steps=1000",
@@ -85,7 +85,7 @@ def duplicated_rows(workdir: str) -> int:
 def check(workdir: str, reference) -> dict:
     step, params = final_params(workdir)
     equal = step == reference[0] and all(np.array_equal(a, b)
-                                         for a, b in zip(params, reference[1]))
+                                         for a, b in zip(params, reference[1], strict=True))
     return {"bit_equal": bool(equal), "duplicated_rows": duplicated_rows(workdir)}
 
 
@@ -184,7 +184,8 @@ def main() -> None:
     print(f"reference run: {wall:.1f} s, step {reference[0]}", flush=True)
 
     results = []
-    for kind, sig, n in (("kill", signal.SIGKILL, args.kills), ("term", signal.SIGTERM, args.terms)):
+    for kind, sig, n in (("kill", signal.SIGKILL, args.kills),
+                         ("term", signal.SIGTERM, args.terms)):
         for i in range(n):
             r = interrupt(args, f"{kind}_{i}", sig, rng.uniform(0.5, wall), reference)
             print(json.dumps(r), flush=True)
@@ -216,7 +217,7 @@ def main() -> None:
         **{f"full_disk_{where}": ("skipped (needs root to mount a tmpfs)" if disk is None
                                   else f"exit {disk['exit']}, {disk['lines']} line(s), resumed "
                                   f"{'bit-equal' if disk['bit_equal'] else 'DIFFERENT'}")
-           for where, disk in zip(("checkpoint", "tables"), disks or [None, None])},
+           for where, disk in zip(("checkpoint", "tables"), disks or [None, None], strict=True)},
     }
     print(json.dumps(summary, indent=1))
     if args.json:

@@ -328,7 +328,7 @@ def np_bert(w, ids, cfg, gelu_approx=False):
     for layer in range(cfg["num_hidden_layers"]):
         p = f"encoder.layer.{layer}."
 
-        def lin(v, name):
+        def lin(v, name, p=p):
             return v @ w[p + name + ".weight"].T + w[p + name + ".bias"]
 
         q = lin(x, "attention.self.query").reshape(n, H, hd).transpose(1, 0, 2)
@@ -340,18 +340,26 @@ def np_bert(w, ids, cfg, gelu_approx=False):
         ctx = (s @ v).transpose(1, 0, 2).reshape(n, d)
         a = lin(ctx, "attention.output.dense")
         x = np_layer_norm(
-            x + a, w[p + "attention.output.LayerNorm.weight"], w[p + "attention.output.LayerNorm.bias"], eps
+            x + a,
+            w[p + "attention.output.LayerNorm.weight"],
+            w[p + "attention.output.LayerNorm.bias"],
+            eps,
         )
         h = np_gelu(lin(x, "intermediate.dense"), gelu_approx)
         o = lin(h, "output.dense")
-        x = np_layer_norm(x + o, w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"], eps)
+        x = np_layer_norm(
+            x + o, w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"], eps
+        )
     return x
 
 
 def np_load_safetensors(path):
     from safetensors.numpy import load_file
 
-    return {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in load_file(str(path)).items()}
+    return {
+        k: v.astype(np.float64) if v.dtype.kind == "f" else v
+        for k, v in load_file(str(path)).items()
+    }
 
 
 def np_wordpiece_ids(tokenizer_json, texts, max_len):
@@ -386,9 +394,21 @@ def np_st_vectors(w, cfg, id_rows, gelu_approx=False):
 
 
 def build_tiny_tokenizer(train_texts):
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100))
+    tok = Tokenizer(
+        models.WordPiece(
+            unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100
+        )
+    )
     # Same settings as MiniLM's tokenizer.json: strip_accents null + lowercase true (which
     # strips accents, as BERT's uncased tokenizer does).
     tok.normalizer = normalizers.BertNormalizer(
@@ -424,14 +444,20 @@ def build_tiny_tokenizer(train_texts):
     tok.decoder = decoders.WordPiece(prefix="##")
     # Trap for careless loaders (MiniLM ships 128/128 switched on): padding and truncation ON.
     tok.enable_truncation(max_length=16)
-    tok.enable_padding(direction="right", pad_id=tok.token_to_id("[PAD]"), pad_type_id=0, pad_token="[PAD]", length=16)
+    tok.enable_padding(
+        direction="right",
+        pad_id=tok.token_to_id("[PAD]"),
+        pad_type_id=0,
+        pad_token="[PAD]",
+        length=16,
+    )
     return tok
 
 
 def build_tiny_bert(out_dir: Path, data: Data):
+    import sentence_transformers
     import torch
     import transformers
-    import sentence_transformers
     from transformers import BertConfig, BertModel
 
     if out_dir.exists():
@@ -478,9 +504,24 @@ def build_tiny_bert(out_dir: Path, data: Data):
     (out_dir / "modules.json").write_text(
         json.dumps(
             [
-                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+                {
+                    "idx": 0,
+                    "name": "0",
+                    "path": "",
+                    "type": "sentence_transformers.models.Transformer",
+                },
+                {
+                    "idx": 1,
+                    "name": "1",
+                    "path": "1_Pooling",
+                    "type": "sentence_transformers.models.Pooling",
+                },
+                {
+                    "idx": 2,
+                    "name": "2",
+                    "path": "2_Normalize",
+                    "type": "sentence_transformers.models.Normalize",
+                },
             ],
             indent=2,
         )
@@ -519,7 +560,13 @@ def build_tiny_bert(out_dir: Path, data: Data):
     )
     (out_dir / "special_tokens_map.json").write_text(
         json.dumps(
-            {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}
+            {
+                "unk_token": "[UNK]",
+                "sep_token": "[SEP]",
+                "pad_token": "[PAD]",
+                "cls_token": "[CLS]",
+                "mask_token": "[MASK]",
+            }
         )
     )
     (out_dir / "config_sentence_transformers.json").write_text(
@@ -551,7 +598,10 @@ def make_tiny_fixture(out: Path, data: Data):
 
     hf_tok = AutoTokenizer.from_pretrained(str(tiny_dir))
     enc = hf_tok(texts, truncation=True, max_length=TINY_MAX_SEQ, padding=True, return_tensors="pt")
-    hf_rows = [row[m.bool()].tolist() for row, m in zip(enc["input_ids"], enc["attention_mask"])]
+    hf_rows = [
+        row[m.bool()].tolist()
+        for row, m in zip(enc["input_ids"], enc["attention_mask"], strict=True)
+    ]
     assert hf_rows == st_rows, "AutoTokenizer and sentence-transformers disagree"
     model = BertModel.from_pretrained(str(tiny_dir)).eval()
     with torch.no_grad():
@@ -631,7 +681,10 @@ def make_minilm_fixture(out: Path, data: Data, minilm_dir: Path):
         except Exception as e:  # pragma: no cover - depends on the installed version
             print(f"[minilm] direct load failed ({e!r}); retrying from a mirror")
             st = SentenceTransformer(str(loadable_st_dir(minilm_dir, Path(tmp))), device="cpu")
-        print(f"[minilm] modules: {[type(m).__name__ for m in st]}; max_seq_length {st.max_seq_length}")
+        print(
+            f"[minilm] modules: {[type(m).__name__ for m in st]}; "
+            f"max_seq_length {st.max_seq_length}"
+        )
         max_len = st.max_seq_length
         st_vectors, st_rows, facts, dt = st_encode_with_ids(st, texts, "minilm")
         t0 = time.perf_counter()
@@ -662,8 +715,13 @@ def make_minilm_fixture(out: Path, data: Data, minilm_dir: Path):
         model_sha256=np.array(sha256_file(minilm_dir / "model.safetensors")),
         tokenizer_sha256=np.array(sha256_file(minilm_dir / "tokenizer.json")),
     )
-    return {"st_diff": diff, "tanh_diff": float(np.abs(np_st_tanh - st_vectors).max()), "encode_s": dt,
-            "encode_warm_s": dt2, "facts": facts}
+    return {
+        "st_diff": diff,
+        "tanh_diff": float(np.abs(np_st_tanh - st_vectors).max()),
+        "encode_s": dt,
+        "encode_warm_s": dt2,
+        "facts": facts,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -692,7 +750,7 @@ def make_wordllama_fixture(out: Path, data: Data, weights: Path, tokenizer_path:
     wl = WordLlamaInference(embedding, tokenizer, binary=False)
     vectors = np.asarray(wl.embed(texts, norm=True), dtype=np.float32)
     encs = wl.tokenize(texts)
-    rows = [[i for i, m in zip(e.ids, e.attention_mask) if m] for e in encs]
+    rows = [[i for i, m in zip(e.ids, e.attention_mask, strict=True) if m] for e in encs]
     print(f"[wordllama] padding {wl.tokenizer.padding}; truncation {wl.tokenizer.truncation}")
 
     # numpy check: plain tokenizer (no padding), float32 table, mean, L2 norm
@@ -703,7 +761,10 @@ def make_wordllama_fixture(out: Path, data: Data, weights: Path, tokenizer_path:
     np_vecs = np.stack([table[r].astype(np.float64).mean(0) for r in np_rows])
     np_vecs /= np.linalg.norm(np_vecs, axis=1, keepdims=True)
     diff = float(np.abs(np_vecs - vectors).max())
-    print(f"[wordllama] numpy vs package max abs diff {diff:.2e}; token counts {[len(r) for r in rows]}")
+    print(
+        f"[wordllama] numpy vs package max abs diff {diff:.2e}; "
+        f"token counts {[len(r) for r in rows]}"
+    )
 
     # Cross-check against the package's own WordLlama.load, offline: it looks for
     # <cache_dir>/weights/l2_supercat_256.safetensors and
@@ -713,15 +774,19 @@ def make_wordllama_fixture(out: Path, data: Data, weights: Path, tokenizer_path:
     with tempfile.TemporaryDirectory() as cache:
         (Path(cache) / "weights").mkdir()
         (Path(cache) / "tokenizers").mkdir()
-        (Path(cache) / "weights" / "l2_supercat_256.safetensors").symlink_to(Path(weights).resolve())
+        (Path(cache) / "weights" / "l2_supercat_256.safetensors").symlink_to(
+            Path(weights).resolve()
+        )
         (Path(cache) / "tokenizers" / "l2_supercat_tokenizer_config.json").symlink_to(
             Path(tokenizer_path).resolve()
         )
         try:
             wl2 = WordLlama.load("l2_supercat", dim=256, cache_dir=cache, disable_download=True)
             load_diff = float(np.abs(wl2.embed(texts, norm=True) - vectors).max())
-            print(f"[wordllama] WordLlama.load(cache_dir=<mirror>, disable_download=True) vs constructed: "
-                  f"{load_diff:.2e}")
+            print(
+                "[wordllama] WordLlama.load(cache_dir=<mirror>, disable_download=True) "
+                f"vs constructed: {load_diff:.2e}"
+            )
         except Exception as e:
             print(f"[wordllama] WordLlama.load failed offline ({e!r}); cross-check skipped")
 
@@ -770,7 +835,9 @@ def main(argv=None):
     if "minilm" in only:
         results["minilm"] = make_minilm_fixture(out, data, args.minilm_dir)
     if "wordllama" in only:
-        results["wordllama"] = make_wordllama_fixture(out, data, args.wordllama_weights, args.wordllama_tokenizer)
+        results["wordllama"] = make_wordllama_fixture(
+            out, data, args.wordllama_weights, args.wordllama_tokenizer
+        )
 
     print("\nfixtures:")
     for p in sorted(out.iterdir()):

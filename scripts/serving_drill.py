@@ -19,8 +19,8 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from concurrent import futures
-from typing import Callable
 
 import numpy as np
 
@@ -104,7 +104,7 @@ def prepare(out: str, workdir: str | None = None, bundle: str | None = None,
             jobs[kind] = pool.submit(_run, _module(
                 "index", f"--encoder={bundle}", f"--corpus={corpus}",
                 f"--out={indexes[kind]}", f"--kind={kind}"))
-    for kind, job in jobs.items():
+    for _kind, job in jobs.items():
         assert job.result().returncode == 0, job.result().stderr[-2000:]
     return Setup(out, workdir, bundle, corpus, indexes, {r["_id"]: r["text"] for r in rows})
 

@@ -19,12 +19,12 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
-import pathlib
-import runpy
-import signal
+import pathlib  # noqa: E402
+import runpy  # noqa: E402
+import signal  # noqa: E402
 
-import ml_collections
-import pytest
+import ml_collections  # noqa: E402
+import pytest  # noqa: E402
 
 CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
@@ -34,27 +34,18 @@ def load_config(name: str) -> ml_collections.ConfigDict:
     return runpy.run_path(str(CONFIGS / f"{name}.py"))["get_config"]()
 
 
-# The longest tests (15 s and more on 2 cores), started first: pytest-xdist hands tests
-# out in collection order, and one of these started last leaves the other worker idle.
-SLOW_FIRST = ("test_multiprocess.py",
-              "test_sharding.py::test_a_data_by_model_mesh_trains_as_the_data_mesh",
-              "test_corpus_index.py::test_two_processes_index_as_one",
-              "test_corpus_index.py::test_a_build_killed_in_every_process",
-              "test_pretrained.py::test_a_run_from_the_tiny_bert_trains_exports_and_warm_starts",
-              "test_distillation.py::test_a_student_learns_a_tiny_mpnet_teachers_scores",
-              "test_st_export.py::test_one_tower_with_the_starts_prompts_is_a_plain_folder",
-              "test_st_export.py::test_separate_towers_become_a_router",
-              "test_pretrained.py::test_a_run_from_the_tiny_mpnet_trains",
-              "test_mlm.py::test_mlm_pretraining_then_fine_tuning",
-              "test_grad_cache.py::test_cached_loss_and_every_gradient_equal_uncached",
-              "test_grad_cache.py::test_one_chunk_of_mlp_activations_per_device",
-              "test_sharding.py::test_fsdp_trains_as_replicated_and_resumes_on_fewer_devices")
+TRAINED_FIXTURES = {"trained_tiny", "bundle"}  # a training run (and an export) each
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
 def pytest_collection_modifyitems(config, items):
-    rank = lambda item: next((i for i, key in enumerate(SLOW_FIRST) if key in item.nodeid),
-                             len(SLOW_FIRST))
-    items.sort(key=rank)  # stable: the rest keep their order
+    """A test that reads a trained workdir is slow too (its fixture trains one), and the
+    slow tests run first: pytest-xdist hands tests out in collection order, and a long
+    one started last would leave the other worker idle."""
+    for item in items:
+        if TRAINED_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
 
 
 @pytest.fixture(scope="session")

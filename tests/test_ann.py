@@ -83,7 +83,7 @@ def test_self_retrieval_excluded():
     np.testing.assert_array_equal(ids_all[:, 0], own)  # unit vectors: self is the best
     _, ids = ann.exact_search(q, c, 3, exclude=own, corpus_chunk=6)
     _, rank = _reference(q, c)
-    expected = [[j for j in row if j != o][:3] for row, o in zip(rank, own)]
+    expected = [[j for j in row if j != o][:3] for row, o in zip(rank, own, strict=True)]
     np.testing.assert_array_equal(ids, expected)
     np.testing.assert_array_equal(ids[:, :2], ids_all[:, 1:])
 

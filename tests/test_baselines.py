@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from dualjax.retrieval import baselines
 from dualjax.data.clusters import RetrievalTask, task_from_clusters
+from dualjax.retrieval import baselines
 from dualjax.retrieval.metrics import retrieval_metrics
 from dualjax.text.words import words
 
@@ -147,7 +147,7 @@ def test_bm25_matches_direct_formula_with_options():
         np.testing.assert_allclose(got, want, rtol=1e-12)
         ranked = baselines.rank("bm25", _task(corpus, queries), k=len(corpus), k1=k1, b=b,
                                 stemmer="")
-        for row, w in zip(ranked, want):
+        for row, w in zip(ranked, want, strict=True):
             positive = np.flatnonzero(w > 0)
             # Best first, ties by lower id (stable sort of -score).
             ref = positive[np.argsort(-w[positive], kind="stable")]
@@ -186,7 +186,7 @@ def test_never_retrieves_itself(system):
     own = [0, 1, 3, 5]
     task = _task(corpus, [corpus[i] for i in own], own)
     ranked = baselines.rank(system, task, k=len(corpus))
-    for row, i in zip(ranked, own):
+    for row, i in zip(ranked, own, strict=True):
         assert i not in row.tolist()
     # Without exclusion each query would rank itself first.
     s = baselines.scores(system, corpus, task.queries)
@@ -229,7 +229,7 @@ def test_top_k_block_matches_stable_sort(monkeypatch):
     for k in (1, 3, 10, 50, 97, 120):
         got = baselines._top_k_block(block, k)
         assert got.shape == (30, k)
-        for row, out in zip(block, got):
+        for row, out in zip(block, got, strict=True):
             ref = [j for j in np.argsort(-row, kind="stable") if row[j] > 0][:k]
             assert out.tolist() == ref + [-1] * (k - len(ref))
 

@@ -6,7 +6,7 @@ import pytest
 
 from dualjax.data import beir
 from dualjax.data.beir import load_beir
-from dualjax.data.pairs_file import DataError
+from dualjax.errors import DataError
 
 CORPUS = [
     {"_id": "d1", "title": "Jax", "text": "Jax is a library."},

@@ -6,9 +6,12 @@ import importlib.util
 import json
 import os
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_the_accelerator_bench_runs_at_toy_size(tmp_path):
     spec = importlib.util.spec_from_file_location(
         "bench_accelerator", os.path.join(ROOT, "scripts", "bench_accelerator.py"))

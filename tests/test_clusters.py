@@ -3,8 +3,7 @@ import numpy as np
 import pytest
 
 from dualjax.data import clusters
-from dualjax.data.clusters import (RetrievalTask, cluster_pairs, split_clusters,
-                                   task_from_clusters)
+from dualjax.data.clusters import RetrievalTask, cluster_pairs, split_clusters, task_from_clusters
 
 
 def test_cluster_pairs_transitive():
@@ -110,7 +109,7 @@ def test_task_from_clusters_hand_example():
         frozenset({5}), frozenset({4}),
     ]
     np.testing.assert_array_equal(task.query_corpus_index, [0, 1, 2, 4, 5])
-    for q, i, rel in zip(task.queries, task.query_corpus_index, task.relevant):
+    for q, i, rel in zip(task.queries, task.query_corpus_index, task.relevant, strict=True):
         assert task.corpus[i] == q
         assert i not in rel
 

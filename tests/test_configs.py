@@ -2,8 +2,9 @@
 import os
 
 import pytest
-
 from conftest import CONFIGS, load_config
+
+from dualjax import errors
 from dualjax.config import keys as config_keys
 from dualjax.config import validation as config_lib
 from dualjax.pretrained import sources
@@ -15,7 +16,7 @@ def test_config_is_valid(name):
     cfg = load_config(name)
     if name == "distill" and not os.path.isdir(sources.folder_of("all-mpnet-base-v2")):
         # CI fetches only what the tests read: a teacher not fetched is refused in one line
-        with pytest.raises(config_lib.ConfigError, match="config.distill.teacher: model."
+        with pytest.raises(errors.ConfigError, match="config.distill.teacher: model."
                            "pretrained='all-mpnet-base-v2' is not fetched yet; run: python -m "
                            "dualjax.pretrained fetch all-mpnet-base-v2"):
             config_lib.validate(cfg, 8)

@@ -2,6 +2,7 @@
 corpus (exact, ScaNN, HNSW), and `dualjax.index` run as two processes with 4 devices
 each builds an index that answers as the one-process index does."""
 
+import itertools
 import json
 import os
 import shutil
@@ -48,7 +49,7 @@ def test_a_sharded_search_answers_as_one_index_over_the_corpus(kind):
     sizes = [700, 0, 500]
     bounds = np.cumsum([0, *sizes])
     parts = [ann.make_index(kind, corpus[a:b], cfg, 10)[0] if b > a else None
-             for a, b in zip(bounds[:-1], bounds[1:])]
+             for a, b in itertools.pairwise(bounds)]
     sharded = ShardedSearcher(parts, sizes)
     exclude = np.arange(40) * 30  # rows in both shards
     want_s, want_i = ann.exact_search(queries, corpus, 10, exclude)
@@ -102,6 +103,7 @@ def last_line(log: str) -> str:
     return [line for line in log.strip().splitlines() if not line.startswith("[Gloo]")][-1]
 
 
+@pytest.mark.slow
 def test_two_processes_index_as_one(bundle, tmp_path):
     """2 x 4 devices: each process reads its own byte range and writes its shard; the
     index answers every query with the one-process index's ids and scores; then a shard
@@ -157,6 +159,7 @@ def test_two_processes_index_as_one(bundle, tmp_path):
      "--quantize: process 0 'binary', process 1 'int8'"),
     (([], ["--corpus={half}"]), "--corpus: process 0 {corpus} (20,770 bytes"),
 ])
+@pytest.mark.slow
 def test_processes_given_different_settings_stop_before_anything_is_written(
         bundle, tmp_path, flags, names):
     """They built an index answering from shard 0 only (quantize), or half of each file
@@ -187,6 +190,7 @@ def _rewrite(path, **changes):
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
 
+@pytest.mark.slow
 def test_a_build_killed_in_every_process_leaves_no_index_and_the_rerun_finishes(bundle,
                                                                                tmp_path):
     """kill -9 of both processes while they encode: no --out (nothing that looks like an
@@ -217,6 +221,7 @@ def test_a_build_killed_in_every_process_leaves_no_index_and_the_rerun_finishes(
     assert sorted(os.listdir(tmp_path)) == ["corpus.tsv", "idx"]
 
 
+@pytest.mark.slow
 def test_a_bad_line_in_one_process_stops_both_naming_it(bundle, tmp_path):
     """A malformed line in process 1's share: both processes end with that line's error,
     and neither --out nor a staging folder is left."""
@@ -235,6 +240,7 @@ def test_a_bad_line_in_one_process_stops_both_naming_it(bundle, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["corpus.jsonl"]
 
 
+@pytest.mark.slow
 def test_a_duplicate_id_across_shards_is_named_with_both_lines(bundle, tmp_path):
     corpus = tmp_path / "corpus.tsv"
     corpus.write_text("".join(f"d{i % 299}\thow do i fix my bike {i}\n" for i in range(300)))
@@ -246,6 +252,7 @@ def test_a_duplicate_id_across_shards_is_named_with_both_lines(bundle, tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["corpus.tsv"]
 
 
+@pytest.mark.slow
 def test_a_coordinator_that_does_not_answer_is_one_line(bundle, tmp_path):
     corpus = write_corpus(tmp_path / "corpus.tsv", 20)
     port = free_port()
@@ -288,6 +295,7 @@ def test_the_process_flags_are_in_the_index_commands_help():
         assert flag in out.stdout, flag
 
 
+@pytest.mark.slow
 def test_an_out_that_process_0_refuses_stops_every_process_in_one_line(bundle, tmp_path):
     """--out already an index, no --overwrite: process 0 says so, process 1 says process 0
     refused; both exit 1 at once (no process left waiting), the index is as it was."""

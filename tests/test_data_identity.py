@@ -6,12 +6,11 @@ import json
 import os
 
 import pytest
-
 from conftest import load_config
-from dualjax.train import tasks
-from dualjax.train import loop as train
-from dualjax.train import workdir
+
 from dualjax.errors import WorkdirError
+from dualjax.train import loop as train
+from dualjax.train import tasks, workdir
 
 OLD = ("bike", "car", "phone")
 NEW = ("kettle", "oven", "fridge")
@@ -42,6 +41,7 @@ def sha256(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_a_rewritten_pairs_file_is_refused_before_anything_is_written(tmp_path):
     pairs, run = write_pairs(tmp_path / "pairs.tsv", OLD), tmp_path / "run"
     train.train_and_evaluate(pairs_run(pairs, 2), str(run))
@@ -59,6 +59,7 @@ def test_a_rewritten_pairs_file_is_refused_before_anything_is_written(tmp_path):
     assert sorted(os.listdir(run / "checkpoints")) == ["2"]
 
 
+@pytest.mark.slow
 def test_data_rebuild_trains_on_the_new_pairs_with_the_old_vocabulary(tmp_path, caplog):
     pairs, run = write_pairs(tmp_path / "pairs.tsv", OLD), tmp_path / "run"
     train.train_and_evaluate(pairs_run(pairs, 2), str(run))
@@ -105,6 +106,7 @@ def test_a_touched_or_same_bytes_file_is_accepted(tmp_path, monkeypatch):
     assert workdir.check_data(str(run), files) == []
 
 
+@pytest.mark.slow
 def test_a_workdir_from_before_the_record_resumes_and_is_recorded(tmp_path):
     pairs, run = write_pairs(tmp_path / "pairs.tsv", OLD), tmp_path / "run"
     train.train_and_evaluate(pairs_run(pairs, 2), str(run))

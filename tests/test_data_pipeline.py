@@ -6,14 +6,14 @@ import re
 
 import numpy as np
 import pytest
-
 from conftest import load_config
+
+from dualjax.config.specs import dataset_spec as spec
+from dualjax.data import builders, pipeline, synthetic
+from dualjax.errors import DataError
 from dualjax.text import features as feature_lib
 from dualjax.text.features import SideFeatures
 from dualjax.text.sides import Inputs, Side
-from dualjax.data import builders, pipeline, synthetic
-from dualjax.data.pairs_file import DataError
-from dualjax.config.specs import dataset_spec as spec
 from dualjax.text.words import WordTokenizer, build_word_tokenizer, normalize
 
 VERSION = str(builders._RetrievalBuilder.VERSION)
@@ -72,7 +72,7 @@ def test_records_parsed_from_the_raw_bytes_equal_tfds_decoding(tiny_data, synthe
             want = builder.as_data_source(split=split).__getitems__(range(len(ours)))
             got = ours.__getitems__(range(len(ours)))
             assert len(got) == len(want) > 10
-            for a, b in zip(got, want):
+            for a, b in zip(got, want, strict=True):
                 assert a.keys() == b.keys()
                 for key in a:
                     if isinstance(a[key], np.ndarray):
@@ -109,7 +109,7 @@ def test_synthetic_eval_task_matches_generate(tiny_data, synthetic_dir, split):
     for c in cluster_of.values():
         sizes[c] = sizes.get(c, 0) + 1
     assert len(task.queries) == sum(n for n in sizes.values() if n >= 2) > 0
-    for q, rel, own in zip(task.queries, task.relevant, task.query_corpus_index):
+    for q, rel, own in zip(task.queries, task.relevant, task.query_corpus_index, strict=True):
         assert task.corpus[own] == q
         assert rel  # every query has relevant items ...
         expected = {j for j, t in enumerate(task.corpus)
@@ -156,7 +156,9 @@ def test_a_full_disk_while_writing_the_tables_is_one_line_and_leaves_nothing(
     own files; TFDS re-raises either with its prefix (the OSError without its errno)."""
     import errno
     import types
+
     from tensorflow_datasets.core import file_adapters
+
     from dualjax.errors import WorkdirError
 
     class FullDisk:  # array_record_module.ArrayRecordWriter, on a full disk
@@ -261,7 +263,7 @@ def test_pairs_builder_splits_by_cluster(tmp_path):
     # Eval queries retrieve the other two members of their cluster.
     for task in tasks.values():
         assert len(task.queries) == 12
-        for q, rel in zip(task.queries, task.relevant):
+        for q, rel in zip(task.queries, task.relevant, strict=True):
             assert {task.corpus[j] for j in rel} == set(_members(cluster[q])) - {q}
 
 
@@ -295,7 +297,8 @@ def test_pairs_clustered_on_normalised_text(tmp_path):
     where = {"train": {normalize(src[i][k].decode()) for i in range(len(src))
                        for k in ("query", "document")}}
     for split in ("val", "test"):
-        where[split] = {normalize(t) for t in builders.eval_task(spec(cfg, SEED), tfds_dir, split).corpus}
+        where[split] = {normalize(t)
+                        for t in builders.eval_task(spec(cfg, SEED), tfds_dir, split).corpus}
     splits = [name for name, texts in where.items() if "how are you" in texts]
     assert len(splits) == 1
     assert {"how do you do", "how are things going"} <= where[splits[0]]
@@ -349,7 +352,10 @@ def tokenizer(train_src):
     return build_word_tokenizer(texts, vocab_size=500, num_oov_buckets=50)
 
 
-def _inputs(tok, query_len, doc_len=None, doc_features=SideFeatures()):
+_NO_FEATURES = SideFeatures()
+
+
+def _inputs(tok, query_len, doc_len=None, doc_features=_NO_FEATURES):
     return Inputs(Side(tok, query_len), Side(tok, doc_len or query_len, doc_features))
 
 
@@ -363,14 +369,14 @@ def _take(it, n):
 
 def _assert_same(a, b):
     assert len(a) == len(b)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert x.keys() == y.keys()
         for key in x:
             np.testing.assert_array_equal(x[key], y[key], err_msg=key)
 
 
 def _differ(a, b):
-    return any(not np.array_equal(x[k], y[k]) for x, y in zip(a, b) for k in x)
+    return any(not np.array_equal(x[k], y[k]) for x, y in zip(a, b, strict=True) for k in x)
 
 
 def test_batch_shapes_and_dtypes(train_src, tokenizer):
@@ -416,10 +422,11 @@ def test_query_and_document_max_lengths_and_categorical_fields(train_src, tokeni
     shop = feature_lib.build_side([("shop", 4)], [{"shop": "s0"}, {"shop": "s1"}], 10, 3)
     batch = next(pipeline.train_iterator(src, _inputs(tok, 3, doc_features=shop), 8, seed=SEED))
     assert "q_cats" not in batch and batch["d_cats"].shape == (8, 1)
-    for q, cat in zip(batch["q_ids"][:, 0] - 1, batch["d_cats"][:, 0]):  # record q
+    for q, cat in zip(batch["q_ids"][:, 0] - 1, batch["d_cats"][:, 0], strict=True):  # record q
         assert cat == (q % 2 + 1 if q < 6 else 0)  # s0 -> 1, s1 -> 2, none -> missing
 
 
+@pytest.mark.slow
 def test_mixed_negatives_are_uniform_draws_of_training_documents():
     n = 24
     src, tok = _indexed_source(n)
@@ -501,6 +508,7 @@ def test_stream_reads_the_batches_of_grains_shuffle_repeat_batch():
     epochs and the seed's wrap-around; its `index_shuffle` is grain's element for element,
     at sizes where the cipher's block size changes."""
     import grain
+
     from dualjax.data import shuffle
     for n, b, seed in [(100, 32, 7), (24, 6, SEED), (5, 8, 2 ** 32 - 3)]:
         reference = grain.MapDataset.range(n).shuffle(seed=seed).repeat().batch(b)
@@ -530,7 +538,7 @@ def test_cluster_tasks_from_a_pair_graph_split_and_all_candidates():
     test = by_split["test"]
     assert test.corpus == ["a", "b", "c", "d", "e", "z"]  # z: a singleton distractor
     assert test.queries == ["a", "b", "c", "d", "e"]
-    rel = {q: {test.corpus[j] for j in r} for q, r in zip(test.queries, test.relevant)}
+    rel = {q: {test.corpus[j] for j in r} for q, r in zip(test.queries, test.relevant, strict=True)}
     assert rel == {"a": {"b", "c"}, "b": {"a", "c"}, "c": {"a", "b"}, "d": {"e"}, "e": {"d"}}
     assert [test.corpus[i] for i in test.query_corpus_index] == test.queries
     assert by_split["val"].corpus == ["f", "g", "h", "i"]
@@ -539,7 +547,7 @@ def test_cluster_tasks_from_a_pair_graph_split_and_all_candidates():
     assert sorted(everything.corpus) == sorted(cluster_of) + ["z"]  # train and val too
     assert everything.queries == ["a", "b", "c", "d", "e"]
     rel_all = {q: {everything.corpus[j] for j in r}
-               for q, r in zip(everything.queries, everything.relevant)}
+               for q, r in zip(everything.queries, everything.relevant, strict=True)}
     assert rel_all == rel
 
 

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import load_config, stop_at, write_beir_folder
-from dualjax import losses
+
+from dualjax import errors, losses
 from dualjax.config import validation as config_lib
 from dualjax.data.pretraining import QueryWords
 from dualjax.errors import DataError
@@ -46,6 +46,7 @@ def unit(x):
 
 
 @pytest.mark.parametrize("kind", ["kl", "margin_mse"])
+@pytest.mark.slow
 def test_distillation_on_8_devices_equals_the_plain_sum(kind):
     """in_batch_weight x the in-batch loss + weight x the term over each row's [d_i,
     n_i1..n_ik], computed by hand from the vectors; on 8 devices as on one, gradients
@@ -85,7 +86,7 @@ def test_distillation_on_8_devices_equals_the_plain_sum(kind):
         "hard_negatives": n, "teacher_scores": scores})[0], argnums=(0, 1, 2)))(q, d, n)
     assert float(jax.jit(lambda: sharded(q, d, scale, bias, extras)[0])()) == pytest.approx(
         want, rel=1e-5)
-    for a, b_ in zip(grad(sharded), grad(ref)):
+    for a, b_ in zip(grad(sharded), grad(ref), strict=True):
         np.testing.assert_allclose(a, b_, atol=1e-5)
     # the term reaches the negatives: with weight 0 their gradient is the in-batch one only
     plain = distillation.distillation(losses.reference("in_batch_softmax"), kind, 0.0, 0.1, 0.5)
@@ -155,6 +156,7 @@ def test_several_queries_of_a_passage_never_get_it_as_a_candidate():
 @pytest.mark.parametrize("name, fixture, max_len", [
     (str(FIXTURES / "tiny_mpnet"), "tiny_mpnet", 0),  # 0: the teacher's own (60)
     ("wordllama:l2_supercat_256", "wordllama", 360)])
+@pytest.mark.slow
 def test_a_teachers_vectors_are_its_reference_librarys(name, fixture, max_len):
     """The teacher encodes as the library it comes from: the tiny MPNet as
     sentence-transformers, WordLlama's static table as the wordllama package."""
@@ -182,7 +184,7 @@ def test_a_teacher_that_does_not_fit_or_a_foreign_scores_file_is_one_line(tmp_pa
     vocab.update({f"extra{i}": len(vocab) + i for i in range(3)})
     (folder / "tokenizer.json").write_text(json.dumps(spec))
     cfg = load_config("tiny")
-    with pytest.raises(teacher.PretrainedError, match=r"distill.teacher=.*tokenizer.json has "
+    with pytest.raises(errors.PretrainedError, match=r"distill.teacher=.*tokenizer.json has "
                                                       r"\d+ pieces but its embedding table"):
         teacher.encoders(cfg, teacher.TeacherSpec(str(folder)), sharding.make_mesh())
 
@@ -255,11 +257,13 @@ def distill_config(folder, teacher_name: str = str(FIXTURES / "tiny_mpnet")):
     return cfg
 
 
+@pytest.mark.slow
 def test_a_student_learns_a_tiny_mpnet_teachers_scores(tmp_path, monkeypatch):
     """data.tasks="distill": the teacher (a tiny MPNet) scores each pseudo-query's
     candidates once (teacher_scores.jsonl, reused on resume without the teacher), the
     student (a tiny BERT) trains on the in-batch loss plus the KL term, both logged."""
     import shutil
+
     from dualjax.train import loop as train
     folder = beir_folder(tmp_path)
     shutil.copytree(FIXTURES / "tiny_mpnet", tmp_path / "teacher")
@@ -274,7 +278,7 @@ def test_a_student_learns_a_tiny_mpnet_teachers_scores(tmp_path, monkeypatch):
     assert all(r["scores"][0] >= max(r["scores"][1:]) for r in records)
     monkeypatch.setattr(teacher, "encoders", lambda *a, **k: pytest.fail("scored again"))
     shutil.rmtree(tmp_path / "teacher")  # gone: a resumed run does not need it
-    with pytest.raises(config_lib.ConfigError, match="config.distill.teacher: .*teacher"):
+    with pytest.raises(errors.ConfigError, match="config.distill.teacher: .*teacher"):
         config_lib.validate(cfg, 8)
     rows = train.train_and_evaluate(cfg, str(workdir))
     assert {"dual_encoder [exact]", "start [exact]"} <= set(rows)
@@ -301,10 +305,10 @@ def test_distill_config_refusals(tmp_path, monkeypatch):
         for key, value in changes.items():
             group, name = key.split(".")
             cfg[group][name] = value
-        with pytest.raises(config_lib.ConfigError, match=message.replace("(", "\\(").replace(
+        with pytest.raises(errors.ConfigError, match=message.replace("(", "\\(").replace(
                 ")", "\\)").replace("+", "\\+")):
             config_lib.validate(cfg, 8)
     cfg = distill_config(folder)
     cfg.data.tasks = "pseudo"
-    with pytest.raises(config_lib.ConfigError, match="distill.teacher is read only with"):
+    with pytest.raises(errors.ConfigError, match="distill.teacher is read only with"):
         config_lib.validate(cfg, 8)

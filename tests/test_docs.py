@@ -159,7 +159,8 @@ def command_problems(target: str, args: list[str], complete: bool = True) -> lis
     for name, *_ in options:
         if target == "dualjax.main" and name.startswith("config."):
             key = name[len("config."):]
-            if config is not None and not _placeholder(key) and not has_key(load_config(config), key):
+            if (config is not None and not _placeholder(key)
+                    and not has_key(load_config(config), key)):
                 problems.append(f"--{name}: {config} has no key {key!r}")
         elif name not in flags:
             problems.append(f"--{name}: {target} defines no such flag")

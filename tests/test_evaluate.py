@@ -5,16 +5,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import load_config
-from dualjax.eval import scoring
-from dualjax.retrieval import encoding, hybrid
-from dualjax.runtime import sharding
-from dualjax.retrieval.task import RetrievalTask
-from dualjax.text.sides import Inputs, Side
-from dualjax.models import dual_encoder
-from dualjax.text.words import WordTokenizer, build_word_tokenizer
+
 from dualjax.config.specs import model_spec
+from dualjax.eval import scoring
+from dualjax.models import dual_encoder
+from dualjax.retrieval import encoding, hybrid
+from dualjax.retrieval.task import RetrievalTask
+from dualjax.runtime import sharding
+from dualjax.text.sides import Inputs, Side
+from dualjax.text.words import WordTokenizer, build_word_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +61,7 @@ def test_encode_texts_matches_one_direct_call(mesh, batch_size):
     assert calls["traces"] == 1
 
 
+@pytest.mark.slow
 def test_encode_texts_with_real_model(mesh):
     """The tiny config's dual encoder, batched over the mesh, equals one direct call."""
     cfg = load_config("tiny").model
@@ -116,8 +117,9 @@ def _eval_cfg(**overrides) -> scoring.EvalSpec:
 
 def _exact_metrics(encode_queries, encode_documents, eval_cfg, mesh):
     """The dual encoder's exact-search metrics from evaluate_split."""
-    rows, ranked = scoring.evaluate_split(TASK, {"dual_encoder": (encode_queries, encode_documents)},
-                                           INPUTS, eval_cfg, mesh)
+    rows, ranked = scoring.evaluate_split(TASK,
+                                          {"dual_encoder": (encode_queries, encode_documents)},
+                                          INPUTS, eval_cfg, mesh)
     assert [(r["system"], r["index"]) for r in rows] == [("dual_encoder", "exact")]
     assert list(ranked) == ["dual_encoder [exact]"]
     return {k: v for k, v in rows[0].items() if k not in ("system", "index")}

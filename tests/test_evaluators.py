@@ -7,15 +7,14 @@ import os
 import jax
 import jax.numpy as jnp
 import pytest
-
 from conftest import load_config
-from dualjax.eval import scoring
-from dualjax.eval import evaluators
+
 from dualjax.config import specs
-from dualjax.runtime import sharding
 from dualjax.data.clusters import RetrievalTask, task_from_clusters
-from dualjax.text.sides import Inputs, Side
+from dualjax.eval import evaluators, scoring
 from dualjax.eval.metrics_log import MetricsLog
+from dualjax.runtime import sharding
+from dualjax.text.sides import Inputs, Side
 from dualjax.text.words import build_word_tokenizer
 
 # Pairs of paraphrases sharing rare words, and distractors: BM25 finds the partners.

@@ -8,12 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import load_config
+
+from dualjax import errors
 from dualjax.config import validation as config_lib
-from dualjax.text import features, sides
-from dualjax.models import dual_encoder
 from dualjax.config.specs import max_lens, model_spec
+from dualjax.models import dual_encoder
+from dualjax.text import features, sides
 
 
 def test_parse_spec():
@@ -78,6 +79,7 @@ def _model(**overrides):
 
 
 @pytest.mark.parametrize("tower", ["bow_mlp", "cnn", "transformer"])
+@pytest.mark.slow
 def test_features_change_the_document_vector_and_padding_does_not(tower):
     model, params = _model(**{"model.tower": tower})
     assert params["doc_feature_0"]["embedding"].shape == (6, 4)
@@ -111,7 +113,7 @@ def test_features_change_the_document_vector_and_padding_does_not(tower):
 def test_bad_feature_and_length_configs_fail_at_config_time(overrides, message):
     cfg = _config({"model.tower": "bow_mlp", "model.shared_towers": False,
                    "model.doc_features": "shop", **overrides})
-    with pytest.raises(config_lib.ConfigError, match=message):
+    with pytest.raises(errors.ConfigError, match=message):
         config_lib.validate(cfg, 1)
 
 

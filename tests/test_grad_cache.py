@@ -12,14 +12,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import load_config
-from dualjax import losses, objectives
+
+from dualjax import errors, losses, objectives
 from dualjax.config import validation as config_lib
-from dualjax.runtime import sharding
+from dualjax.config.specs import model_spec, objective_spec
 from dualjax.models import dual_encoder, towers
 from dualjax.objectives import in_batch as de_objective
-from dualjax.config.specs import model_spec, objective_spec
+from dualjax.runtime import sharding
 
 VOCAB, B, L, K_HARD, U = 60, 32, 11, 2, 32  # 32 mixed negatives: a multiple of 4 x 8 devices
 MLP_DIM = 48  # the transformer's MLP width, found by it in the compiled program
@@ -80,7 +80,7 @@ def assert_same(got, want, rtol=1e-5):
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(want)]
     got, want = jax.tree.leaves(got), jax.tree.leaves(want)
     assert len(got) == len(want) >= 5
-    for path, g, w in zip(paths, got, want):
+    for path, g, w in zip(paths, got, want, strict=True):
         g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
         if np.linalg.norm(w) < 1e-6:
             assert np.abs(g).max() < 1e-6, path
@@ -89,6 +89,7 @@ def assert_same(got, want, rtol=1e-5):
 
 
 @pytest.mark.parametrize("tower, chunks", [("bow_mlp", 2), ("bow_mlp", 4), ("transformer", 4)])
+@pytest.mark.slow
 def test_cached_loss_and_every_gradient_equal_uncached(tower, chunks):
     batch, extras = make_batch()
     model, objective, cached = value_and_grad(tower, chunks)
@@ -134,6 +135,7 @@ class DropoutTower(nn.Module):
         return nn.Dense(16)(x)
 
 
+@pytest.mark.slow
 def test_recomputation_replays_the_dropout_masks(monkeypatch):
     # With dropout on, the checkpointed chunks' gradient equals that of the same chunked
     # computation keeping its activations (one forward pass, its own masks): the backward
@@ -157,9 +159,11 @@ def test_recomputation_replays_the_dropout_masks(monkeypatch):
     # Dropout is on: another rng, other masks, another loss and gradient.
     assert abs(float(other_loss) - float(loss)) > 1e-3
     kernel = lambda g: np.asarray(g["tower"]["Dense_0"]["kernel"])
-    assert np.linalg.norm(kernel(other_grads) - kernel(grads)) > 1e-2 * np.linalg.norm(kernel(grads))
+    assert (np.linalg.norm(kernel(other_grads) - kernel(grads))
+            > 1e-2 * np.linalg.norm(kernel(grads)))
 
 
+@pytest.mark.slow
 def test_every_chunk_and_side_draws_its_own_dropout_masks(monkeypatch):
     # Every row of every side is the same text, and one tower (shared_towers) encodes
     # them all: without dropout all the embeddings would be equal, so two rows' embeddings
@@ -192,6 +196,7 @@ def test_every_chunk_and_side_draws_its_own_dropout_masks(monkeypatch):
         assert (gap(by_chunk[s], by_chunk[t]) > 1e-3).all(), (s, t)
 
 
+@pytest.mark.slow
 def test_one_chunk_of_mlp_activations_per_device():
     # Transformer, 32 rows over 8 devices: each device encodes 4 rows, and its compiled
     # loss + gradient holds the MLP's hidden activations f32[4, 12, 48] (12 = [CLS] + 11
@@ -222,16 +227,16 @@ def test_encode_chunks_config_checks_and_plumbing():
         config_lib.validate(cfg, 8)
     for chunks in (3, 8, -1):  # 3 does not divide 32; 32 / 8 = 4 rows for 8 devices
         cfg.train.encode_chunks = chunks
-        with pytest.raises(config_lib.ConfigError, match=r"config\.train\.encode_chunks"):
+        with pytest.raises(errors.ConfigError, match=r"config\.train\.encode_chunks"):
             config_lib.validate(cfg, 8)
     cfg.train.encode_chunks, cfg.loss.num_mixed_negatives = 2, 8  # 8 mixed negatives: 4 a chunk
-    with pytest.raises(config_lib.ConfigError, match=r"config\.train\.encode_chunks=2"):
+    with pytest.raises(errors.ConfigError, match=r"config\.train\.encode_chunks=2"):
         config_lib.validate(cfg, 8)
     cfg.loss.num_mixed_negatives = 16
     config_lib.validate(cfg, 8)
     pses = load_config("pses")
     pses.train.encode_chunks = 2
-    with pytest.raises(config_lib.ConfigError, match=r"config\.train\.encode_chunks=2.*pses"):
+    with pytest.raises(errors.ConfigError, match=r"config\.train\.encode_chunks=2.*pses"):
         config_lib.validate(pses, 8)
     # from_config hands the key to the objective: its loss maps checkpointed chunks.
     cfg = load_config("tiny")

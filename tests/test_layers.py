@@ -83,6 +83,44 @@ def test_lower_layers_never_read_the_config():
     assert offenders == [], "these read the config: give them plain values or a spec"
 
 
+def error_names() -> set[str]:
+    """The exceptions of dualjax/errors.py."""
+    tree = ast.parse((ROOT / "errors.py").read_text())
+    return {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+
+
+def misrouted_errors(paths) -> list[str]:
+    """`from M import SomeError` (a dualjax exception) with M not dualjax.errors."""
+    names = error_names()
+    out = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.ImportFrom) and node.module != "dualjax.errors"
+                    and any(a.name in names for a in node.names)):
+                out.append(f"{path.name}:{node.lineno} from {node.module} import ...")
+    return out
+
+
+def test_exceptions_come_from_dualjax_errors_only():
+    """One home for every exception: none is imported through the module that raises it
+    (re-exports made main.py import five exceptions from five places)."""
+    tests = pathlib.Path(__file__).resolve().parent
+    paths = [*ROOT.rglob("*.py"), *tests.glob("*.py"), *(ROOT.parent / "scripts").rglob("*.py")]
+    assert len(error_names()) >= 10
+    assert misrouted_errors(paths) == []
+    errors = __import__("dualjax.errors").errors
+    base = [n for n in error_names() - {"DualjaxError", "Terminated", "PeerStopped"}
+            if not issubclass(getattr(errors, n), errors.DualjaxError)]
+    assert base == [], "every error dualjax raises on purpose is a DualjaxError"
+
+
+def test_the_errors_guard_sees_a_re_export(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from dualjax.data.pairs_file import DataError\n"
+                   "from dualjax.errors import ConfigError\n")
+    assert misrouted_errors([bad]) == ["bad.py:1 from dualjax.data.pairs_file import ..."]
+
+
 @pytest.mark.parametrize("line, where, offends", [
     ("from dualjax.train import loop", "serve/x.py", True),      # serve never trains
     ("from dualjax import train", "eval/x.py", True),            # eval below train
@@ -106,6 +144,7 @@ def test_a_saved_config_without_newer_keys_still_makes_its_model_spec():
     the Transformer preset: the spec of its bow_mlp model is read all the same."""
     import ml_collections
     from conftest import load_config
+
     from dualjax.config import specs
     model = load_config("tiny").model.to_dict()
     for key in ("cnn_filters", "cnn_windows", "dtype", "query_tower", "doc_tower",

@@ -9,15 +9,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import load_config
 from jax.sharding import PartitionSpec as P
 
-from conftest import load_config
-from dualjax import losses, objectives
+from dualjax import errors, losses, objectives
 from dualjax.config import validation as config_lib
-from dualjax.losses import frequency
-from dualjax.runtime import sharding
-from dualjax.models import dual_encoder
 from dualjax.config.specs import loss_options, model_spec, objective_spec
+from dualjax.losses import frequency
+from dualjax.models import dual_encoder
+from dualjax.runtime import sharding
 
 
 def sigmoid(x):
@@ -40,7 +40,7 @@ def test_in_batch_softmax_hand_computed_3x3():
     # Each row: positive logit 2.5, two negatives 0.5.
     # loss_i = log(e^2.5 + 2 e^0.5) - 2.5 = log(1 + 2 e^-2)
     q = jnp.eye(3)
-    loss, metrics = losses.in_batch_softmax(q, q, jnp.float32(2.0), jnp.float32(0.5))
+    loss, metrics = losses.in_batch_softmax.reference(q, q, jnp.float32(2.0), jnp.float32(0.5))
     assert float(loss) == pytest.approx(math.log(1 + 2 * math.exp(-2)), rel=1e-6)
     assert float(metrics["in_batch_p@1"]) == 1.0
 
@@ -293,7 +293,8 @@ def _batch(b=64, dim=16, k=2, u=8, seed=0):
     doc_ids = rng.integers(0, 40, b)
     hard_ids = rng.integers(0, 40, (b, k))
     hard_ids[::4, 0] = doc_ids[::4]  # mined false negatives: the row's own document
-    ids = {"doc_ids": doc_ids.astype(np.int32), "query_ids": rng.integers(0, 40, b).astype(np.int32),
+    ids = {"doc_ids": doc_ids.astype(np.int32),
+           "query_ids": rng.integers(0, 40, b).astype(np.int32),
            "cluster_ids": rng.integers(0, 24, b).astype(np.int32),
            "mixed_negative_clusters": rng.integers(0, 24, u).astype(np.int32),
            "hard_negative_ids": hard_ids.astype(np.int32),
@@ -320,6 +321,7 @@ def test_test_batch_has_accidental_hits():
     assert (c[:, None] == IDS["mixed_negative_clusters"][None, :]).sum() >= 10
 
 
+@pytest.mark.slow
 def test_a_column_holding_the_rows_own_query_or_a_paraphrase_is_not_a_negative():
     # q = d = I, logit = 2 cos + .5; doc_ids [5, 6, 7], query_ids [6, 9, 9]: row 0's query
     # text is row 1's document, so column 1 leaves row 0's softmax (and, symmetric, query
@@ -391,7 +393,7 @@ def _assert_sharded_equals_reference(name, options, which, zero_grads, column_bl
     assert 0 < float(ref_m["in_batch_p@1"]) < 1
     assert float(sh_loss) == pytest.approx(float(ref_loss), rel=1e-5)
     assert float(sh_m["in_batch_p@1"]) == pytest.approx(float(ref_m["in_batch_p@1"]), abs=1e-7)
-    for arg, r, s in zip(("q", "d", "scale", "bias", "hard", "mixed"), ref_g, sh_g):
+    for arg, r, s in zip(("q", "d", "scale", "bias", "hard", "mixed"), ref_g, sh_g, strict=True):
         if arg in zero_grads or (arg in ("hard", "mixed") and not with_negatives):
             assert np.abs(np.asarray(r)).max() < 1e-5 and np.abs(np.asarray(s)).max() < 1e-5, arg
         else:
@@ -401,6 +403,7 @@ def _assert_sharded_equals_reference(name, options, which, zero_grads, column_bl
 
 @pytest.mark.parametrize("name,options,which,zero_grads", CASES,
                          ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in CASES])
+@pytest.mark.slow
 def test_sharded_loss_and_grads_equal_reference(name, options, which, zero_grads):
     _assert_sharded_equals_reference(name, options, which, zero_grads, column_block=0)
 
@@ -429,6 +432,7 @@ def test_blockwise_loss_and_grads_equal_reference(name, options, which, zero_gra
     _assert_sharded_equals_reference(name, options, which, zero_grads, column_block)
 
 
+@pytest.mark.slow
 def test_blockwise_grad_never_holds_a_rows_by_all_columns_buffer():
     # 96 rows over 8 devices: b = 12 local rows, C = 96 + 96*2 + 8 = 296 columns. The
     # compiled per-device program of the plain loss + gradient holds f32[12,296] scores;
@@ -463,6 +467,7 @@ def test_blockwise_grad_never_holds_a_rows_by_all_columns_buffer():
 
 
 @pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.slow
 def test_sharded_loss_and_grads_equal_unsharded_global_batch_8192(shared):
     assert jax.device_count() == 8, "conftest sets 8 fake CPU devices"
     mesh = sharding.make_mesh()
@@ -493,7 +498,7 @@ def test_sharded_loss_and_grads_equal_unsharded_global_batch_8192(shared):
     assert float(sh_m["in_batch_p@1"]) == pytest.approx(float(ref_m["in_batch_p@1"]), abs=1e-7)
     ref_leaves, sh_leaves = jax.tree.leaves(ref_g), jax.tree.leaves(sh_g)
     assert len(ref_leaves) == len(sh_leaves) >= 5
-    for r, s in zip(ref_leaves, sh_leaves):
+    for r, s in zip(ref_leaves, sh_leaves, strict=True):
         if r.shape == () and abs(float(r)) < 1e-6:
             # beta: a softmax over each row ignores a shift shared by the row, so its
             # gradient is zero up to rounding (~5e-10), which differs between the two.
@@ -586,7 +591,7 @@ def test_config_accepts_every_in_batch_loss_and_passes_its_options():
      "config.loss.column_block=-64 must be an int >= 0"),
 ])
 def test_config_rejects_losses_that_cannot_work(loss, message):
-    with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+    with pytest.raises(errors.ConfigError, match=re.escape(message)):
         _validate(**loss)
 
 
@@ -600,5 +605,6 @@ def test_the_dual_encoder_objective_streams_config_loss_column_block(monkeypatch
 
     monkeypatch.setattr(losses, "sharded", spy)
     cfg = _validate(name="in_batch_softmax", column_block=256)
-    objectives.make(objective_spec(cfg), dual_encoder.make_model(model_spec(cfg.model), 100), sharding.make_mesh())
+    objectives.make(objective_spec(cfg), dual_encoder.make_model(model_spec(cfg.model), 100),
+                    sharding.make_mesh())
     assert seen == [256]

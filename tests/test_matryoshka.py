@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import load_config
 
-from dualjax import losses
+from dualjax import errors, losses
 from dualjax.config import specs, validation
 
 
@@ -19,6 +19,7 @@ def _unit(x):
     return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
 
+@pytest.mark.slow
 def test_the_loss_is_the_full_ones_plus_each_renormalised_prefixs():
     rng = np.random.default_rng(0)
     q, d = (jnp.asarray(_unit(rng.normal(size=(6, 8))), jnp.float32) for _ in range(2))
@@ -29,7 +30,7 @@ def test_the_loss_is_the_full_ones_plus_each_renormalised_prefixs():
     total, metrics = losses.matryoshka(fn, (2, 4))(q, d, scale, bias, extras)
     by_hand = fn(q, d, scale, bias, extras)[0]
     for m in (2, 4):
-        cut = lambda x: jnp.asarray(_unit(np.asarray(x)[:, :m]))
+        cut = lambda x, m=m: jnp.asarray(_unit(np.asarray(x)[:, :m]))
         part = fn(cut(q), cut(d), scale, bias, {"mixed_negatives": cut(mixed)})[0]
         np.testing.assert_allclose(metrics[f"loss@{m}"], part, rtol=1e-6)
         by_hand = by_hand + part
@@ -47,7 +48,7 @@ def test_the_loss_is_the_full_ones_plus_each_renormalised_prefixs():
 def test_dimension_lists_that_do_not_parse_are_refused(key, value, message):
     cfg = load_config("tiny")
     cfg.update_from_flattened_dict({key: value})
-    with pytest.raises(validation.ConfigError, match=f"config.{key}=.*{message}"):
+    with pytest.raises(errors.ConfigError, match=f"config.{key}=.*{message}"):
         validation.validate(cfg, 8)
 
 
@@ -65,7 +66,7 @@ def test_prefixes_as_wide_as_the_model_are_refused_before_anything_is_written(
         cfg.update_from_flattened_dict({"model.tower": "bow", "model.embed_dim": 8})
         width = 8
     top = value.split(",")[-1]
-    with pytest.raises(validation.ConfigError, match=rf"^config.{key}='{value}': {top} is not "
+    with pytest.raises(errors.ConfigError, match=rf"^config.{key}='{value}': {top} is not "
                                                      rf"below the model's {width} dimensions"):
         train.train_and_evaluate(cfg, str(tmp_path / "w"))
     assert not (tmp_path / "w").exists()
@@ -74,10 +75,11 @@ def test_prefixes_as_wide_as_the_model_are_refused_before_anything_is_written(
 def test_pses_has_no_matryoshka_loss():
     cfg = load_config("pses")
     cfg.loss.matryoshka_dims = "16"
-    with pytest.raises(validation.ConfigError, match="model.name='pses' and MLM"):
+    with pytest.raises(errors.ConfigError, match="model.name='pses' and MLM"):
         validation.validate(cfg, 8)
 
 
+@pytest.mark.slow
 def test_a_run_trains_on_each_prefix_and_serves_them(tmp_path):
     from dualjax import export, index, search
     from dualjax.train import loop as train

@@ -19,7 +19,7 @@ def test_negatives_skip_the_own_cluster_and_rank_by_bm25():
     bread_cluster = {"bread baking at home", "home made bread recipe"}
     for n in negatives[:2]:
         assert not bread_cluster & set(n)
-    for (q, d), n in zip(PAIRS, negatives):
+    for (_q, d), n in zip(PAIRS, negatives, strict=True):
         assert d not in n
 
 
@@ -83,7 +83,7 @@ def test_fallback_when_bm25_finds_only_the_own_cluster():
         assert [len(n) for n in negatives] == [3] * len(OWN_ONLY)
         for n in negatives[:3]:  # all drawn at random: each other-cluster document once
             assert sorted(n) == OTHERS
-        for (q, d), n in zip(OWN_ONLY, negatives):
+        for (q, d), n in zip(OWN_ONLY, negatives, strict=True):
             assert d not in n and q not in n
         # k above the other clusters' documents: all of them, then repeats, never "alpha".
         negatives = mining.mine_hard_negatives(OWN_ONLY, k=5, seed=seed)
@@ -112,8 +112,8 @@ def test_other_clusters_index_without_listing():
 
 def _whole_corpus_reference(pairs, k, seed, depth):
     """The scan this module replaced: per query, lists every other-cluster document."""
-    from dualjax.retrieval import baselines
     from dualjax.data import clusters
+    from dualjax.retrieval import baselines
     from dualjax.retrieval.task import RetrievalTask
     from dualjax.text.words import normalize
     cluster_of = clusters.cluster_pairs([(normalize(q), normalize(d)) for q, d in pairs])
@@ -129,7 +129,7 @@ def _whole_corpus_reference(pairs, k, seed, depth):
                          query_corpus_index=np.full(len(queries), -1, np.int64))
     ranked = baselines.rank("bm25", task, min(len(docs), depth or 4 * k + 10))
     rng, mined = np.random.default_rng(seed), {}
-    for q, row in zip(queries, ranked):
+    for q, row in zip(queries, ranked, strict=True):
         own = cluster_of[normalize(q)]
         row = row[row >= 0]
         picked = [int(j) for j in row[doc_cluster[row] != own][:k]]

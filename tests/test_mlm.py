@@ -10,16 +10,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import load_config
-from dualjax import objectives
-from dualjax.train import checkpoints
-from dualjax.config import validation as config_lib
-from dualjax.train import loop as train
-from dualjax.config.validation import ConfigError
-from dualjax.models import dual_encoder
-from dualjax.config.specs import model_spec
 from test_pretraining import ARTICLES
+
+from dualjax import objectives
+from dualjax.config import validation as config_lib
+from dualjax.config.specs import model_spec
+from dualjax.errors import ConfigError
+from dualjax.models import dual_encoder
+from dualjax.train import checkpoints
+from dualjax.train import loop as train
 
 TRANSFORMER = {"model.tower": "transformer", "model.transformer.num_layers": 1,
                "model.transformer.width": 16, "model.transformer.num_heads": 2,
@@ -35,6 +35,7 @@ def tiny(**overrides):
     return cfg
 
 
+@pytest.mark.slow
 def test_mask_tokens_statistics():
     rng = np.random.default_rng(0)
     lengths = rng.integers(0, 41, 4000)
@@ -73,13 +74,14 @@ def test_mask_tokens_predicts_bert_s_exact_count_per_text():
     np.testing.assert_array_equal(weights.sum(1), [want[n] for n in lengths])
     real = weights > 0
     assert (positions[real] < np.repeat(lengths, 6).reshape(-1, 6)[real]).all()  # real tokens
-    assert all(len(set(p[w])) == w.sum() for p, w in zip(positions, real))  # distinct
+    assert all(len(set(p[w])) == w.sum() for p, w in zip(positions, real, strict=True))  # distinct
     # Chosen at random: texts of one length predict different tokens.
-    full = [frozenset(p[w]) for p, w, n in zip(positions, real, lengths) if n == 40]
+    full = [frozenset(p[w]) for p, w, n in zip(positions, real, lengths, strict=True) if n == 40]
     assert len(set(full)) > 50
     assert all(objectives.mlm.num_to_predict(n, 0.15, 6) == c for n, c in want.items())
 
 
+@pytest.mark.slow
 def test_mlm_head_logits_through_the_tied_table():
     head = objectives.mlm.MlmHead(width=4, vocab_size=7)
     table = jax.random.normal(jax.random.key(1), (7, 4))
@@ -94,6 +96,7 @@ def test_mlm_head_logits_through_the_tied_table():
     np.testing.assert_allclose(got, h @ np.asarray(table).T + params["output_bias"], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_mlm_loss_is_the_mean_nll_of_the_predicted_tokens():
     cfg = tiny(**{"data.name": "pretrain", "data.tasks": "mlm", "data.path": "x.jsonl"})
     model = dual_encoder.make_model(model_spec(cfg.model), 50)
@@ -120,6 +123,7 @@ def test_mlm_loss_is_the_mean_nll_of_the_predicted_tokens():
     assert float(loss) > np.log(50) - 1.5  # untrained: near uniform over 50 ids
 
 
+@pytest.mark.slow
 def test_mlm_pretraining_then_fine_tuning(tmp_path):
     path = tmp_path / "articles.jsonl"
     path.write_text("".join(json.dumps(a) + "\n" for a in ARTICLES))

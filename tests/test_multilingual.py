@@ -2,21 +2,22 @@
 Devanagari; a text that gives no token (emoji, "?!") is refused in training data by
 file:line, skipped in an index and left out of an evaluation's dense search, never
 given a vector shared with other such texts."""
-import logging
+import itertools
 import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import load_config
+
 from dualjax.config import specs
+from dualjax.data.pairs_file import read_pairs
+from dualjax.errors import DataError
 from dualjax.eval import scoring
+from dualjax.retrieval.task import RetrievalTask
 from dualjax.runtime import sharding
 from dualjax.text import tokenizers
-from dualjax.retrieval.task import RetrievalTask
-from dualjax.data.pairs_file import DataError, read_pairs
 from dualjax.text.sides import Inputs, Side
 from dualjax.text.words import build_word_tokenizer
 
@@ -59,6 +60,7 @@ def test_an_hf_tokenizer_sees_the_text_as_given():
     """dualjax's normalisation is not applied before a Hugging Face tokenizer: its own
     normaliser decides (the tiny BERT's lowercases and splits CJK characters)."""
     from tokenizers import Tokenizer
+
     from dualjax.text.hf import HFTokenizer
     path = TINY_BERT / "tokenizer.json"
     hf, raw = HFTokenizer.from_file(path), Tokenizer.from_file(str(path))
@@ -73,7 +75,7 @@ def test_an_hf_tokenizer_sees_the_text_as_given():
 
 def test_pairs_in_every_script_train_and_a_pair_without_a_letter_is_named(tmp_path):
     path = tmp_path / "p.tsv"
-    rows = [f"{q}\t{d}" for q, d in zip(SCRIPTS.values(), list(SCRIPTS.values())[1:])]
+    rows = [f"{q}\t{d}" for q, d in itertools.pairwise(SCRIPTS.values())]
     path.write_text("\n".join(rows) + "\n", encoding="utf-8")
     assert len(read_pairs(path)) == len(rows)
     path.write_text("\n".join(rows[:2] + ["什么\t🙂🎉"]) + "\n", encoding="utf-8")
@@ -127,12 +129,13 @@ def test_an_evaluation_never_retrieves_a_document_without_a_token():
     assert ids[2][0] == 4  # the Greek query finds the Greek document first
 
 
+@pytest.mark.slow
 def test_a_run_on_pairs_in_every_script_trains_and_evaluates(tmp_path):
     """Questions and answers in six scripts, with digits: the run builds its tables (the
     digits alone once made data preparation yield no example), trains, and its
     vocabulary holds the scripts' words."""
-    from dualjax.train import loop as train
     from dualjax.text.words import WordTokenizer
+    from dualjax.train import loop as train
     objects = {"chinese": ("自行车", "修理"), "arabic": ("دراجة", "إصلاح"),
                "cyrillic": ("велосипед", "ремонт"), "greek": ("ποδήλατο", "επισκευή"),
                "devanagari": ("साइकिल", "मरम्मत"), "english": ("bicycle", "repair")}

@@ -11,8 +11,9 @@ import time
 
 import jax
 import numpy as np
-
+import pytest
 from conftest import COMPILE_FLAGS, load_config
+
 from dualjax.train import checkpoints
 from dualjax.train import loop as train
 
@@ -53,6 +54,7 @@ def train_rows(workdir):
     return [r for r in map(json.loads, open(path)) if r["split"] == "train"]
 
 
+@pytest.mark.slow
 def test_two_processes_train_as_one_and_resume_together(tmp_path):
     cfg = load_config("tiny")
     cfg.update_from_flattened_dict(OVERRIDES)

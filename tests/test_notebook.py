@@ -3,13 +3,14 @@ it cannot rot. It starts in another working directory than the checkout's."""
 import pathlib
 
 import nbformat
-from nbclient import NotebookClient
-
+import pytest
 from conftest import COMPILE_FLAGS
+from nbclient import NotebookClient
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_colab_notebook_runs_on_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("DUALJAX_NOTEBOOK_CONFIG", "tiny")
     monkeypatch.setenv("DUALJAX_NOTEBOOK_STEPS", "5")

@@ -4,8 +4,10 @@ import json
 import pytest
 from absl import logging
 
+from dualjax import errors
 from dualjax.data import pairs_file
-from dualjax.data.pairs_file import DataError, read_pairs
+from dualjax.data.pairs_file import read_pairs
+from dualjax.errors import DataError
 
 
 def _write(path, data: bytes):
@@ -186,4 +188,4 @@ def test_unknown_extension(tmp_path):
 
 
 def test_data_error_is_value_error():
-    assert issubclass(pairs_file.DataError, ValueError)
+    assert issubclass(errors.DataError, ValueError)

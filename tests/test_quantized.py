@@ -1,7 +1,5 @@
 """Quantized indexes (issue 32): int8 and binary codes searched and rescored against a
 float query (`retrieval.quantized`), and `dualjax.index --quantize`."""
-import json
-import os
 
 import numpy as np
 import pytest

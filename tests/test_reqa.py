@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from dualjax.data import clusters, reqa
-from dualjax.data.pairs_file import DataError
 from dualjax.data.reqa import load_reqa_squad, read_squad
+from dualjax.errors import DataError
 
 REAL_SQUAD = "/work/shared/data/squad/dev-v1.1.json"
 
@@ -127,9 +127,9 @@ def test_all_candidates_merge_identical_texts(tmp_path):
     raw = _load(_write(tmp_path, _squad()), candidates="all", seed=0)
     texts = [t for _, t in CANDIDATES]
     merged = texts[:7] + texts[8:]  # the second "It has a river." is merged
-    for name, task in raw.tasks.items():
+    for _name, task in raw.tasks.items():
         assert task.corpus == merged
-        for query, rel in zip(task.queries, task.relevant):
+        for query, rel in zip(task.queries, task.relevant, strict=True):
             (expected,) = [r for _, q, r in QUESTIONS if q == query]
             assert rel == frozenset(merged.index(texts[c]) for c in expected)
     # The "all" tasks hold the same queries as the "split" tasks.
@@ -140,7 +140,7 @@ def test_all_candidates_merge_identical_texts(tmp_path):
 
 def test_context_option_appends_the_paragraph(tmp_path):
     raw = _load(_write(tmp_path, _squad()), candidates="all", context=True)
-    with_context = [f"{t} {p}" for (_, t), p in zip(CANDIDATES, PARAGRAPH_OF)]
+    with_context = [f"{t} {p}" for (_, t), p in zip(CANDIDATES, PARAGRAPH_OF, strict=True)]
     assert with_context[4] == "It has a river. The city is large. It has a river."
     for task in raw.tasks.values():  # no two (sentence, paragraph) alike: none merged
         assert task.corpus == with_context
@@ -158,10 +158,11 @@ def test_split_by_question(tmp_path, seed):
     fractions = {"train": 0.5, "val": 0.0, "test": 0.5}
     split = [list(fractions)[i] for i in clusters.split_clusters(len(QUESTIONS), fractions, seed)]
     assert raw.train_pairs == [(q, CANDIDATES[rel[0]][1])
-                               for (_, q, rel), s in zip(QUESTIONS, split) if s == "train"]
+                               for (_, q, rel), s in zip(QUESTIONS, split, strict=True)
+                               if s == "train"]
     assert set(raw.tasks) == {"test"}
     test = raw.tasks["test"]
-    assert test.queries == [q for (_, q, _), s in zip(QUESTIONS, split) if s == "test"]
+    assert test.queries == [q for (_, q, _), s in zip(QUESTIONS, split, strict=True) if s == "test"]
     texts = [t for _, t in CANDIDATES]
     assert test.corpus == texts[:7] + texts[8:]  # all candidates (duplicates merged)
     assert len(raw.train_pairs) + len(test.queries) == len(QUESTIONS)
@@ -170,7 +171,7 @@ def test_split_by_question(tmp_path, seed):
 def test_split_by_question_shares_paragraphs_between_train_and_test(tmp_path):
     raw = _load(_write(tmp_path, _squad()), split_by="question", train_fraction=0.6,
                 val_fraction=0.0)
-    paragraph = dict(zip((t for _, t in CANDIDATES), PARAGRAPH_OF))
+    paragraph = dict(zip((t for _, t in CANDIDATES), PARAGRAPH_OF, strict=True))
     train = {paragraph[d] for _, d in raw.train_pairs}
     test = raw.tasks["test"]
     tested = {paragraph[test.corpus[i]] for rel in test.relevant for i in rel}
@@ -248,6 +249,7 @@ def test_bad_settings(tmp_path, settings, fragment):
 
 
 @pytest.mark.skipif(not os.path.exists(REAL_SQUAD), reason="real SQuAD dev file absent")
+@pytest.mark.slow
 def test_real_squad_dev():
     squad = read_squad(REAL_SQUAD)
     assert squad.num_articles == 48

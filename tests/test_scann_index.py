@@ -11,6 +11,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from dualjax import errors
 from dualjax.retrieval import ann
 
 N, DIM, NQ, K = 3000, 32, 200, 10
@@ -42,7 +43,7 @@ def _cfg(mode: str = "auto", **overrides):
 def _recall(ids: np.ndarray, reference: np.ndarray) -> float:
     """Mean fraction of each reference row's (valid) ids found in the same row of ids."""
     return float(np.mean([len(set(a) & set(b[b >= 0])) / (b >= 0).sum()
-                          for a, b in zip(ids, reference)]))
+                          for a, b in zip(ids, reference, strict=True)]))
 
 
 def _eval_cfg(**scann):
@@ -133,7 +134,7 @@ def test_k_larger_than_corpus_pads(mode):
     exclude = np.array([ref_ids[0, 0], -1, 49, 0])
     scores, ids = searcher.search(queries, 60, exclude)
     assert ((ids >= 0).sum(axis=1) == [49, 50, 49, 49]).all()
-    for row, ex in zip(ids, exclude):
+    for row, ex in zip(ids, exclude, strict=True):
         assert ex not in row[row >= 0] and len(set(row[row >= 0])) == (row >= 0).sum()
     assert (ids[:, 50:] == -1).all() and np.isneginf(scores[:, 50:]).all()
 
@@ -146,7 +147,7 @@ def test_fewer_found_than_asked_pads_instead_of_repeating_id_zero():
     scores, ids = searcher.search(corpus[:5], 500, exclude=np.arange(5))
     found = (ids >= 0).sum(axis=1)
     assert (found > 50).all() and (found < 500).all()
-    for row, score, f in zip(ids, scores, found):
+    for row, score, f in zip(ids, scores, found, strict=True):
         assert (row[:f] >= 0).all() and (row[f:] == -1).all()  # real results first
         assert len(set(row[:f])) == f
         assert np.isfinite(score[:f]).all() and np.isneginf(score[f:]).all()
@@ -309,7 +310,7 @@ def test_make_index_loads_when_unchanged_and_rebuilds_otherwise(tmp_path):
     assert info["settings"]["mode"] == "ah" and info["settings"]["reorder_k"] == 1000
     second, info = ann.make_index("scann", corpus, eval_cfg, K, directory)
     assert not info["built"] and info["bytes_on_disk"] > 0
-    for got, want in zip(second.search(corpus[:NQ], K), first.search(corpus[:NQ], K)):
+    for got, want in zip(second.search(corpus[:NQ], K), first.search(corpus[:NQ], K), strict=True):
         np.testing.assert_array_equal(got, want)
     # Another model or corpus (one value), another checkpoint, other settings: rebuild.
     changed = corpus.copy()
@@ -338,7 +339,7 @@ def test_make_index_without_directory_and_exact():
     assert info["settings"] == {"query_chunk": 64, "corpus_chunk": 1024}
     exclude = np.arange(20) - 1
     for got, want in zip(exact.search(corpus[:20], K, exclude),
-                         ann.exact_search(corpus[:20], corpus, K, exclude)):
+                         ann.exact_search(corpus[:20], corpus, K, exclude), strict=True):
         np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(searcher.search(corpus[:20], K, exclude)[1],
                                   exact.search(corpus[:20], K, exclude)[1])
@@ -350,6 +351,7 @@ def test_make_index_without_directory_and_exact():
 def test_scann_is_a_dependency_on_linux_only():
     import pathlib
     import tomllib
+
     from packaging.requirements import Requirement
     pyproject = pathlib.Path(__file__).parent.parent / "pyproject.toml"
     project = tomllib.loads(pyproject.read_text())["project"]
@@ -364,7 +366,9 @@ def test_without_scann_each_way_in_says_what_to_install_and_exact_search_works(
         monkeypatch, tmp_path):
     import importlib.util
     import sys
+
     from conftest import load_config
+
     from dualjax import index
     from dualjax.config import validation
     find_spec = importlib.util.find_spec
@@ -375,7 +379,7 @@ def test_without_scann_each_way_in_says_what_to_install_and_exact_search_works(
     monkeypatch.setitem(sys.modules, "scann", None)  # `import scann` raises ImportError
     cfg = load_config("tiny")
     cfg.eval.index = "scann"
-    with pytest.raises(validation.ConfigError, match=r"config.eval.index='scann': ScaNN is "
+    with pytest.raises(errors.ConfigError, match=r"config.eval.index='scann': ScaNN is "
                                                      r"not installed .* pip install "
                                                      r"'dualjax\[scann\]' on Linux"):
         validation.validate(cfg, 8)

@@ -8,8 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import load_config
+
 from dualjax import search
 from dualjax.train import loop as train
 
@@ -39,6 +39,7 @@ def test_a_changed_corpus_fingerprint_rebuilds(workdir, monkeypatch):
     assert search.from_workdir(str(workdir), "test", k=5).info["built"] is True
 
 
+@pytest.mark.slow
 def test_search_command_line(workdir):
     out = subprocess.run(
         [sys.executable, "-m", "dualjax.search", f"--workdir={workdir}", "--k=3",
@@ -51,7 +52,7 @@ def test_search_command_line(workdir):
 
 def test_corpus_files_are_read_with_their_ids_and_bad_lines_named(tmp_path):
     from dualjax.data.corpus_file import read_corpus
-    from dualjax.data.pairs_file import DataError
+    from dualjax.errors import DataError
     jsonl = tmp_path / "c.jsonl"
     jsonl.write_text('{"_id": "a", "title": "Cars", "text": "fix a car"}\n'
                      '{"id": 7, "document": "cook rice"}\n{"text": "no id"}\n')
@@ -63,18 +64,23 @@ def test_corpus_files_are_read_with_their_ids_and_bad_lines_named(tmp_path):
     beir.mkdir()
     (beir / "corpus.jsonl").write_text('{"_id": "x", "text": "t"}\n')
     assert read_corpus(str(beir)) == (["x"], ["t"])
-    for name, body, message in [("dup.tsv", "a\tx\na\ty\n", r"dup.tsv:2: duplicate id 'a' \(first at line 1\)"),
+    for name, body, message in [("dup.tsv", "a\tx\na\ty\n",
+                                 r"dup.tsv:2: duplicate id 'a' \(first at line 1\)"),
                                 ("tabs.tsv", "a\tb\tc\n", r"tabs.tsv:1: 2 tabs"),
-                                ("bad.jsonl", '{"text": "ok"}\n{"title": "t"}\n', r"bad.jsonl:2: needs a string")]:
+                                ("bad.jsonl", '{"text": "ok"}\n{"title": "t"}\n',
+                                 r"bad.jsonl:2: needs a string")]:
         (tmp_path / name).write_text(body)
         with pytest.raises(DataError, match=message):
             read_corpus(str(tmp_path / name))
 
 
+@pytest.mark.slow
 def test_an_exported_encoder_and_its_index_answer_without_the_workdir(workdir, bundle, tmp_path,
                                                                    monkeypatch):
     import json
+
     import numpy as np
+
     import dualjax
     from dualjax import index as corpus_index
     texts = search.from_workdir(str(workdir), "test", k=5).corpus[:60]
@@ -112,18 +118,20 @@ def test_an_exported_encoder_and_its_index_answer_without_the_workdir(workdir, b
         corpus_index.CorpusIndex(str(tmp_path / "idx"), encoder.id)
 
 
+@pytest.mark.slow
 def test_search_command_line_from_a_bundle_says_when_no_token_is_known(bundle, workdir, tmp_path):
     corpus = tmp_path / "corpus.tsv"
     corpus.write_text("a\thow do i repair my car ?\nb\tbest way to cook rice ?\n"
                       "c\thow can i learn to swim ?\n")
-    from dualjax import index as corpus_index
     import dualjax
+    from dualjax import index as corpus_index
     corpus_index.build(dualjax.Encoder.load(bundle), ["a", "b", "c"],
                        [line.split("\t")[1] for line in corpus.read_text().splitlines()],
                        str(tmp_path / "idx"), kind="exact")
     out = subprocess.run(
-        [sys.executable, "-m", "dualjax.search", f"--encoder={bundle}", f"--index={tmp_path / 'idx'}",
-         "--k=2", "--query=how do i repair my car", "--query=zzqx qqzv", "--hybrid=bm25"],
+        [sys.executable, "-m", "dualjax.search", f"--encoder={bundle}",
+         f"--index={tmp_path / 'idx'}", "--k=2", "--query=how do i repair my car",
+         "--query=zzqx qqzv", "--hybrid=bm25"],
         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     first, second = out.stdout.split("\n> ")[1:]
@@ -155,6 +163,7 @@ def test_an_hnsw_corpus_index_is_built_saved_and_loaded(bundle, tmp_path):
 
 
 @pytest.mark.parametrize("quantize", ["int8", "binary"])
+@pytest.mark.slow
 def test_a_quantized_corpus_index_keeps_codes_alone_and_answers(bundle, tmp_path, quantize):
     """--quantize: quantized.npz instead of the float vectors, its digest checked; a
     search rescores its candidates and answers as the float index on clear queries; the
@@ -184,7 +193,7 @@ def test_a_quantized_corpus_index_keeps_codes_alone_and_answers(bundle, tmp_path
     with pytest.raises(ValueError, match="quantized.npz: changed since the index"):
         corpus_index.CorpusIndex(out, encoder.id)
     corpus = tmp_path / "corpus.tsv"
-    corpus.write_text("".join(f"{i}\t{t}\n" for i, t in zip(ids, texts)))
+    corpus.write_text("".join(f"{i}\t{t}\n" for i, t in zip(ids, texts, strict=True)))
     result = subprocess.run([sys.executable, "-m", "dualjax.index", f"--encoder={bundle}",
                              f"--corpus={corpus}", f"--out={tmp_path / 'idx2'}",
                              f"--quantize={quantize}", "--kind=scann"],
@@ -217,7 +226,8 @@ def test_outputs_never_replace_their_inputs_or_other_folders(workdir, bundle, tm
     not of their kind, or one of their kind without --overwrite; the inputs are intact.
     On the command line the refusal is one line with exit 1."""
     import dualjax
-    from dualjax import export, index as corpus_index
+    from dualjax import export
+    from dualjax import index as corpus_index
     from dualjax.errors import OutputError
     beir = tmp_path / "beir"
     (beir / "qrels").mkdir(parents=True)
@@ -247,6 +257,7 @@ def test_outputs_never_replace_their_inputs_or_other_folders(workdir, bundle, tm
     assert sorted(os.listdir(beir)) == ["corpus.jsonl", "idx", "qrels"]
 
 
+@pytest.mark.slow
 def test_an_index_and_a_bundle_never_live_inside_each_other(workdir, bundle, tmp_path):
     """An index inside a bundle, an index or a workdir, and a bundle inside an index or a
     bundle, are refused before any work, naming the folder (a later --overwrite of the
@@ -255,8 +266,10 @@ def test_an_index_and_a_bundle_never_live_inside_each_other(workdir, bundle, tmp
     the file, which is kept; without them it replaces as before."""
     import re
     import shutil
+
     import dualjax
-    from dualjax import export, index as corpus_index
+    from dualjax import export
+    from dualjax import index as corpus_index
     from dualjax.errors import OutputError
     encoder = dualjax.Encoder.load(bundle)
     index = lambda out, **kw: corpus_index.build(encoder, ["a"], ["how do i fix my bike"],
@@ -309,8 +322,8 @@ def test_one_writer_per_output_and_what_dead_writers_left_is_removed(bundle, tmp
     process is gone); the lock file beside --out is not left behind."""
     import dualjax
     from dualjax import index as corpus_index
-    from dualjax.runtime.files import Lock
     from dualjax.errors import OutputError
+    from dualjax.runtime.files import Lock
     encoder = dualjax.Encoder.load(bundle)
     out = tmp_path / "idx"
     build = lambda: corpus_index.build(encoder, ["a"], ["how do i fix my bike"], str(out),
@@ -330,6 +343,7 @@ def test_one_writer_per_output_and_what_dead_writers_left_is_removed(bundle, tmp
 
 
 @pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
+@pytest.mark.slow
 def test_a_signal_ends_an_index_build_in_one_line_leaving_nothing(bundle, tmp_path, sig,
                                                                    code):
     """Ctrl-C or SIGTERM while `dualjax.index` encodes: one line, exit 130 / 143, and no
@@ -368,6 +382,7 @@ def test_a_changed_bundle_or_index_is_refused_naming_the_file(bundle, tmp_path):
     are refused by file name instead of shifting every answer."""
     import json
     import shutil
+
     import dualjax
     from dualjax import index as corpus_index
     from dualjax.runtime.files import files_under
@@ -427,6 +442,7 @@ DRILLED = ("index --out=<its BEIR corpus folder>", "index --kind=hnsw without fa
            "dualjax-index --help", "search --query=''", "the huge document, printed cut")
 
 
+@pytest.mark.slow
 def test_the_serving_drill_refuses_in_one_line_or_answers_correctly(workdir, bundle, tmp_path):
     """scripts/drill.py --serving's cases for the commands' flags and output, run as a
     user runs them: exit 1 with one line naming the flag or file, or the right answer;
@@ -471,10 +487,12 @@ def test_bundle_and_index_metadata_errors_name_the_file(workdir, bundle, tmp_pat
     flag, raised before anything is written."""
     import json
     import shutil
+
     import dualjax
-    from dualjax import export, index as corpus_index
-    from dualjax.serve import bundle as bundle_lib
+    from dualjax import export
+    from dualjax import index as corpus_index
     from dualjax.runtime.files import file_digests
+    from dualjax.serve import bundle as bundle_lib
     copy = shutil.copytree(bundle, tmp_path / "b")
     meta = json.loads((copy / "encoder.json").read_text())
     (copy / "encoder.json").write_text(json.dumps({k: v for k, v in meta.items()
@@ -553,6 +571,7 @@ def test_a_task_the_run_does_not_have_is_refused_saying_what_it_has(workdir):
         search.from_workdir(str(workdir), "test", k=3, task="nope")
 
 
+@pytest.mark.slow
 def test_a_beir_run_is_searched_by_its_document_ids(tmp_path):
     """search --workdir over a run trained on a BEIR folder prints each hit's corpus id
     (the folder's _id), not its row number."""
@@ -577,6 +596,7 @@ def test_a_beir_run_is_searched_by_its_document_ids(tmp_path):
     assert sorted(hits) == sorted(d["_id"] for d in CORPUS)
 
 
+@pytest.mark.slow
 def test_a_corpus_in_every_script_is_searched_and_no_text_shares_a_vector(bundle, tmp_path):
     """Documents in six scripts are indexed (the ones without a letter or digit skipped)
     and each verbatim query finds its own first; "?!" and emoji are not answered with

@@ -14,6 +14,7 @@ import pytest
 from conftest import load_config
 from jax.sharding import PartitionSpec as P
 
+from dualjax import errors
 from dualjax.config.specs import model_spec
 from dualjax.models import dual_encoder
 from dualjax.runtime import sharding
@@ -123,6 +124,7 @@ def assert_fsdp_sharded(state: list, n: int) -> None:
     assert big["params"] >= 1 and big["opt_state"] >= 2 * big["params"], big
 
 
+@pytest.mark.slow
 def test_fsdp_trains_as_replicated_and_resumes_on_fewer_devices(tmp_path, monkeypatch):
     replicated = train.train_and_evaluate(tiny(), str(tmp_path / "replicated"))
     fsdp = str(tmp_path / "fsdp")
@@ -132,7 +134,7 @@ def test_fsdp_trains_as_replicated_and_resumes_on_fewer_devices(tmp_path, monkey
         if step == 10:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    with pytest.raises(train.Preempted):
+    with pytest.raises(errors.Preempted):
         train.train_and_evaluate(tiny(**{"mesh.param_sharding": "fsdp"}), fsdp, hooks=[stop_at_10])
     # The state a step gets (the initialisation) and returns is FSDP-split over the 8
     # devices, params and optimizer state alike.
@@ -182,7 +184,7 @@ def test_a_model_axis_that_splits_no_weight_is_refused_naming_it_before_anything
         tmp_path):
     """It was refused when the sharded state was made (after the tables and the
     vocabulary), naming the optimizer's copy (opt_state/.../key_bias) of the weight."""
-    from dualjax.config.validation import ConfigError
+    from dualjax.errors import ConfigError
     cfg = tiny(**{"model.tower": "bert", "model.tokenizer": "hf", "mesh.model_axis": 4,
                   "model.pretrained": tiny_bert_with_mlp(tmp_path / "bert", 37)})
     with pytest.raises(ConfigError, match=r"^config.mesh.model_axis=4 does not divide the 37 "
@@ -232,6 +234,7 @@ def test_the_transformer_towers_weights_split_over_the_model_axis():
     assert all(s == P() for p, s in specs.items() if "norm" in p or "out_bias" in p)
 
 
+@pytest.mark.slow
 def test_a_data_by_model_mesh_trains_as_the_data_mesh(tmp_path, monkeypatch):
     """8 devices as 2 (data) x 4 (model): every BERT weight and its Adam
     moments split 4 ways on heads or MLP columns, the batch 2 ways, the in-batch softmax

@@ -60,6 +60,7 @@ def _folder_vectors(folder: str, max_len: int, pooling: str = "", prompt: str = 
     return np.asarray(dual_encoder.l2_normalize(out))
 
 
+@pytest.mark.slow
 def test_separate_towers_become_a_router_whose_routes_give_each_sides_vectors(tmp_path):
     workdir = _run(tmp_path, shared_towers=False, query_max_len=12, doc_max_len=24)
     out = str(tmp_path / "st")
@@ -92,6 +93,7 @@ def test_separate_towers_become_a_router_whose_routes_give_each_sides_vectors(tm
         export.export_sentence_transformers(workdir, out, overwrite=True)
 
 
+@pytest.mark.slow
 def test_what_sentence_transformers_cannot_compute_is_refused_before_writing(tmp_path):
     from dualjax.train import loop as train
     cfg = load_config("tiny")  # bow_mlp towers over dualjax's own trigram vocabulary
@@ -164,7 +166,7 @@ def test_a_static_table_becomes_a_static_embedding(tmp_path, lengths, shared, la
     st_folder.write(out, model.spec, inputs, params, None)
     modules = json.loads(pathlib.Path(out, "modules.json").read_text())
     texts = [t.upper() for t in TEXTS]  # lowercasing is in the exported tokenizer
-    for side, length in zip(("query", "document"), lengths):
+    for side, _length in zip(("query", "document"), lengths, strict=True):
         folder = out if layout == "plain" else os.path.join(out, f"{side}_0_StaticEmbedding")
         if layout == "plain":
             assert [m["type"].rsplit(".", 1)[1] for m in modules] == ["StaticEmbedding",
@@ -204,6 +206,7 @@ def test_sentence_transformers_loads_a_static_folder_with_the_models_vectors(tmp
         np.testing.assert_allclose(encode(texts), want, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_one_tower_with_the_starts_prompts_is_a_plain_folder(tmp_path):
     """Shared towers at one max length: the model files at the top, as a Hugging Face
     BertModel folder, whose weights go round dualjax's loader exactly. The start's
@@ -211,6 +214,7 @@ def test_one_tower_with_the_starts_prompts_is_a_plain_folder(tmp_path):
     which the run brings along (model.query_prompt overrides the start's): every text of
     a side is read with its prompt in front, in the run, the bundle and the folder."""
     import shutil
+
     from dualjax.train import trained
     start = tmp_path / "start"
     shutil.copytree(TINY, start)
@@ -259,7 +263,7 @@ def test_a_prompt_that_leaves_no_room_for_the_text_is_refused_before_anything_is
     was the prompt alone (all query vectors equal, map@100 as untrained). Now the config
     check counts its tokens with the run's tokenizer (its kind's, for one built from the
     data), names the numbers and writes nothing; the start's own prompts too."""
-    from dualjax.config.validation import ConfigError
+    from dualjax.errors import ConfigError
     from dualjax.train import loop as train
     cfg = load_config("tiny")
     cfg.model.update(query_prompt=LONG, max_len=16, tokenizer=tokenizer)
@@ -279,7 +283,8 @@ def test_a_prompt_that_leaves_no_room_for_the_text_is_refused_before_anything_is
 def test_a_starts_prompt_too_long_for_the_side_names_the_start(tmp_path):
     import shutil
 
-    from dualjax.config.validation import ConfigError, validate
+    from dualjax.config.validation import validate
+    from dualjax.errors import ConfigError
     start = tmp_path / "start"
     shutil.copytree(TINY, start)
     (start / "config_sentence_transformers.json").write_text(json.dumps(
@@ -292,6 +297,7 @@ def test_a_starts_prompt_too_long_for_the_side_names_the_start(tmp_path):
         validate(cfg, 8)
 
 
+@pytest.mark.slow
 def test_export_refuses_a_workdirs_prompt_that_leaves_no_room(tmp_path):
     """A workdir trained before the check (its config.json edited here): export names
     the prompt instead of writing a bundle whose queries are the prompt alone."""
@@ -305,6 +311,7 @@ def test_export_refuses_a_workdirs_prompt_that_leaves_no_room(tmp_path):
     assert not (tmp_path / "bundle").exists()
 
 
+@pytest.mark.slow
 def test_export_says_what_the_workdir_is_when_it_is_not_one(tmp_path):
     """export --workdir=<a bundle> said "[Errno 2] ... config.json"; --platforms was
     silently ignored with --format=sentence-transformers."""

@@ -19,6 +19,7 @@ def _clusters(questions):
     return groups
 
 
+@pytest.mark.slow
 def test_deterministic(data):
     assert synthetic.generate(seed=0) == data
     assert synthetic.generate(seed=1) != data
@@ -90,6 +91,7 @@ def test_cluster_size_range_parameter():
         assert sizes == {3: 10, 1: 5}
 
 
+@pytest.mark.slow
 def test_word_overlap_is_not_enough(data):
     """Word-Jaccard nearest neighbour on the test split: well above chance, well below 1."""
     questions = data.splits["test"]
@@ -115,6 +117,7 @@ def test_word_overlap_is_not_enough(data):
     assert max(0.05, 10 * chance) < success < 0.8
 
 
+@pytest.mark.slow
 def test_distractors_are_lexically_close(data):
     """Each distractor shares most of its words with some question of a real cluster."""
     questions = data.splits["test"]

@@ -4,17 +4,17 @@ rows its batch reads, with every other param and the step count as dense Adam ha
 import jax
 import numpy as np
 import pytest
+from conftest import load_config
 from jax.sharding import PartitionSpec as P
 
-from conftest import load_config
-from dualjax import losses
+from dualjax import errors, losses
 from dualjax.config import validation as config_lib
+from dualjax.config.specs import model_spec
+from dualjax.models import dual_encoder
+from dualjax.objectives import in_batch as de_objective
 from dualjax.runtime import sharding
 from dualjax.train import lazy_rows as tables
 from dualjax.train import step as step_lib
-from dualjax.models import dual_encoder
-from dualjax.objectives import in_batch as de_objective
-from dualjax.config.specs import model_spec
 
 # Tables of 4,096 x 8, twice sharding.FSDP_MIN_SIZE elements: "fsdp" splits their rows over
 # the devices. At most 96 rows read per side and step: most untouched.
@@ -61,7 +61,8 @@ def run(table_updates, batches, shared_towers=False, shared_embedding=False, chu
         if norms:
             assert np.isfinite(float(metrics["grad_norm"])) and float(metrics["param_norm"]) > 0
         else:
-            assert float(metrics["grad_norm"]) == float(metrics["param_norm"]) == step_lib.NOT_MEASURED
+            assert (float(metrics["grad_norm"]) == float(metrics["param_norm"])
+                    == step_lib.NOT_MEASURED)
     return objective, states
 
 
@@ -75,6 +76,7 @@ def assert_tables_sharded(state, n: int, num_tables: int) -> None:
         assert {s.data.shape for s in x.addressable_shards} == {(VOCAB // n, 8)}
 
 
+@pytest.mark.slow
 def test_lazy_adam_moves_only_the_rows_a_batch_reads_and_is_adam_on_them():
     b1, b2 = batch(1), batch(2)
     objective, (dense1, dense2) = run("dense", [b1, b2])
@@ -115,6 +117,7 @@ def test_lazy_adam_moves_only_the_rows_a_batch_reads_and_is_adam_on_them():
 @pytest.mark.parametrize("options", [
     {"shared_towers": True}, {"chunks": 2},
     {"param_sharding": "fsdp"}])
+@pytest.mark.slow
 def test_lazy_first_step_equals_adam_with_shared_tables_cached_towers_and_fsdp(options):
     """Adam's first step from zero moments leaves every unread row where it is, so the
     lazy step must equal it exactly: with one tower for both sides (its table read by
@@ -130,11 +133,11 @@ def test_lazy_first_step_equals_adam_with_shared_tables_cached_towers_and_fsdp(o
 def test_table_updates_key_is_checked():
     cfg = load_config("tiny")
     cfg.optimizer.table_updates = "sparse"
-    with pytest.raises(config_lib.ConfigError, match="optimizer.table_updates"):
+    with pytest.raises(errors.ConfigError, match="optimizer.table_updates"):
         config_lib.validate(cfg, 1)
     cfg.optimizer.table_updates = "lazy"
     cfg.model.name = "pses"
-    with pytest.raises(config_lib.ConfigError, match="table_updates='lazy'"):
+    with pytest.raises(errors.ConfigError, match="table_updates='lazy'"):
         config_lib.validate(cfg, 1)
 
 
@@ -150,6 +153,7 @@ def test_row_count_ladder():
     assert tables.row_count(5000, 4096) == 4096
 
 
+@pytest.mark.slow
 def test_rows_listed_by_the_host_give_the_same_steps():
     """The training loop's lazy step on one process: the host lists each table's distinct
     ids (`BatchRows`) and the step reads them instead of finding them. Two steps, one
@@ -174,6 +178,7 @@ def test_rows_listed_by_the_host_give_the_same_steps():
 
 
 @pytest.mark.parametrize("table_updates", ["dense", "lazy"])
+@pytest.mark.slow
 def test_steps_without_norms_update_the_same(table_updates):
     """The training loop asks for grad_norm and param_norm only on the steps that write a
     train row; a step without them makes the same update."""

@@ -1,4 +1,5 @@
 """Tests for dualjax.text.words: normalisation, word tokenizer, OOV hashing, save/load."""
+import itertools
 import json
 import os
 import subprocess
@@ -120,6 +121,7 @@ print(json.dumps(tok.token_ids(sys.argv[1])))
 """
 
 
+@pytest.mark.slow
 def test_oov_bucket_stable_across_processes():
     text = "zebra quux xylophone flibbertigibbet a"
     repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -160,7 +162,7 @@ def test_save_load_round_trip(tmp_path):
     loaded = WordTokenizer.load(str(path))
     assert loaded == tok
     probe = texts + ["unseen words everywhere", ""]
-    for a, b in zip(tok.encode(probe, 6), loaded.encode(probe, 6)):
+    for a, b in zip(tok.encode(probe, 6), loaded.encode(probe, 6), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -189,7 +191,7 @@ def _sentences(paragraph: str) -> list[str]:
     # Spans are ordered, disjoint and cover every non-blank character.
     covered = "".join(paragraph[s:e] for s, e in spans)
     assert "".join(covered.split()) == "".join(paragraph.split())
-    assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:]))
+    assert all(e1 <= s2 for (_, e1), (s2, _) in itertools.pairwise(spans))
     return [paragraph[s:e] for s, e in spans]
 
 

@@ -13,10 +13,17 @@ import numpy as np
 import pytest
 
 from dualjax.text import tokenizers
+from dualjax.text.tokenizers import (
+    BigramTokenizer,
+    CharTrigramTokenizer,
+    WordTrigramTokenizer,
+    build_sentencepiece,
+    build_tokenizer,
+    char_trigrams,
+    load_tokenizer,
+    word_bigrams,
+)
 from dualjax.text.words import WordTokenizer, build_word_tokenizer
-from dualjax.text.tokenizers import (BigramTokenizer, CharTrigramTokenizer, WordTrigramTokenizer,
-                                build_sentencepiece, build_tokenizer, char_trigrams,
-                                load_tokenizer, word_bigrams)
 
 KINDS = tokenizers.TOKENIZERS
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -210,7 +217,7 @@ def test_save_load_round_trip_from_another_directory(built, kind, tmp_path, monk
     loaded = load_tokenizer(os.path.join("run", "vocab.json"))
     assert type(loaded) is type(tok) and loaded == tok
     probe = CORPUS[:20] + ["unseen zzzz words 42", "", " ".join(CORPUS)]
-    for a, b in zip(tok.encode(probe, 16), loaded.encode(probe, 16)):
+    for a, b in zip(tok.encode(probe, 16), loaded.encode(probe, 16), strict=True):
         np.testing.assert_array_equal(a, b)
     unpickled = pickle.loads(pickle.dumps(tok))  # what data-loading workers receive
     assert unpickled == tok and unpickled.token_ids(probe[0]) == tok.token_ids(probe[0])

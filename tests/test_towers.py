@@ -12,13 +12,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import load_config
 from jax.sharding import PartitionSpec as P
 
-from conftest import load_config
+from dualjax import errors
 from dualjax.config import validation as config_lib
-from dualjax.train import loop as train
-from dualjax.models import dual_encoder, layers, pses, towers
 from dualjax.config.specs import model_spec
+from dualjax.models import dual_encoder, layers, pses, towers
+from dualjax.train import loop as train
 
 VOCAB = 50
 KINDS = ("bow", "bow_mlp", "cnn", "transformer_cls", "transformer_mean")
@@ -68,6 +69,7 @@ def build(kind, **overrides):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_padding_never_changes_a_vector_and_an_empty_text_is_finite(kind):
     cfg, _, params, apply = build(kind)
     lengths = [0, 1, 3, 7, 7]  # an empty text, one with no pad at length 7, and a copy of it
@@ -97,6 +99,7 @@ def test_bow_is_the_mean_of_the_real_tokens_embeddings():
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.slow
 def test_bag_sum_and_its_table_gradient_equal_the_sum_of_gathered_token_vectors(dtype):
     """towers.bag_sum (a loop over positions, with its own backward pass) against the plain
     gather-then-sum it replaces: the same sums, and the same gradient w.r.t. the table,
@@ -122,6 +125,7 @@ def test_bag_sum_and_its_table_gradient_equal_the_sum_of_gathered_token_vectors(
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.slow
 def test_attention_equals_jax_dot_product_attention_with_its_mask(dtype):
     """layers.attention (keys-major logits, padded keys as a bias) against
     jax.nn.dot_product_attention(mask=) it replaces: the same values and gradients w.r.t.
@@ -145,11 +149,12 @@ def test_attention_equals_jax_dot_product_attention_with_its_mask(dtype):
                                **tol)
     grad = lambda f: jax.jit(jax.grad(
         lambda *a: (f(*a).astype(jnp.float32) * weights).sum(), argnums=(0, 1, 2)))(q, k, v)
-    for a, b in zip(grad(ours), grad(reference)):
+    for a, b in zip(grad(ours), grad(reference), strict=True):
         np.testing.assert_allclose(np.delete(np.asarray(a, np.float32), 2, 0),
                                    np.delete(np.asarray(b, np.float32), 2, 0), **tol)
 
 
+@pytest.mark.slow
 def test_attention_bias_and_its_gradient_equal_jax_dot_product_attention():
     """A shared bias [heads, keys, queries] (MPNet's relative positions): the values and
     the gradients w.r.t. q, k, v and the bias itself (summed over the batch) are
@@ -168,10 +173,11 @@ def test_attention_bias_and_its_gradient_equal_jax_dot_product_attention():
     np.testing.assert_allclose(ours(q, k, v, bias), reference(q, k, v, bias), atol=1e-6)
     grad = lambda f: jax.jit(jax.grad(lambda *a: (f(*a) * weights).sum(),
                                       argnums=(0, 1, 2, 3)))(q, k, v, bias)
-    for a, b in zip(grad(ours), grad(reference)):
+    for a, b in zip(grad(ours), grad(reference), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_masked_max_ignores_pads_even_over_negative_values():
     x = -jnp.arange(1.0, 13.0).reshape(2, 3, 2)  # every value negative
     mask = jnp.array([[True, True, False], [False, False, False]])
@@ -199,6 +205,7 @@ def cnn_reference(params, ids, windows):
     return out, np.concatenate(acts)
 
 
+@pytest.mark.slow
 def test_cnn_equals_a_reference_and_its_max_pooling_ignores_pads_over_negative_activations():
     _, tower, params, _ = build("cnn")
     params = jax.tree.map(lambda x: x, params)  # a copy of the cached dicts
@@ -255,16 +262,17 @@ FEATURES = {"query": ((5, 4), (3, 2)), "document": ((5, 4), (3, 2))}  # two cate
 
 
 @pytest.mark.parametrize("kind", KINDS + ("pses",))
+@pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_params_and_unit_float32_embeddings(kind):
     """model.dtype="bfloat16", per tower kind (with categorical features where the tower
-    takes them; pses: its trunk, a bow_mlp, from the same registry): the params are float32 (the same tree as the
-    float32 model's), every matmul / convolution reads bfloat16 operands (so the key is not
-    ignored) and every sum runs in float32 (masked means, LayerNorm statistics, the
-    norms), and the embeddings are float32 unit vectors close to the float32 model's on
-    the same params. Close: bfloat16 keeps 8 mantissa bits, a relative rounding of at most
-    2**-9 ~ 2e-3 per value; a few layers of it leave a relative error e of a few 1e-3 in a
-    vector, hence 1 - cos ~ e**2 / 2 < 1e-4: 1e-3 leaves room, and is still far tighter
-    than an unrelated vector (1 - cos ~ 1)."""
+    takes them; pses: its trunk, a bow_mlp, from the same registry): the params are float32
+    (the same tree as the float32 model's), every matmul / convolution reads bfloat16
+    operands (so the key is not ignored) and every sum runs in float32 (masked means,
+    LayerNorm statistics, the norms), and the embeddings are float32 unit vectors close
+    to the float32 model's on the same params. Close: bfloat16 keeps 8 mantissa bits, a
+    relative rounding of at most 2**-9 ~ 2e-3 per value; a few layers of it leave a
+    relative error e of a few 1e-3 in a vector, hence 1 - cos ~ e**2 / 2 < 1e-4: 1e-3
+    leaves room, and is still far tighter than an unrelated vector (1 - cos ~ 1)."""
     is_pses = kind == "pses"
     tower_kind = "bow_mlp" if is_pses else kind
     sizes = None if tower_kind == "bow" or is_pses else FEATURES
@@ -273,7 +281,7 @@ def test_bfloat16_compute_keeps_float32_params_and_unit_float32_embeddings(kind)
         cfg = model_cfg(tower_kind, dtype=dtype)
         models[dtype] = (pses.make_model(model_spec(cfg), VOCAB) if is_pses
                          else dual_encoder.make_model(model_spec(cfg), VOCAB, sizes))
-    shapes = [jax.eval_shape(lambda: dual_encoder.init_params(m, jax.random.key(0), 8))
+    shapes = [jax.eval_shape(lambda m=m: dual_encoder.init_params(m, jax.random.key(0), 8))
               for m in models.values()]
     assert jax.tree.structure(shapes[1]) == jax.tree.structure(shapes[0])
     assert {x.dtype for x in jax.tree.leaves(shapes)} == {jnp.dtype(jnp.float32)}
@@ -285,8 +293,8 @@ def test_bfloat16_compute_keeps_float32_params_and_unit_float32_embeddings(kind)
     cats = jnp.asarray(np.arange(10).reshape(5, 2) % [5, 3], jnp.int32) if sizes else None
     out, matmuls, sums, tokens = {}, {}, {}, {}
     for dtype, model in models.items():
-        encode = lambda p, ids, mask: model.apply({"params": p}, ids, mask, cats,
-                                                  method="encode_queries")
+        encode = lambda p, ids, mask, model=model: model.apply({"params": p}, ids, mask, cats,
+                                                               method="encode_queries")
         out[dtype] = np.asarray(jax.jit(encode)(params, ids, mask))
         assert out[dtype].dtype == np.float32
         matmuls[dtype], sums[dtype], tokens[dtype] = compute_dtypes(encode, params, ids, mask)
@@ -319,6 +327,7 @@ def test_masked_mean_of_bfloat16_accumulates_in_float32():
 
 
 @pytest.mark.parametrize("kinds", [("bow", "bow"), ("bow_mlp", "bow_mlp"), ("cnn", "transformer")])
+@pytest.mark.slow
 def test_shared_embedding_is_one_table_that_both_sides_train(kinds):
     cfg = model_cfg(shared_towers=False, shared_embedding=True, query_tower=kinds[0],
                     doc_tower=kinds[1], embed_dim=16)
@@ -334,7 +343,7 @@ def test_shared_embedding_is_one_table_that_both_sides_train(kinds):
 
     grads = jax.jit(lambda p: [jax.grad(side_loss)(p, m) for m in
                                ("encode_queries", "encode_documents")])(params)
-    for g, other in zip(grads, ("doc_tower", "query_tower")):
+    for g, other in zip(grads, ("doc_tower", "query_tower"), strict=True):
         assert np.abs(np.asarray(g["embed"]["embedding"])).max() > 1e-6, other
         if other in g:  # bow has no params above the table
             assert max(np.abs(np.asarray(x)).max() for x in jax.tree.leaves(g[other])) == 0
@@ -343,8 +352,8 @@ def test_shared_embedding_is_one_table_that_both_sides_train(kinds):
 
 
 def test_logical_axes_name_the_transformer_embedding_and_mlp_kernels():
-    model = dual_encoder.make_model(model_spec(model_cfg("transformer_cls", **{"transformer.num_layers": 2})),
-                                    VOCAB)
+    model = dual_encoder.make_model(
+        model_spec(model_cfg("transformer_cls", **{"transformer.num_layers": 2})), VOCAB)
     axes = dual_encoder.logical_axes(model, 8)
     shapes = jax.eval_shape(lambda: dual_encoder.init_params(model, jax.random.key(0), 8))
     assert jax.tree.structure(axes) == jax.tree.structure(shapes)  # one spec per param
@@ -358,6 +367,7 @@ def test_logical_axes_name_the_transformer_embedding_and_mlp_kernels():
     assert axes["alpha"] == P()
 
 
+@pytest.mark.slow
 def test_bert_base_preset_sizes():
     cfg = model_cfg("transformer_cls", **{"transformer.preset": "bert_base",
                                           "transformer.max_positions": 512})
@@ -391,10 +401,11 @@ def test_bert_base_preset_sizes():
 def test_bad_tower_settings_fail_with_the_key(overrides, message):
     config = load_config("tiny")
     config.model = model_cfg("bow", **overrides)
-    with pytest.raises(config_lib.ConfigError, match=message.replace("(", r"\(")):
+    with pytest.raises(errors.ConfigError, match=message.replace("(", r"\(")):
         config_lib.validate(config, 8)
 
 
+@pytest.mark.slow
 def test_tiny_training_run_with_cnn_queries_and_transformer_documents(tmp_path):
     """Both new towers (bfloat16 activations: model.dtype) through the train path
     in one run: the tiny config, 6 steps."""
@@ -414,6 +425,7 @@ def test_tiny_training_run_with_cnn_queries_and_transformer_documents(tmp_path):
     assert test_rows and 0 <= test_rows[0]["map@100"] <= 1
 
 
+@pytest.mark.slow
 def test_learned_temperature_starts_at_tau_is_clipped_and_trained():
     cfg = model_cfg("bow", similarity="cosine_learned_temperature", temperature=0.05)
     model = dual_encoder.make_model(model_spec(cfg), VOCAB)

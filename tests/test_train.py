@@ -12,15 +12,15 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-
 from conftest import CONFIGS, load_config
-from dualjax import models
+
+from dualjax import errors, models
 from dualjax.config import validation as config_lib
-from dualjax.train import tasks
+from dualjax.config.specs import dataset_spec
+from dualjax.errors import DataError
 from dualjax.train import loop as train
 from dualjax.train import step as step_lib
-from dualjax.data.pairs_file import DataError
-from dualjax.config.specs import dataset_spec
+from dualjax.train import tasks
 
 
 def tiny(**overrides):
@@ -62,6 +62,7 @@ def preempt_at(stop: int, sig: int = signal.SIGTERM):
     return hook
 
 
+@pytest.mark.slow
 def test_tiny_run_writes_the_workdir_contract(tmp_path):
     cfg = tiny()
     cfg.eval.untrained, cfg.eval.baselines = True, "bm25,tfidf,identity"
@@ -103,6 +104,7 @@ def read_events(workdir) -> tuple[dict[str, dict[int, float]], list[str]]:
     SessionLog START at step s drops what earlier files logged at s or later), and its
     text summaries. Read from the TFRecord files with tensorboardX's protos (no TF)."""
     import struct
+
     from tensorboardX.proto import event_pb2
     scalars, texts = {}, []
     folder = os.path.join(workdir, "tensorboard")
@@ -128,8 +130,9 @@ def read_events(workdir) -> tuple[dict[str, dict[int, float]], list[str]]:
 def test_a_run_resumed_within_the_same_second_keeps_the_earlier_events(tmp_path, monkeypatch):
     # tensorboardX names event files by the second only; CI once resumed within it and
     # the resumed run's file replaced the killed one's.
-    from dualjax.eval.metrics_log import MetricsLog
     from tensorboardX import event_file_writer
+
+    from dualjax.eval.metrics_log import MetricsLog
     monkeypatch.setattr(event_file_writer.time, "time", lambda: 1_700_000_000.0)
     for first, steps in [(0, [5, 7, 9]), (8, [10])]:  # killed after its checkpoint at 7
         with MetricsLog(str(tmp_path), tensorboard=True) as log:
@@ -141,11 +144,12 @@ def test_a_run_resumed_within_the_same_second_keeps_the_earlier_events(tmp_path,
     assert scalars["train/loss"] == pytest.approx({5: 0.5, 7: 0.7, 10: 1.0})
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
     whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
     train.train_and_evaluate(tiny(), whole)
 
-    with pytest.raises(train.Preempted, match="SIGTERM: saved a checkpoint at step 7"):
+    with pytest.raises(errors.Preempted, match="SIGTERM: saved a checkpoint at step 7"):
         train.train_and_evaluate(tiny(), split, hooks=[preempt_at(7)])
     assert sorted(os.listdir(os.path.join(split, "checkpoints"))) == ["7"]
     assert not any(r["step"] > 7 for r in train_rows(split))
@@ -158,7 +162,7 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
     a, b = final_params(whole, 20), final_params(split, 20)
     leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
     assert len(leaves_a) == len(leaves_b) > 0
-    for x, y in zip(leaves_a, leaves_b):
+    for x, y in zip(leaves_a, leaves_b, strict=True):
         np.testing.assert_array_equal(x, y)
     def later(rows):  # steps 10, 15, 20; wall-clock throughput differs between runs
         return [{k: v for k, v in r.items() if k != "pairs_per_second"}
@@ -171,7 +175,8 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
     scalars, texts = read_events(split)
     for r in train_rows(split):
         assert scalars["train/loss"][r["step"]] == pytest.approx(r["loss"])
-    assert sorted(scalars["train/loss"]) == [r["step"] for r in train_rows(split)] == [5, 7, 10, 15, 20]
+    assert (sorted(scalars["train/loss"]) == [r["step"] for r in train_rows(split)]
+            == [5, 7, 10, 15, 20])
     final = {r["system"]: r for r in map(json.loads, open(os.path.join(split, "metrics.jsonl")))
              if r["split"] == "test"}
     assert scalars["test/dual_encoder/exact/map_100"] == {
@@ -209,9 +214,11 @@ def test_the_host_queues_only_a_few_seconds_of_steps():
     assert train.steps_ahead(0.002) == int(train.AHEAD_SECONDS / 0.002)  # the quick start
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_like_sigterm_and_a_second_one_stops_at_once(tmp_path, ctrl_c):
-    with pytest.raises(train.Preempted, match="SIGINT: saved a checkpoint at step 3"):
-        train.train_and_evaluate(tiny(), str(tmp_path / "once"), hooks=[preempt_at(3, signal.SIGINT)])
+    with pytest.raises(errors.Preempted, match="SIGINT: saved a checkpoint at step 3"):
+        train.train_and_evaluate(tiny(), str(tmp_path / "once"),
+                                 hooks=[preempt_at(3, signal.SIGINT)])
     assert sorted(os.listdir(tmp_path / "once" / "checkpoints")) == ["3"]
     twice = [preempt_at(3, signal.SIGINT), preempt_at(3, signal.SIGINT)]
     with pytest.raises(KeyboardInterrupt):
@@ -220,19 +227,21 @@ def test_ctrl_c_saves_like_sigterm_and_a_second_one_stops_at_once(tmp_path, ctrl
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_without_saving(tmp_path):
     cfg = tiny(**{"optimizer.name": "sgd", "optimizer.learning_rate": 1e38,
                   "model.init_scale": 1e38})
-    with pytest.raises(step_lib.NonFiniteLossError, match="non-finite training at step"):
+    with pytest.raises(errors.NonFiniteLossError, match="non-finite training at step"):
         train.train_and_evaluate(cfg, str(tmp_path))
     assert not os.path.exists(tmp_path / "checkpoints") or not os.listdir(tmp_path / "checkpoints")
 
 
+@pytest.mark.slow
 def test_exploding_parameters_stop_the_run_though_the_loss_is_finite(tmp_path):
     # At learning rate 1e30 the loss stays finite (cosines are bounded) while the
     # parameters overflow.
     cfg = tiny(**{"optimizer.learning_rate": 1e30, "optimizer.warmup_steps": 0})
-    with pytest.raises(step_lib.NonFiniteLossError, match="param_norm=inf"):
+    with pytest.raises(errors.NonFiniteLossError, match="param_norm=inf"):
         train.train_and_evaluate(cfg, str(tmp_path))
     assert not os.path.exists(tmp_path / "checkpoints") or not os.listdir(tmp_path / "checkpoints")
 
@@ -250,11 +259,12 @@ def test_exploding_parameters_stop_the_run_though_the_loss_is_finite(tmp_path):
     ("loss.num_mixed_negatives", 12, "num_mixed_negatives=12 must be a multiple of the 8"),
 ])
 def test_bad_config_values_fail_before_any_work(tmp_path, key, value, message):
-    with pytest.raises(config_lib.ConfigError, match=message.replace("(", r"\(")):
+    with pytest.raises(errors.ConfigError, match=message.replace("(", r"\(")):
         train.train_and_evaluate(tiny(**{key: value}), str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_pairs_file_run_and_bad_line(tmp_path):
     lines = [f"how do i fix my {obj} {i} ?\thow can i repair my {obj} {i} ?"
              for i in range(40) for obj in ("bike", "car", "phone")]
@@ -274,13 +284,15 @@ def test_pairs_file_run_and_bad_line(tmp_path):
     assert train.train_and_evaluate(cfg, str(tmp_path / "skip_run"))["dual_encoder [exact]"]
 
 
+@pytest.mark.slow
 def test_categorical_fields_and_side_lengths_train_evaluate_and_search(tmp_path, monkeypatch):
     """A pairs JSONL whose documents carry a category (some missing): the field's
     vocabulary is saved, training and evaluation read it, and search reloads it; queries
     and documents are cut at their own lengths. Trained with lazy table updates
     (optimizer.table_updates): the shared token table by the rows a batch reads, the
     category table (not a token table) as every other param."""
-    lines = [{"query": f"how do i fix my {obj} {i} ?", "document": f"how can i repair my {obj} {i} ?",
+    lines = [{"query": f"how do i fix my {obj} {i} ?",
+              "document": f"how can i repair my {obj} {i} ?",
               **({"document_fields": {"category": obj}} if i % 5 else {})}
              for i in range(40) for obj in ("bike", "car", "phone")]
     path = tmp_path / "pairs.jsonl"
@@ -345,6 +357,7 @@ def _cli(*args):
         capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_rejects_unknown_key_and_wrong_type_by_name(tmp_path):
     unknown = _cli(f"--workdir={tmp_path / 'a'}", "--config.model.towr=bow")
     assert unknown.returncode != 0
@@ -370,6 +383,7 @@ def test_cli_rejects_unknown_key_and_wrong_type_by_name(tmp_path):
 
 
 @pytest.mark.parametrize("tokenizer", ["word+char_trigram", "sentencepiece", "bigram"])
+@pytest.mark.slow
 def test_every_tokenizer_trains_and_is_reloaded(tmp_path, tokenizer):
     cfg = tiny(**{"model.tokenizer": tokenizer, "model.vocab_size": 300,
                   "model.trigram_vocab_size": 300, "model.max_len": 48,
@@ -382,6 +396,7 @@ def test_every_tokenizer_trains_and_is_reloaded(tmp_path, tokenizer):
     assert again["map@100"] == first["map@100"] and first["num_queries"] > 10
 
 
+@pytest.mark.slow
 def test_duplicate_documents_in_a_batch_are_masked_as_accidental_hits(tmp_path):
     # Every pair's document is one of 20 answers (15 in training), so a batch of 32 holds
     # each about twice. A duplicate column scores exactly as the positive, adding a term
@@ -400,6 +415,7 @@ def test_duplicate_documents_in_a_batch_are_masked_as_accidental_hits(tmp_path):
     assert first_loss[True] < first_loss[False] - 0.05  # measured: 3.407 vs 3.539
 
 
+@pytest.mark.slow
 def test_mixed_negatives_join_the_columns_and_resume_exactly(tmp_path):
     """U uniformly drawn documents per step add U columns: the first step's loss grows
     (more negatives), and a run stopped and resumed draws the same documents."""
@@ -407,17 +423,18 @@ def test_mixed_negatives_join_the_columns_and_resume_exactly(tmp_path):
     assert first[64] > first[0] + 0.1  # log(32 + 64) vs log(32) at the start
     cfg = tiny(**{"loss.num_mixed_negatives": 64, "eval.index": "exact", "num_train_steps": 10})
     split = str(tmp_path / "split")
-    with pytest.raises(train.Preempted):
+    with pytest.raises(errors.Preempted):
         train.train_and_evaluate(cfg, split, hooks=[preempt_at(4)])
     train.train_and_evaluate(cfg, split)
     for x, y in zip(jax.tree.leaves(final_params(tmp_path / "loss.num_mixed_negatives_64", 10)),
-                    jax.tree.leaves(final_params(split, 10))):
+                    jax.tree.leaves(final_params(split, 10)), strict=True):
         np.testing.assert_array_equal(x, y)
-    with pytest.raises(config_lib.ConfigError, match="does not combine"):
+    with pytest.raises(errors.ConfigError, match="does not combine"):
         train.train_and_evaluate(tiny(**{"loss.num_mixed_negatives": 8,
                                          "loss.log_q_buckets": 64}), str(tmp_path / "bad"))
 
 
+@pytest.mark.slow
 def test_mined_hard_negatives_join_every_row(tmp_path):
     """data.hard_negatives=2: the pairs table holds 2 BM25-mined documents of other
     clusters per pair, and training adds them as columns (the first loss grows)."""
@@ -430,7 +447,7 @@ def test_mined_hard_negatives_join_every_row(tmp_path):
     record = source[0]
     assert len(record["hard_negatives"]) == 2
     assert record["document"] not in list(record["hard_negatives"])
-    with pytest.raises(config_lib.ConfigError, match="hard_negatives does not combine"):
+    with pytest.raises(errors.ConfigError, match="hard_negatives does not combine"):
         train.train_and_evaluate(tiny(**{"data.hard_negatives": 1, "loss.log_q_buckets": 64}),
                                  str(tmp_path / "bad"))
 
@@ -449,6 +466,7 @@ def _two_tasks(tmp_path, **overrides):
     return cfg
 
 
+@pytest.mark.slow
 def test_multi_task_shares_the_encoder_with_a_scale_per_task_and_resumes(tmp_path):
     whole = str(tmp_path / "whole")
     results = train.train_and_evaluate(_two_tasks(tmp_path), whole)
@@ -466,20 +484,21 @@ def test_multi_task_shares_the_encoder_with_a_scale_per_task_and_resumes(tmp_pat
     # Stopped at step 7 and resumed: both iterators and the schedule continue exactly.
     split = str(tmp_path / "split")
 
-    with pytest.raises(train.Preempted):
+    with pytest.raises(errors.Preempted):
         train.train_and_evaluate(_two_tasks(tmp_path), split, hooks=[preempt_at(7)])
     train.train_and_evaluate(_two_tasks(tmp_path), split)
-    for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(final_params(split, 20))):
+    for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(final_params(split, 20)), strict=True):
         np.testing.assert_array_equal(x, y)
     from dualjax import search
     hits = search.from_workdir(whole, k=2, task="fix").search(["how do i fix my car 3 ?"])[0]
     assert len(hits) == 2
-    with pytest.raises(config_lib.ConfigError, match="tasks.fix.weight"):
+    with pytest.raises(errors.ConfigError, match="tasks.fix.weight"):
         cfg = _two_tasks(tmp_path)
         cfg.tasks.fix.weight = 0.0
         train.train_and_evaluate(cfg, str(tmp_path / "bad"))
 
 
+@pytest.mark.slow
 def test_log_q_correction_keeps_its_frequency_estimate_in_the_checkpoint(tmp_path):
     cfg = tiny(**{"loss.log_q_buckets": 512, "eval.index": "exact"})
     train.train_and_evaluate(cfg, str(tmp_path))
@@ -488,11 +507,13 @@ def test_log_q_correction_keeps_its_frequency_estimate_in_the_checkpoint(tmp_pat
     last_step, gap = np.asarray(freq["last_step"]), np.asarray(freq["gap"])
     assert last_step.max() == 20 and (gap > 0).sum() > 50  # documents seen, gaps estimated
     assert all(np.isfinite(r["loss"]) for r in train_rows(tmp_path))
-    with pytest.raises(config_lib.ConfigError, match="logQ correction applies to"):
-        train.train_and_evaluate(tiny(**{"loss.log_q_buckets": 512, "loss.name": "in_batch_sigmoid"}),
-                                 str(tmp_path / "bad"))
+    with pytest.raises(errors.ConfigError, match="logQ correction applies to"):
+        train.train_and_evaluate(
+            tiny(**{"loss.log_q_buckets": 512, "loss.name": "in_batch_sigmoid"}),
+            str(tmp_path / "bad"))
 
 
+@pytest.mark.slow
 def test_paraphrases_of_the_row_are_masked_as_accidental_hits(tmp_path):
     # Chains (variant v, variant v + 1) of 10 topics: 10 clusters of 21 questions by
     # transitive closure, so a batch of 32 holds ~3 paraphrases of each row's pair as
@@ -518,6 +539,7 @@ def test_paraphrases_of_the_row_are_masked_as_accidental_hits(tmp_path):
     assert first_loss[True] < first_loss[False] - 0.05
 
 
+@pytest.mark.slow
 def test_select_by_keeps_and_evaluates_the_best_validation_step(tmp_path):
     """eval.select_by=map@100: WORKDIR/best holds the params of the step with the best val
     MAP (the earliest on a tie), and the final evaluation scores them beside the last
@@ -545,7 +567,7 @@ def test_select_by_keeps_and_evaluates_the_best_validation_step(tmp_path):
     assert [r["selected_step"] for r in test_rows] == [expected]
     for overrides, match in (({"eval.select_by": "map@5"}, "eval.select_by"),
                              ({"eval_every_steps": 0}, "eval_every_steps")):
-        with pytest.raises(config_lib.ConfigError, match=match):
+        with pytest.raises(errors.ConfigError, match=match):
             config_lib.validate(tiny(**{"eval.select_by": "map@100", "eval_every_steps": 5,
                                         **overrides}), 8)
 
@@ -560,6 +582,7 @@ def test_a_best_json_cut_short_is_named(tmp_path):
         checkpoints.BestParams(str(tmp_path), "map@100")
 
 
+@pytest.mark.slow
 def test_early_stopping_ends_training_once_val_stops_improving(tmp_path, capsys):
     """eval.early_stopping=1: training stops at the first evaluation that is not a new
     best; the final evaluation is of that step, and the same command again finds the run
@@ -568,7 +591,8 @@ def test_early_stopping_ends_training_once_val_stops_improving(tmp_path, capsys)
               "optimizer.learning_rate": 0.3, "mesh.num_devices": 2, "num_train_steps": 30,
               "eval.baselines": "", "eval.untrained": False}
     train.train_and_evaluate(tiny(**common), str(tmp_path / "full"))
-    val = {r["step"]: r["map@100"] for r in map(json.loads, open(tmp_path / "full" / "metrics.jsonl"))
+    val = {r["step"]: r["map@100"]
+           for r in map(json.loads, open(tmp_path / "full" / "metrics.jsonl"))
            if r["split"] == "val" and r.get("system") == "dual_encoder"}
     best, stop = -1.0, None
     for step in sorted(val):
@@ -590,7 +614,8 @@ def test_early_stopping_ends_training_once_val_stops_improving(tmp_path, capsys)
     assert str(stop) in os.listdir(tmp_path / "early" / "checkpoints")
     capsys.readouterr()
     again = train.train_and_evaluate(cfg, str(tmp_path / "early"))
-    assert {k: r["map@100"] for k, r in again.items()} == {k: r["map@100"] for k, r in results.items()}
+    assert ({k: r["map@100"] for k, r in again.items()}
+            == {k: r["map@100"] for k, r in results.items()})
     assert f"finished at step {stop}" in capsys.readouterr().out
     # Killed during the evaluation of the best step (its checkpoint is saved first): the
     # same command evaluates that step again, so it is still the best, and stops as above.
@@ -610,8 +635,9 @@ def test_early_stopping_ends_training_once_val_stops_improving(tmp_path, capsys)
     assert not any(r["step"] == stop - 5 and r["split"] == "val"
                    for r in map(json.loads, open(tmp_path / "killed" / "metrics.jsonl")))
     resumed = train.train_and_evaluate(cfg, str(tmp_path / "killed"))
-    assert {k: r["map@100"] for k, r in resumed.items()} == {k: r["map@100"] for k, r in results.items()}
-    with pytest.raises(config_lib.ConfigError, match="eval.early_stopping"):
+    assert ({k: r["map@100"] for k, r in resumed.items()}
+            == {k: r["map@100"] for k, r in results.items()})
+    with pytest.raises(errors.ConfigError, match="eval.early_stopping"):
         config_lib.validate(tiny(**{"eval.early_stopping": 2}), 8)
 
 
@@ -620,6 +646,7 @@ def test_max_epochs_caps_the_steps_by_the_training_items():
     passages), rounded up, when that is fewer than num_train_steps; resuming computes the
     same. A workdir saved before the key existed resumes (absent = off)."""
     import types
+
     from dualjax.train import workdir as workdir_lib
     cfg = tiny(**{"num_train_steps": 300, "global_batch_size": 64, "max_epochs": 2.0})
     pairs = types.SimpleNamespace(pretraining=False, train_source=[None] * 100)

@@ -8,18 +8,18 @@ import jax.numpy as jnp
 import matplotlib.image
 import numpy as np
 import pytest
-
 from conftest import load_config
+
+from dualjax import errors
 from dualjax.config import specs
 from dualjax.config import validation as config_lib
-from dualjax.eval import scoring
-from dualjax.eval import report
-from dualjax.runtime import sharding
-from dualjax.train import loop as train
-from dualjax.text import typos
 from dualjax.data.clusters import task_from_clusters
+from dualjax.eval import report, scoring
+from dualjax.runtime import sharding
+from dualjax.text import typos
 from dualjax.text.sides import Inputs, Side
 from dualjax.text.words import build_word_tokenizer
+from dualjax.train import loop as train
 
 # A small hand-made task: each pair of paraphrases shares two rare words and differs in a
 # common one; the singletons are distractors sharing one rare word with a pair. Clean,
@@ -115,13 +115,13 @@ def test_sweep_changes_only_the_queries(mesh, monkeypatch):
                                baselines=("identity",))
     assert [r["typo_p"] for r in rows] == list(probs)
     assert len(seen) == 3
-    for task, p in zip(seen, probs):
+    for task, p in zip(seen, probs, strict=True):
         assert task.corpus == TASK.corpus and task.relevant == TASK.relevant
         np.testing.assert_array_equal(task.query_corpus_index, TASK.query_corpus_index)
         assert task.queries == typos.typo_texts(TASK.queries, p, 3)
     # Words keep their count and order; count the changed ones (72 in all).
-    changed = [sum(a != b for q, clean in zip(t.queries, TASK.queries)
-                   for a, b in zip(q.split(), clean.split())) for t in seen]
+    changed = [sum(a != b for q, clean in zip(t.queries, TASK.queries, strict=True)
+                   for a, b in zip(q.split(), clean.split(), strict=False)) for t in seen]
     # p = 0: none; p = 0.5: about half; p = 1: all but equal-letter transpositions (e.g.
     # the "ee" of "cheap" swapped).
     assert changed[0] == 0 and 20 < changed[1] < 52 and changed[2] >= 66, changed
@@ -165,7 +165,7 @@ def test_plot_typo_robustness_writes_a_two_panel_png(tmp_path):
 def test_config_rejects_bad_typo_probs(value):
     cfg = load_config("tiny")
     cfg.eval.typo_probs = value
-    with pytest.raises(config_lib.ConfigError, match="config.eval.typo_probs="):
+    with pytest.raises(errors.ConfigError, match="config.eval.typo_probs="):
         config_lib.validate(cfg, 8)
 
 
@@ -177,6 +177,7 @@ def test_config_parses_typo_probs():
     assert specs.typo_probs(cfg) == (0.0, 0.25, 0.5, 0.75)
 
 
+@pytest.mark.slow
 def test_training_run_writes_typo_rows_and_plot(tmp_path):
     cfg = load_config("tiny")
     cfg.num_train_steps = 4

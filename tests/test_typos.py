@@ -1,13 +1,14 @@
 """Tests for dualjax.text.typos: the QWERTY map and the statistics of Algorithm 2."""
 import collections
+import itertools
 import math
 import random
 
 import numpy as np
 import pytest
 
-from dualjax.text.words import normalize
 from dualjax.text.typos import QWERTY_NEIGHBOURS, add_typos, typo_texts, typo_word
+from dualjax.text.words import normalize
 
 
 def classify(orig: str, new: str) -> str:
@@ -33,7 +34,7 @@ def _no_repeat_words(n: int, seed: int) -> list[str]:
     rng, alphabet, out = random.Random(seed), "abcdefghijklmnopqrstuvwxyz0123456789", []
     while len(out) < n:
         w = "".join(rng.choice(alphabet) for _ in range(rng.randint(2, 9)))
-        if all(a != b for a, b in zip(w, w[1:])):
+        if all(a != b for a, b in itertools.pairwise(w)):
             out.append(w)
     return out
 
@@ -63,7 +64,7 @@ def test_change_rate_and_typo_mix():
     out = typo_texts(texts, p=0.5, seed=7)
     new_words = " ".join(out).split()
     assert len(new_words) == len(words)  # word count and order preserved
-    kinds = collections.Counter(classify(a, b) for a, b in zip(words, new_words))
+    kinds = collections.Counter(classify(a, b) for a, b in zip(words, new_words, strict=True))
     assert kinds["other"] == 0  # every change is exactly one of the three typos
     changed = len(words) - kinds["same"]
     assert _within(changed / len(words), 0.5, len(words))
@@ -84,7 +85,7 @@ def test_numpy_generator_works_and_p_one_changes_every_long_word():
     out = add_typos(text, 1.0, np.random.default_rng(0)).split()
     assert out[1::2] == ["x"] * len(words)  # short words untouched
     assert all(classify(a, b) in ("slip", "removal", "transposition")
-               for a, b in zip(words, out[0::2]))
+               for a, b in zip(words, out[0::2], strict=False))
     assert add_typos(text, 1.0, np.random.default_rng(0)) == " ".join(out)
 
 

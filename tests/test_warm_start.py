@@ -8,16 +8,15 @@ import re
 import jax
 import numpy as np
 import pytest
-
 from conftest import load_config
-from dualjax.train import checkpoints
-from dualjax.config import validation as config_lib
-from dualjax.train import loop as train
-from dualjax.train import warm_start
-from dualjax.config.validation import ConfigError
-from dualjax.models import dual_encoder
-from dualjax.config.specs import model_spec
 from test_pretraining import ARTICLES
+
+from dualjax.config import validation as config_lib
+from dualjax.config.specs import model_spec
+from dualjax.errors import ConfigError
+from dualjax.models import dual_encoder
+from dualjax.train import checkpoints, warm_start
+from dualjax.train import loop as train
 
 
 def tiny(**overrides):
@@ -42,6 +41,7 @@ def pretrained(tmp_path_factory):
     return workdir
 
 
+@pytest.mark.slow
 def test_pretraining_run_trains_on_generated_pairs(pretrained):
     rows = [json.loads(line) for line in open(pretrained / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [4] and rows[0]["split"] == "train"
@@ -51,6 +51,7 @@ def test_pretraining_run_trains_on_generated_pairs(pretrained):
     assert os.listdir(pretrained / "checkpoints") == ["4"]
 
 
+@pytest.mark.slow
 def test_init_from_restores_towers_and_vocabulary(pretrained, tmp_path):
     # One fine-tuning step at learning rate 0 (warmup starts there) keeps the towers.
     cfg = tiny(**{"init_from": str(pretrained), "num_train_steps": 1})
@@ -67,6 +68,7 @@ def test_init_from_restores_towers_and_vocabulary(pretrained, tmp_path):
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1", "2"]
 
 
+@pytest.mark.slow
 def test_init_from_carries_the_same_similarity(pretrained):
     cfg = tiny(**{"model.similarity": "cosine_learned_temperature"})
     model = dual_encoder.make_model(model_spec(cfg.model), 100)
@@ -80,6 +82,7 @@ def test_init_from_carries_the_same_similarity(pretrained):
     jax.tree.map(np.testing.assert_array_equal, got["tower"], saved["tower"])
 
 
+@pytest.mark.slow
 def test_init_from_refuses_other_towers(pretrained, tmp_path):
     cfg = tiny(**{"init_from": str(pretrained), "model.embed_dim": 32})
     with pytest.raises(ConfigError) as e:
@@ -118,6 +121,7 @@ def test_pretraining_config_checks():
 
 @pytest.mark.parametrize("key, value", [("model.vocab_size", 800), ("model.tokenizer", "bigram"),
                                         ("model.num_oov_buckets", 7)])
+@pytest.mark.slow
 def test_init_from_refuses_another_vocabulary(pretrained, tmp_path, key, value):
     """The run reads init_from's vocab.json: a vocabulary setting that differs is refused,
     naming it, not silently ignored."""

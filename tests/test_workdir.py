@@ -8,12 +8,13 @@ import sys
 import time
 
 import pytest
-
 from conftest import load_config
+
+from dualjax import errors
+from dualjax.errors import WorkdirError
+from dualjax.eval.metrics_log import MetricsLog
 from dualjax.train import loop as train
 from dualjax.train import workdir
-from dualjax.eval.metrics_log import MetricsLog
-from dualjax.errors import WorkdirError
 
 
 def tiny(**overrides):
@@ -45,6 +46,7 @@ def test_a_changed_config_is_refused_before_any_file_is_touched(tmp_path, key, o
     assert sorted(os.listdir(run)) == [".lock", "checkpoints", "config.json", "vocab.json"]
 
 
+@pytest.mark.slow
 def test_a_run_stopped_before_its_first_checkpoint_takes_a_corrected_config(tmp_path):
     """A run that diverged before its first checkpoint left its vocabulary, and the
     corrected command was refused ("cannot change ... optimizer.learning_rate"): the
@@ -88,7 +90,7 @@ def test_a_folder_of_other_files_is_not_taken_over(tmp_path):
     (mine / "config.json").write_text('{"name": "my experiment"}')
     (mine / "metrics.jsonl").write_text('{"accuracy": 0.9}\n')
     before = {p.name: p.read_bytes() for p in mine.iterdir()}
-    with pytest.raises(workdir.WorkdirError, match=r"holds files that are not a dualjax "
+    with pytest.raises(errors.WorkdirError, match=r"holds files that are not a dualjax "
                        r"run's \(config.json, metrics.jsonl, ...\)"):
         train.train_and_evaluate(tiny(), str(mine))
     assert {p.name: p.read_bytes() for p in mine.iterdir()} == before
@@ -151,6 +153,7 @@ def test_metrics_rows_are_written_once(tmp_path):
     assert MetricsLog(str(tmp_path)).read() == []
 
 
+@pytest.mark.slow
 def test_fewer_steps_than_the_checkpoint_say_so_and_evaluate_once(tmp_path, caplog,
                                                                   monkeypatch):
     """num_train_steps below the checkpoint's step: a warning that says which step is
@@ -192,6 +195,7 @@ def test_a_torn_last_row_is_cut_back_and_a_bad_row_named(tmp_path, caplog):
         MetricsLog(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_rows_of_a_run_killed_before_its_first_checkpoint_are_not_repeated(tmp_path):
     cfg = tiny(**{"eval.untrained": False, "eval.baselines": "", "eval.index": "exact",
                   "num_train_steps": 5, "checkpoint_every_steps": 0})
@@ -201,7 +205,8 @@ def test_rows_of_a_run_killed_before_its_first_checkpoint_are_not_repeated(tmp_p
     rows = MetricsLog(str(tmp_path)).read()
     [trained] = [r for r in rows if r["split"] == "train"]  # step 5, once, from this run
     assert trained["step"] == 5 and trained["loss"] != 9.0
-    assert len({(r["step"], r["split"], r.get("system"), r.get("index")) for r in rows}) == len(rows)
+    assert len({(r["step"], r["split"], r.get("system"), r.get("index"))
+                for r in rows}) == len(rows)
     # Rerunning the finished workdir says so and returns its results, evaluating nothing.
     again = train.train_and_evaluate(cfg, str(tmp_path))
     assert MetricsLog(str(tmp_path)).read() == rows
@@ -213,6 +218,7 @@ def test_rows_of_a_run_killed_before_its_first_checkpoint_are_not_repeated(tmp_p
     assert len(MetricsLog(str(tmp_path)).read()) == len(rows)
 
 
+@pytest.mark.slow
 def test_a_signal_outside_training_stops_at_once_with_one_message(tmp_path, monkeypatch, ctrl_c,
                                                                   caplog):
     """Data preparation and evaluation have nothing to save: SIGTERM / SIGINT there stop
@@ -232,12 +238,12 @@ def test_a_signal_outside_training_stops_at_once_with_one_message(tmp_path, monk
 
     run = tmp_path / "run"
     monkeypatch.setattr(train.tasks_lib, "make_tasks", signalled(make_tasks, signal.SIGTERM))
-    with pytest.raises(train.Preempted, match="SIGTERM: stopped before training; nothing was "
+    with pytest.raises(errors.Preempted, match="SIGTERM: stopped before training; nothing was "
                                               "saved; run the same command again"):
         train.train_and_evaluate(cfg, str(run))
     monkeypatch.setattr(train.tasks_lib, "make_tasks", make_tasks)
     monkeypatch.setattr(train.scoring, "evaluate_split", signalled(evaluate_split, signal.SIGINT))
-    with pytest.raises(train.Preempted, match="SIGINT: stopped during the final evaluation; "
+    with pytest.raises(errors.Preempted, match="SIGINT: stopped during the final evaluation; "
                                               "training is finished and saved at step 4"):
         train.train_and_evaluate(cfg, str(run))
     assert sorted(os.listdir(run / "checkpoints")) == ["2", "4"]
@@ -252,6 +258,7 @@ def test_a_signal_outside_training_stops_at_once_with_one_message(tmp_path, monk
     assert len([r for r in rows if r["split"] == "test"]) == 1
 
 
+@pytest.mark.slow
 def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_earlier_ones_resume(tmp_path,
                                                                                monkeypatch):
     """Orbax reports a full disk as a ValueError carrying TensorStore's status (seen on a
@@ -270,7 +277,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_earlier_ones_resume(tmp
 
     monkeypatch.setattr(checkpoints.ocp.CheckpointManager, "save", full_at_4)
     run = tmp_path / "run"
-    with pytest.raises(checkpoints.SaveError) as e:
+    with pytest.raises(errors.SaveError) as e:
         train.train_and_evaluate(cfg, str(run))
     assert str(e.value) == (f"{run}/checkpoints: cannot save the checkpoint of step 4 (no "
                             "space left on the device); the checkpoint of step 2 is kept; "

@@ -12,7 +12,7 @@ import ml_collections
 from dualjax import models
 from dualjax.config import specs
 from dualjax.config.checks import one_of, positive
-from dualjax.errors import ConfigError
+from dualjax.errors import ConfigError, PretrainedError
 from dualjax.models import dual_encoder, pses, towers
 from dualjax.runtime import sharding
 from dualjax.runtime.files import has_checkpoint
@@ -58,7 +58,7 @@ def _check_prompts(config: ml_collections.ConfigDict, start, workdir: str) -> No
         return
     tokenizer = _known_tokenizer(config, start, workdir)
     for key, prompt, max_len in zip(("query_prompt", "document_prompt"), prompts,
-                                    specs.max_lens(m)):
+                                    specs.max_lens(m), strict=True):
         if not prompt:
             continue
         tok = tokenizer or _tokenizer_of(m, prompt)
@@ -132,7 +132,8 @@ def _check_towers(model: ml_collections.ConfigDict) -> None:
         spec = specs.model_spec(model)
         if "transformer" in used:
             max_positions = spec.transformer.max_positions
-            for key, length in zip(("query_max_len", "doc_max_len"), specs.max_lens(model)):
+            for key, length in zip(("query_max_len", "doc_max_len"), specs.max_lens(model),
+                                   strict=True):
                 if length > max_positions:
                     key = key if model.get(key, 0) else "max_len"  # the key that set it
                     raise ValueError(f"model.{key}={length} is longer than "
@@ -173,7 +174,7 @@ def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = ""):
         return pretrained.load(config.init_from) if config.init_from else None
     try:
         start = pretrained.resolve(name, m.get("pretrained_pooling", ""))
-    except (pretrained.PretrainedError, ImportError) as e:
+    except (PretrainedError, ImportError) as e:
         start = _recorded_start(workdir, name)
         if start is None:
             raise ConfigError(f"config.{e}" if str(e).startswith("model.") else str(e)
@@ -185,6 +186,7 @@ def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = ""):
         raise ConfigError(f"config.model.pretrained: model.name={m.name!r}; pretrained starts "
                           "are for model.name='dual_encoder'")
     if start.kind == "bert":
+        assert start.bert is not None, "a bert start has its BertConfig"
         if set(used) != {"bert"}:
             raise ConfigError(f"config.model.pretrained={name!r} is a BERT-family encoder "
                               f"({start.bert.family}): set --config.model.tower=bert (both "
@@ -192,7 +194,7 @@ def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = ""):
         if m.shared_embedding:
             raise ConfigError("config.model.shared_embedding: two bert towers start from one "
                               "table already; set it to False")
-        for key, length in zip(("query_max_len", "doc_max_len"), specs.max_lens(m)):
+        for key, length in zip(("query_max_len", "doc_max_len"), specs.max_lens(m), strict=True):
             if length > start.bert.max_length:
                 key = key if m.get(key, 0) else "max_len"
                 raise ConfigError(f"config.model.{key}={length} is longer than {name}'s "
@@ -255,7 +257,7 @@ def _check_features(model: ml_collections.ConfigDict) -> None:
     one set for a shared tower."""
     sides = specs.feature_specs(model)
     for key, spec, tower in zip(("query_features", "doc_features"), sides,
-                                specs.tower_names(model)):
+                                specs.tower_names(model), strict=True):
         if spec and tower in ("bow", "bert"):
             raise ConfigError(f"config.model.{key}={model[key]!r}: the {tower} tower has no "
                               "layer above its pooled vector to feed categorical features "

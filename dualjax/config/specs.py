@@ -75,9 +75,10 @@ def feature_specs(model: ml_collections.ConfigDict
     """(query, document) categorical fields as ((name, embedding size), ...); ConfigError
     for a spec that does not parse."""
     try:
-        return tuple(features.parse_spec(model.get(key, ""), model.get("feature_dim", 32),
-                                         f"config.model.{key}")
-                     for key in ("query_features", "doc_features"))
+        query, doc = (features.parse_spec(model.get(key, ""), model.get("feature_dim", 32),
+                                          f"config.model.{key}")
+                      for key in ("query_features", "doc_features"))
+        return query, doc
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -183,9 +184,10 @@ def task_configs(config: ml_collections.ConfigDict
 
 
 def loss_options(loss: ml_collections.ConfigDict) -> dict:
-    """The options of loss `loss.name` from `config.loss` (fields = option names), for
+    """The options of loss `loss.name` from `config.loss` (fields = option names; an
+    option the config lacks, as a plugin's own, keeps the loss's default), for
     `losses.sharded` / `losses.reference`."""
-    return {k: loss[k] for k in losses.LOSSES[loss.name].options}
+    return {k: loss.get(k, default) for k, default in losses.LOSSES[loss.name].options.items()}
 
 
 def max_lens(model: ml_collections.ConfigDict) -> tuple[int, int]:

@@ -14,7 +14,7 @@ from dualjax.config import specs
 from dualjax.config.checks import one_of, positive
 from dualjax.config.model_checks import check_model, check_pses
 from dualjax.data import builders, pretraining, reqa
-from dualjax.errors import ConfigError  # noqa: F401 (raised here)
+from dualjax.errors import ConfigError, PretrainedError
 from dualjax.retrieval import ann, baselines, metrics
 from dualjax.runtime import sharding
 
@@ -26,14 +26,15 @@ DECAYS = ("linear", "constant")
 def _check_loss(loss: ml_collections.ConfigDict) -> None:
     """config.loss: a known loss with the data it needs, and no option it would ignore."""
     one_of("loss.name", loss.name, losses.LOSSES)
-    if loss.name == "pointwise_logistic":
-        in_batch = [n for n in losses.LOSSES if n != "pointwise_logistic"]
-        raise ConfigError("config.loss.name='pointwise_logistic' needs a dataset with labelled "
+    if losses.LOSSES[loss.name].needs_labels:
+        in_batch = [n for n, spec in losses.LOSSES.items() if not spec.needs_labels]
+        raise ConfigError(f"config.loss.name={loss.name!r} needs a dataset with labelled "
                           "negative pairs (query, document, 0/1 label), which no config.data.name "
                           f"provides yet; use an in-batch loss: {', '.join(in_batch)}")
-    one_of("loss.distance", loss.distance, losses.DISTANCES)
-    if not 0 <= loss.label_smoothing < 1:
-        raise ConfigError(f"config.loss.label_smoothing={loss.label_smoothing} must be in [0, 1)")
+    try:  # the loss's own checks of its options (registry.Loss.resolve)
+        losses.resolve_options(loss.name, specs.loss_options(loss))
+    except ValueError as e:
+        raise ConfigError(f"config.loss.{e}") from None
     if loss.log_q_buckets and not losses.LOSSES[loss.name].uses_log_q:
         users = ", ".join(n for n, spec in losses.LOSSES.items() if spec.uses_log_q)
         raise ConfigError(f"config.loss.log_q_buckets={loss.log_q_buckets}: the logQ correction "
@@ -41,19 +42,18 @@ def _check_loss(loss: ml_collections.ConfigDict) -> None:
     if loss.log_q_buckets < 0 or not 0 < loss.log_q_alpha <= 1:
         raise ConfigError("config.loss.log_q_buckets must be >= 0 and config.loss.log_q_alpha "
                           "in (0, 1]")
-    if loss.sdml_scale <= 0:
-        raise ConfigError(f"config.loss.sdml_scale={loss.sdml_scale} must be > 0")
     if type(loss.column_block) is not int or loss.column_block < 0:
         raise ConfigError(f"config.loss.column_block={loss.column_block!r} must be an int >= 0 "
                           "(columns scored at a time; 0: all at once)")
     # Options that do nothing for this loss are mistakes: say which losses use them.
-    users = lambda option: ", ".join(n for n, s in losses.LOSSES.items() if option in s.options)
+    users_of = lambda option: ", ".join(n for n, s in losses.LOSSES.items()
+                                        if option in s.options)
     for option, ignored in (("symmetric", loss.symmetric), ("hard", loss.hard),
                             ("margin", loss.margin >= 0)):
         if ignored and option not in losses.LOSSES[loss.name].options:
             default = " (set it to -1 for the loss's default)" if option == "margin" else ""
             raise ConfigError(f"config.loss.{option}={loss[option]} only applies to "
-                              f"{users(option)}, not loss.name={loss.name!r}{default}")
+                              f"{users_of(option)}, not loss.name={loss.name!r}{default}")
 
 
 
@@ -299,7 +299,7 @@ def _check_distill(config: ml_collections.ConfigDict, task_list: list,
         return  # (train.teacher.FILE: train/ sits above config/)
     try:
         pretrained.resolve(d.teacher)
-    except pretrained.PretrainedError as e:
+    except PretrainedError as e:
         raise ConfigError(f"config.distill.teacher: {e}") from None
 
 

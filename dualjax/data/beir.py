@@ -27,7 +27,8 @@ import numpy as np
 from absl import logging
 
 from dualjax.data.clusters import RawData, RetrievalTask
-from dualjax.data.pairs_file import DataError, _read_bytes
+from dualjax.data.pairs_file import _read_bytes
+from dualjax.errors import DataError
 
 # BEIR qrels file name -> our split ("train" gives the training pairs).
 SPLITS = {"dev.tsv": "val", "test.tsv": "test", "train.tsv": "train"}
@@ -37,6 +38,8 @@ _MAX_REPORTED_LINES = 10
 
 class _Skipper:
     """Collects skipped bad lines of one file and logs them in one warning."""
+
+    bad: list[tuple[int, str]]  # (line number, reason)
 
     def __init__(self, path: str, skip: bool):
         self.path, self.skip, self.bad = path, skip, []
@@ -104,6 +107,7 @@ def _read_jsonl(path: str, fields: tuple[str, ...], skip_bad_lines: bool
         if not isinstance(obj, dict):
             skipper.reject(lineno, f"expected a JSON object, got {type(obj).__name__}")
             continue
+        record: dict
         record, problem = {}, None
         for field in ("_id", "text") + fields:
             value = obj.get(field)
@@ -233,7 +237,7 @@ def load_beir(settings: dict) -> RawData:
     query_ids, queries = _read_jsonl(os.path.join(folder, "queries.jsonl"), (), skip)
     corpus = [document_text(d["title"], d["text"]) for d in docs]
     corpus_index = {d: i for i, d in enumerate(corpus_ids)}
-    query_text = {q: r["text"] for q, r in zip(query_ids, queries)}
+    query_text = {q: r["text"] for q, r in zip(query_ids, queries, strict=True)}
 
     known_queries, known_docs = set(query_ids), set(corpus_ids)
     train_pairs: list[tuple[str, str]] = []

@@ -23,7 +23,7 @@ import errno
 import hashlib
 import json
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -31,9 +31,8 @@ from absl import logging
 
 from dualjax.data import beir, clusters, mining, pairs_file, reqa, synthetic
 from dualjax.data.clusters import RawData, RetrievalTask
-from dualjax.data.pairs_file import DataError
 from dualjax.data.records import Records
-from dualjax.errors import WorkdirError
+from dualjax.errors import DataError, WorkdirError
 from dualjax.runtime.files import DISK_ERRNOS
 from dualjax.text.words import normalize, words
 
@@ -138,7 +137,7 @@ class _RetrievalBuilder(tfds.core.GeneratorBasedBuilder):
                 {"query": q, "document": d, "query_fields": _json(qf),
                  "document_fields": _json(df), "hard_negatives": n, "cluster": c}
                 for (q, d), (qf, df), n, c in zip(data.train_pairs, fields, negatives,
-                                                  pair_clusters))}
+                                                  pair_clusters, strict=True))}
         if table == "corpus":
             return {s: self._generate_examples(
                 {"id": i, "text": t, "fields": _json(task.corpus_fields[i]
@@ -153,7 +152,7 @@ class _RetrievalBuilder(tfds.core.GeneratorBasedBuilder):
              "grades": [task.grades[i].get(j, 1) for j in sorted(rel)] if task.grades else [],
              "self": int(own)}
             for i, (q, rel, own) in enumerate(zip(task.queries, task.relevant,
-                                                  task.query_corpus_index)))
+                                                  task.query_corpus_index, strict=True)))
             for s, task in data.tasks.items()}
 
     def _generate_examples(self, records) -> Iterator[tuple[int, dict]]:
@@ -221,8 +220,8 @@ def _cluster_raw(train_pairs, items, settings, train_fields=None, fields_of=None
     if dropped:
         cluster_of = {normalize(t): c for t, c, _ in items}  # items hold one spelling
         keep = [cluster_of[normalize(q)] not in dropped for q, _ in train_pairs]
-        train_pairs = [p for p, k in zip(train_pairs, keep) if k]
-        train_fields = train_fields and [f for f, k in zip(train_fields, keep) if k]
+        train_pairs = [p for p, k in zip(train_pairs, keep, strict=True) if k]
+        train_fields = train_fields and [f for f, k in zip(train_fields, keep, strict=True) if k]
         items = [it for it in items if it[1] not in dropped]
     tasks = cluster_tasks(items, settings["candidates"])
     if fields_of:
@@ -419,6 +418,7 @@ def eval_task(spec: DatasetSpec, tfds_dir: str, split: str) -> RetrievalTask:
         query_corpus_index=np.asarray([int(r["self"]) for r in queries], np.int64),
         corpus_fields=corpus_fields if any(corpus_fields) else None,
         query_fields=query_fields if any(query_fields) else None,
-        grades=[dict(zip(map(int, r["relevant"]), map(int, r["grades"]))) for r in queries]
+        grades=[dict(zip(map(int, r["relevant"]), map(int, r["grades"]), strict=True))
+                for r in queries]
         if graded else None,
         corpus_keys=keys(corpus), query_keys=keys(queries))

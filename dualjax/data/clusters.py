@@ -156,7 +156,7 @@ def task_from_clusters(
     corpus_index: dict[str, int] = {}
     corpus: list[str] = []
     corpus_cluster: list[int] = []
-    for s, cluster in zip(texts, cluster_ids):
+    for s, cluster in zip(texts, cluster_ids, strict=True):
         cluster = int(cluster)
         i = corpus_index.get(s)
         if i is None:

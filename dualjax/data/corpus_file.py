@@ -16,10 +16,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 from dualjax.data import beir
-from dualjax.data.pairs_file import DataError
+from dualjax.errors import DataError
 
 Document = tuple["Line", str, str]  # (line, id, text); int(line): its number
 _CHUNK = 1 << 24  # bytes read at a time when counting lines
@@ -92,12 +92,15 @@ class Line:
     line's default id, an error), so a share that never needs one never reads the bytes
     before it."""
 
-    def __init__(self, path: str, begin: int, relative: int, before: list | None = None):
+    def __init__(self, path: str, begin: int, relative: int,
+                 before: list[int | None] | None = None):
         self.path, self.begin, self.relative = path, begin, relative
-        self._before = before if before is not None else [None]  # shared by a share's lines
+        # shared by a share's lines
+        self._before: list[int | None] = before if before is not None else [None]
 
     def __int__(self) -> int:
-        if self._before[0] is None:
+        count = self._before[0]
+        if count is None:
             count, left = 0, self.begin
             with open(self.path, "rb") as f:
                 while left > 0:
@@ -105,7 +108,7 @@ class Line:
                     count += chunk.count(b"\n")
                     left -= len(chunk)
             self._before[0] = count
-        return self._before[0] + self.relative
+        return count + self.relative
 
 
 def _share_lines(path: str, share: int, shares: int) -> Iterator[tuple[Line, str]]:

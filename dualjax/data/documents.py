@@ -28,13 +28,13 @@ import hashlib
 import json
 import os
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 from absl import logging
 
 from dualjax.data import beir, reqa
-from dualjax.data.pairs_file import DataError
+from dualjax.errors import DataError
 from dualjax.text.words import sentence_spans, words
 
 FORMAT = 2  # of the cache file; bump when reading or splitting changes
@@ -90,7 +90,7 @@ class Collection:
                                      for k, v in dataclasses.asdict(self).items()}}
 
     @classmethod
-    def from_json(cls, data: dict) -> "Collection":
+    def from_json(cls, data: dict) -> Collection:
         arrays = {k: np.asarray(data[k], np.int32) for k in
                   ("passage_article", "article_start", "lead_end", "passage_sent_start")}
         links = np.asarray(data["links"], np.int32).reshape(-1, 2)
@@ -111,12 +111,14 @@ def _build(articles: list[_Article], mention_links: bool) -> Collection:
     become (passage of B, A) for each passage of B that mentions A's title (as written,
     whole words), or, when none does, B's first passage; with `mention_links` (no
     hyperlinks in the source), B links to A wherever a passage of B mentions A's title."""
+    passages: list[str]
     passages, passage_article, article_start, lead_end = [], [], [0], []
     for a, art in enumerate(articles):
         lead_end.append(len(passages) + art.num_lead)
         passages.extend(art.passages)
         passage_article.extend([a] * len(art.passages))
         article_start.append(len(passages))
+    sentences: list[str]
     sentences, sent_start = [], [0]
     for p in passages:
         sentences.extend(split_sentences(p))
@@ -124,16 +126,16 @@ def _build(articles: list[_Article], mention_links: bool) -> Collection:
     # A mention: the title as written, as whole words ("Force" is not in "forced").
     keys = [re.compile(r"(?<!\w)" + re.escape(art.title.strip()) + r"(?!\w)")
             if art.title.strip() else None for art in articles]
-    links = []
+    links: list[tuple[int, int]] = []
     for b, art in enumerate(articles):
         first, end = article_start[b], article_start[b + 1]
         targets = (range(len(articles)) if mention_links else art.links)
         for a in targets:
-            if a == b or keys[a] is None:
+            if a == b or (key := keys[a]) is None:
                 continue
             title = articles[a].title.strip()  # a plain substring test first: fast
             found = [p for p in range(first, end)
-                     if title in passages[p] and keys[a].search(passages[p])]
+                     if title in passages[p] and key.search(passages[p])]
             if not found and not mention_links and end > first:
                 found = [first]
             links.extend((p, a) for p in found)
@@ -174,6 +176,8 @@ def _beir_articles(folder: str, skip_bad_lines: bool) -> list[_Article]:
 def chunk_sentences(sentences: Iterable[str], max_words: int) -> list[str]:
     """Consecutive sentences joined into passages of at most `max_words` words (a longer
     sentence is a passage of its own)."""
+    out: list[str]
+    current: list[str]
     out, current, count = [], [], 0
     for s in sentences:
         n = len(words(s))
@@ -218,6 +222,9 @@ def _jsonl_articles(path: str, passage_words: int) -> list[_Article]:
     """Wikispeedia-layout or plain-text articles, one JSON object per line. An article
     is known in links by its id (`_article_id`), else by its title; one with neither
     (plain text) is known by its line alone, which nothing links to."""
+    rows: list[tuple[int, _Article, list]]  # (line, article, its "links")
+    ids: dict[str | int, int]  # article id -> row
+    titles: dict[str, list[tuple[int, int]]]  # title -> (line, row) of articles without id
     rows, ids, titles = [], {}, {}
     for lineno, obj in beir.json_objects(path):
         title = obj.get("title") or ""

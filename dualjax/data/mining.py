@@ -13,7 +13,7 @@ other clusters, so every pair has exactly k.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from absl import logging
@@ -83,14 +83,15 @@ def mine_hard_negatives(pairs: Sequence[tuple[str, str]], k: int, seed: int,
         return []
     keys = [(normalize(q), normalize(d)) for q, d in pairs]  # each text normalised once
     cluster_of = clusters.cluster_pairs(keys)
-    docs, doc_cluster, seen = [], [], set()
-    for (_, d), (_, key) in zip(pairs, keys):  # a document's first spelling represents it
+    docs, doc_cluster_list, seen = [], [], set()
+    # A document's first spelling represents it.
+    for (_, d), (_, key) in zip(pairs, keys, strict=True):
         if key not in seen:
             seen.add(key)
             docs.append(d)
-            doc_cluster.append(cluster_of[key])
-    doc_cluster = np.asarray(doc_cluster, np.int64)
-    query_cluster = {q: cluster_of[key] for (q, _), (key, _) in zip(pairs, keys)}
+            doc_cluster_list.append(cluster_of[key])
+    doc_cluster = np.asarray(doc_cluster_list, np.int64)
+    query_cluster = {q: cluster_of[key] for (q, _), (key, _) in zip(pairs, keys, strict=True)}
     queries = list(query_cluster)  # each distinct query once, in order of appearance
     own = np.asarray([query_cluster[q] for q in queries], np.int64)
     task = RetrievalTask(corpus=docs, queries=queries, relevant=[frozenset()] * len(queries),
@@ -102,7 +103,7 @@ def mine_hard_negatives(pairs: Sequence[tuple[str, str]], k: int, seed: int,
     first = np.argsort(~usable, axis=1, kind="stable")[:, :k]
     picked_ids = np.take_along_axis(ranked, first, axis=1)
     found = np.minimum(usable.sum(axis=1), k)
-    picked = [row[:n] for row, n in zip(picked_ids.tolist(), found.tolist())]
+    picked = [row[:n] for row, n in zip(picked_ids.tolist(), found.tolist(), strict=True)]
     short = np.flatnonzero(found < k)
     fallback = 0
     if len(short):
@@ -116,7 +117,7 @@ def mine_hard_negatives(pairs: Sequence[tuple[str, str]], k: int, seed: int,
                 if j not in row or size <= len(row):
                     row.append(j)
                     fallback += 1
-    mined = {q: [docs[j] for j in row] for q, row in zip(queries, picked)}
+    mined = {q: [docs[j] for j in row] for q, row in zip(queries, picked, strict=True)}
     if fallback:
         logging.info("Hard negatives: %d of %d drawn at random (too few BM25 matches)",
                      fallback, k * len(queries))
@@ -140,7 +141,7 @@ def pseudo_label_pairs(queries: Sequence[str], corpus: Sequence[str], k: int
                                                      np.int64))
     ranked = baselines.rank("bm25", task, min(k, len(docs)))
     pairs, cluster = [], []
-    for i, (q, row) in enumerate(zip(queries, ranked)):
+    for i, (q, row) in enumerate(zip(queries, ranked, strict=True)):
         for j in row[row >= 0]:
             pairs.append((q, docs[int(j)]))
             cluster.append(i)

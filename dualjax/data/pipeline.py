@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import grain
 import jax

@@ -49,7 +49,7 @@ import numpy as np
 
 from dualjax.data.beir import document_text
 from dualjax.data.documents import Collection
-from dualjax.data.pairs_file import DataError
+from dualjax.errors import DataError
 
 TASKS = ("ict", "bfs", "wlp", "crop", "pseudo", "distill", "mlm")
 ALONE = ("mlm", "distill")  # tasks that do not mix with others

@@ -35,7 +35,7 @@ class Records:
 
     def _parse(self, raw: bytes) -> dict:
         feature = _EXAMPLE.FromString(raw).features.feature
-        out = {}
+        out: dict = {}
         for name, kind in self._features.items():
             if isinstance(kind, tfds.features.Sequence):
                 if isinstance(kind.feature, tfds.features.Text):

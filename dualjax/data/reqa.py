@@ -35,7 +35,8 @@ from absl import logging
 
 from dualjax.data import clusters
 from dualjax.data.clusters import RawData, RetrievalTask
-from dualjax.data.pairs_file import DataError, _read_bytes
+from dualjax.data.pairs_file import _read_bytes
+from dualjax.errors import DataError
 from dualjax.text.words import sentence_spans
 
 CANDIDATES = ("split", "all")
@@ -92,6 +93,7 @@ def read_squad(path: str, context: bool = False, paragraphs: bool = False) -> Sq
     `paragraphs`, the candidates are whole paragraphs (a question's relevant candidate
     is its paragraph) instead of sentences."""
     data = _get(_read_json(path), "data", list, "top level", path)
+    candidates: list[tuple[int, str]]
     candidates, questions, unanswered = [], [], 0
     for a, article in enumerate(data):
         title = article.get("title") if isinstance(article, dict) else None
@@ -207,17 +209,18 @@ def load_reqa_squad(settings: dict) -> RawData:
         split_q = [names[i] for i in split_of]
     else:
         split_q = [names[split_of[a]] for a, _, _ in questions]
+    # None: split by question (then every split's candidates are all of them)
     split_a = [names[i] for i in split_of] if unit == "articles" else None
 
     train_pairs = [(q, candidates[rel[0]][1])
-                   for (_, q, rel), sp in zip(questions, split_q) if sp == "train"]
+                   for (_, q, rel), sp in zip(questions, split_q, strict=True) if sp == "train"]
     tasks = {}
     for name in ("val", "test"):
         if counts[name]:
             pool = [c for c, (a, _) in enumerate(candidates)
-                    if settings["candidates"] == "all" or split_a[a] == name]
+                    if split_a is None or settings["candidates"] == "all" or split_a[a] == name]
             tasks[name] = _task(candidates, pool,
-                                [x for x, sp in zip(questions, split_q) if sp == name])
+                                [x for x, sp in zip(questions, split_q, strict=True) if sp == name])
     logging.info("%s: %d articles, %d candidates, %d questions, split by %s (%s), "
                  "%d training pairs", path, num_articles, len(candidates), len(questions),
                  unit, counts, len(train_pairs))

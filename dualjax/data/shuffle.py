@@ -73,7 +73,7 @@ def _small_permutation(max_index: int, seed: int, rounds: int) -> np.ndarray:
 def _encrypt(x: np.ndarray, w: int, keys: list[int]) -> np.ndarray:
     """grain's Simon cipher on blocks of 2w bits, with round keys `keys` (`_seed_seq`)."""
     mask = np.uint64((1 << w) - 1)
-    keys = [np.uint64(k) & mask for k in keys]
+    masked = [np.uint64(k) & mask for k in keys]
 
     def rotl(v, r):
         return ((v << np.uint64(r)) | (v >> np.uint64(w - r))) & mask
@@ -83,8 +83,8 @@ def _encrypt(x: np.ndarray, w: int, keys: list[int]) -> np.ndarray:
 
     left, right = (x >> np.uint64(w)) & mask, x & mask
     for i in range(0, len(keys), 2):
-        left = left ^ f(right) ^ keys[i]
-        right = right ^ f(left) ^ keys[i + 1]
+        left = left ^ f(right) ^ masked[i]
+        right = right ^ f(left) ^ masked[i + 1]
     return (left << np.uint64(w)) | right
 
 

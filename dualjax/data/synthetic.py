@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Iterable
 
 from dualjax.text.words import normalize
 
@@ -126,8 +127,15 @@ class _Spec:
 _SLOTS = (ACTIONS, OBJECTS, CONTEXTS)
 
 
+def _triple(values: Iterable[int]) -> tuple[int, int, int]:
+    """tuple(values) for the three slots (action, object, context)."""
+    a, o, c = values
+    return a, o, c
+
+
 def _render(spec: _Spec) -> str:
-    a, o, c = (slot[i][f % len(slot[i])] for slot, i, f in zip(_SLOTS, spec.intent, spec.forms))
+    a, o, c = (slot[i][f % len(slot[i])]
+               for slot, i, f in zip(_SLOTS, spec.intent, spec.forms, strict=True))
     text = TEMPLATES[spec.template].format(a=a, o=o, c=c)
     return " ".join(p for p in (spec.prefix, text, spec.suffix) if p)
 
@@ -161,14 +169,14 @@ class _Generator:
         return self.next_id - 1
 
     def _random_intent(self) -> tuple[int, int, int]:
-        return tuple(self.rng.randrange(len(slot)) for slot in _SLOTS)
+        return _triple(self.rng.randrange(len(slot)) for slot in _SLOTS)
 
     def _vary(self, intent: tuple[int, int, int], slot: int) -> tuple[int, int, int] | None:
         """A fresh intent equal to `intent` except for a different concept in `slot`."""
         for _ in range(30):
-            new = list(intent)
-            new[slot] = self.rng.randrange(len(_SLOTS[slot]))
-            new = tuple(new)
+            concepts = list(intent)
+            concepts[slot] = self.rng.randrange(len(_SLOTS[slot]))
+            new = _triple(concepts)
             if new != intent and new not in self.used_intents:
                 return new
         return None
@@ -210,7 +218,7 @@ class _Generator:
         """Paraphrases: each member re-draws the template and each surface form of a canonical
         rendering with probability 1 - KEEP_PROB, and draws its own fillers and typo."""
         size = self.rng.randint(self.lo, self.hi)
-        groups = [slot[i] for slot, i in zip(_SLOTS, intent)]
+        groups = [slot[i] for slot, i in zip(_SLOTS, intent, strict=True)]
         template = self.rng.randrange(len(TEMPLATES))
         forms = [self.rng.randrange(len(g)) for g in groups]
         members: list[tuple[_Spec, str]] = []
@@ -219,7 +227,7 @@ class _Generator:
                 break
             spec = _Spec(
                 intent=intent,
-                forms=tuple(self._pick(f, len(g)) for f, g in zip(forms, groups)),
+                forms=_triple(self._pick(f, len(g)) for f, g in zip(forms, groups, strict=True)),
                 template=self._pick(template, len(TEMPLATES)),
                 prefix=self.rng.choice(PREFIXES),
                 suffix=self.rng.choice(SUFFIXES),
@@ -237,7 +245,7 @@ class _Generator:
             return None
         forms = list(spec.forms)
         forms[slot] = self.rng.randrange(len(_SLOTS[slot][new[slot]]))
-        text = self._accept(dataclasses.replace(spec, intent=new, forms=tuple(forms)), typo=False)
+        text = self._accept(dataclasses.replace(spec, intent=new, forms=_triple(forms)), typo=False)
         if text is not None:
             self.used_intents.add(new)
         return text

@@ -12,7 +12,8 @@ the trainer's decision.
 from __future__ import annotations
 
 import os
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import jax
 
@@ -83,8 +84,8 @@ class Retrieval:
             hybrid_systems=(self.system,),
             hybrid_weights=None if split == "val" else self.hybrid_weights)
         if split == "val":
-            self.hybrid_weights = {self.system: r["hybrid_weight"] for r in rows
-                                   if "hybrid_weight" in r}
+            chosen = [r["hybrid_weight"] for r in rows if "hybrid_weight" in r]
+            self.hybrid_weights = {self.system: chosen[-1]} if chosen else {}
         for row in rows:
             row.update(row_fields.get(row["system"], {}))
             self.log.write(step, split, row, **task.fields())
@@ -142,9 +143,9 @@ def make(spec: scoring.EvalSpec, tasks: Sequence[Task], splits: dict[str, tuple[
     evaluation splits (`splits[task.name]`; a pre-training collection has none), then,
     when spec.typo_probs is set, the `TypoSweep` of the first of them. `main`: this is
     process 0, which writes the files."""
-    evaluators: list[Retrieval | TypoSweep] = [
-        Retrieval(t, splits[t.name], inputs, spec, mesh, workdir, log, main=main)
-        for t in tasks if splits[t.name]]
-    if spec.typo_probs and evaluators:
-        evaluators.append(TypoSweep(evaluators[0], spec.typo_probs, spec.typo_seed))
+    retrievals = [Retrieval(t, splits[t.name], inputs, spec, mesh, workdir, log, main=main)
+                  for t in tasks if splits[t.name]]
+    evaluators: list[Retrieval | TypoSweep] = list(retrievals)
+    if spec.typo_probs and retrievals:
+        evaluators.append(TypoSweep(retrievals[0], spec.typo_probs, spec.typo_seed))
     return evaluators

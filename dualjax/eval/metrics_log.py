@@ -67,10 +67,11 @@ class MetricsLog:
         # name), so the resumed run's purge applies to the runs before it.
         os.makedirs(self.events_dir, exist_ok=True)
         number = sum(".out.tfevents." in name for name in os.listdir(self.events_dir))
-        self._events = SummaryWriter(self.events_dir, purge_step=first_step or None,
-                                     flush_secs=30, filename_suffix=f".{number:05d}")
+        events = SummaryWriter(self.events_dir, purge_step=first_step or None,
+                               flush_secs=30, filename_suffix=f".{number:05d}")
+        self._events = events
         if config_text:
-            self._events.add_text("config", f"<pre>{config_text}</pre>", first_step)
+            events.add_text("config", f"<pre>{config_text}</pre>", first_step)
 
     def close(self) -> None:
         if self._events is not None:

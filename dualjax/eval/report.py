@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import urllib.parse
-from typing import Collection, Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 from absl import logging
@@ -84,7 +84,7 @@ def plot_typo_robustness(path: str, rows: Sequence[dict], title: str = "",
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), sharey=True,
                              squeeze=False)
-    for ax, key in zip(axes[0], keys):
+    for ax, key in zip(axes[0], keys, strict=False):
         for label, points in curves.items():
             points = sorted(points, key=lambda r: r["typo_p"])
             ax.plot([r["typo_p"] for r in points], [r[key] for r in points], marker="o",
@@ -152,17 +152,18 @@ def write_trec_run(path: str, ranking: Ranking, query_keys: Sequence[str],
     so documents of equal score may be ranked among themselves otherwise than here.)"""
     query_keys, corpus_keys = _escaped(query_keys), _escaped(corpus_keys)
     lines = []
-    for q, (ids, scores) in enumerate(zip(ranking.ids.tolist(), ranking.scores.tolist())):
+    rows = zip(ranking.ids.tolist(), ranking.scores.tolist(), strict=True)
+    for q, (ids, scores) in enumerate(rows):
+        found = ((d, s) for d, s in zip(ids, scores, strict=True) if d >= 0)
         lines += [f"{query_keys[q]} Q0 {corpus_keys[d]} {r} {s:.8g} {tag}\n"
-                  for r, (d, s) in enumerate(((d, s) for d, s in zip(ids, scores) if d >= 0),
-                                             start=1)]
+                  for r, (d, s) in enumerate(found, start=1)]
     atomic_write(path, "".join(lines))
 
 
 def _escaped(keys: Sequence[str]) -> Sequence[str]:
     """`keys` as run files write them (`trec_id`); said once when any is escaped."""
     escaped = [trec_id(k) for k in keys]
-    changed = [k for k, e in zip(keys, escaped) if k != e]
+    changed = [k for k, e in zip(keys, escaped, strict=True) if k != e]
     if changed and not _said_escaped[0]:
         _said_escaped[0] = True
         logging.warning("%d ids hold whitespace (%r, ...): the run files write them with "

@@ -8,7 +8,8 @@ metrics.py.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -63,7 +64,8 @@ def log_missing_fields(task: RetrievalTask, inputs: Inputs) -> None:
                                       ("candidates", inputs.document, task.corpus,
                                        task.corpus_fields)):
         if side.features:
-            ids = side.features.encode(fields or [None] * len(texts))
+            records: Sequence[Fields] = fields if fields else [None for _ in texts]
+            ids = side.features.encode(records)
             logging.info("Categorical fields missing (id 0) in %d %s: %s", len(texts), name,
                          side.features.missing_counts(ids))
 
@@ -71,7 +73,7 @@ def log_missing_fields(task: RetrievalTask, inputs: Inputs) -> None:
 def ann_recall(ann_ids: np.ndarray, exact_ids: np.ndarray, k: int = 10) -> float:
     """Mean over queries of |ANN top-k & exact top-k| / |exact top-k| (ids of -1 ignored)."""
     found = []
-    for a, e in zip(ann_ids[:, :k], exact_ids[:, :k]):
+    for a, e in zip(ann_ids[:, :k], exact_ids[:, :k], strict=True):
         truth = set(e[e >= 0].tolist())
         if truth:
             found.append(len(truth & set(a.tolist())) / len(truth))
@@ -136,7 +138,7 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
                    index_dir: str | None = None, ann_systems: Sequence[str] = ("dual_encoder",),
                    index_extra: str = "", hybrid_systems: Sequence[str] | None = None,
                    hybrid_weights: dict[str, float] | None = None
-                   ) -> tuple[list[dict], dict[str, np.ndarray]]:
+                   ) -> tuple[list[dict], dict[str, Ranking]]:
     """Every system's metrics on one retrieval task (a query never retrieves itself).
 
     towers: system name -> (encode_queries, encode_documents), reading `inputs` (each
@@ -153,10 +155,12 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
     `spec.select_by` (else map@100); the row says it as "hybrid_weight". Returns (rows
     {"system", "index", metrics...}, {label: its `Ranking`}).
     """
-    enc = dict(batch_size=spec.batch_size, mesh=mesh)
+    enc: dict[str, Any] = dict(batch_size=spec.batch_size, mesh=mesh)
     k = min(spec.top_k, len(task.corpus))
     dense = DenseCorpus.of(task, inputs.document.tokenizer, k)
-    rows, ranked, scored = [], {}, {}
+    rows: list[dict] = []
+    ranked: dict[str, Ranking] = {}
+    scored: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def add(system: str, kind: str, ranking: tuple[np.ndarray, np.ndarray], **extra) -> dict:
         ids, scores = ranking
@@ -190,7 +194,7 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
     for name in dict.fromkeys(list(baselines) + ([lexical] if lexical else [])):
         scores, ids = baselines_lib.rank_texts(
             name, task.corpus, task.queries, k, exclude,
-            **baselines_lib.options_for(name, spec.bm25))
+            **baselines_lib.options_for(name, dict(spec.bm25)))
         scored[name] = (ids, scores)
         if name in baselines:
             add(name, "exact", scored[name])
@@ -276,7 +280,7 @@ def format_table(rows: Sequence[dict], keys: Sequence[str]) -> str:
                         for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     fmt = lambda line: "  ".join(c.rjust(w) if i else c.ljust(w)
-                                 for i, (c, w) in enumerate(zip(line, widths)))
+                                 for i, (c, w) in enumerate(zip(line, widths, strict=True)))
     rule = fmt(["-" * w for w in widths])
     return "\n".join([fmt(lines[0]), rule] + [fmt(line) for line in lines[1:]])
 

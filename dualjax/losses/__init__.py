@@ -34,9 +34,10 @@ interleaved P N N P N N.
     "log_q_mixed"        [U] float    the same for the mixed negatives (replicated)
     "labels"             [B] 0/1      pointwise_logistic only: is pair i relevant
 
-Two implementations of every loss: `reference(name)` is a plain one on the full matrix
-(no shard_map; `reference.py`), and `sharded(name, mesh)` runs one per-device core
-(`streaming.py`) under `jax.shard_map`
+Each loss is one module (in_batch_softmax.py, ..., registered in `registry.LOSSES`) with
+two implementations: `reference(name)` is a plain one on the full matrix (no shard_map;
+`matrix.py` builds M and its masks), and `sharded(name, mesh)` runs its per-device core
+(`streaming.py` streams the columns) under `jax.shard_map`
 over the mesh's `data` axis: each device gathers every column and scores its b rows
 against them (`local_block`: a Block of scores and masks), and each loss reduces a Block
 to per-row statistics (`stats`: Sum, Max or LogSumExp, [b] each) that `finish` turns
@@ -59,82 +60,33 @@ every unmasked negative (by the loss's own score, before any logQ correction).
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple
+import importlib
 
 import jax
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from dualjax.losses import streaming
 from dualjax.losses.distill import KINDS as DISTILL_KINDS  # noqa: F401
 from dualjax.losses.distill import distillation  # noqa: F401
-
-# Re-exported: the package's names as they were when it was one module.
-from dualjax.losses.reference import (  # noqa: F401
-    DEFAULT_MARGINS,
-    DISTANCES,
+from dualjax.losses.matrix import (  # noqa: F401
     EXTRAS,
     REPLICATED_EXTRAS,
     SHARDED_EXTRAS,
-    TRIPLET_HARDEST_MARGIN,
     Extras,
-    LossFn,
     Metrics,
-    in_batch_sigmoid,
-    in_batch_softmax,
-    in_batch_triplet_hardest,
-    pointwise_logistic,
     reference_columns,
-    sdml,
-    triplet_margin,
 )
-from dualjax.losses.streaming import CORES, Sums, gather_columns  # noqa: F401
+from dualjax.losses.registry import LOSSES, Loss, LossFn, register, resolve_options  # noqa: F401
+from dualjax.losses.streaming import Sums, gather_columns  # noqa: F401
 from dualjax.runtime.sharding import DATA_AXIS
 
-
-# ----------------------------------------------------------------------------- registry
-class Loss(NamedTuple):
-    reference: LossFn                 # plain single-device implementation
-    stats: Callable[..., dict]        # a Block's per-row statistics (Sum, Max, LogSumExp)
-    finish: Callable[..., Sums]       # the merged statistics' per-device sums
-    options: dict                     # option -> default (None: resolved from others)
-    uses_log_q: bool                  # whether log_q_* extras apply
-
-
-_HITS = {"remove_accidental_hits": True}
-LOSSES: dict[str, Loss] = {
-    "in_batch_softmax": Loss(in_batch_softmax, *CORES["in_batch_softmax"],
-                             {"symmetric": False, **_HITS}, True),
-    "in_batch_sigmoid": Loss(in_batch_sigmoid, *CORES["in_batch_sigmoid"], dict(_HITS), False),
-    "in_batch_triplet_hardest": Loss(in_batch_triplet_hardest,
-                                     *CORES["in_batch_triplet_hardest"],
-                                     {"margin": None, **_HITS}, False),
-    "triplet_margin": Loss(triplet_margin, *CORES["triplet_margin"],
-                           {"distance": "cosine", "margin": None, "hard": False, **_HITS}, False),
-    "sdml": Loss(sdml, *CORES["sdml"], {"label_smoothing": 0.3, "sdml_scale": 1.0, **_HITS},
-                 True),
-    "pointwise_logistic": Loss(pointwise_logistic, *CORES["pointwise_logistic"], dict(_HITS),
-                               False),
-}
-
-
-def resolve_options(name: str, options: dict) -> dict:
-    """The loss's full options: defaults filled in, margin < 0 or None -> the source's."""
-    if name not in LOSSES:
-        raise ValueError(f"unknown loss {name!r}; one of: {', '.join(LOSSES)}")
-    defaults = LOSSES[name].options
-    unknown = sorted(set(options) - set(defaults))
-    if unknown:
-        raise ValueError(f"loss {name!r} has no option {', '.join(unknown)}; its options: "
-                         f"{', '.join(defaults) or 'none'}")
-    opts = {**defaults, **options}
-    if "distance" in opts and opts["distance"] not in DISTANCES:
-        raise ValueError(f"distance={opts['distance']!r} is not one of: {', '.join(DISTANCES)}")
-    if "margin" in opts and (opts["margin"] is None or opts["margin"] < 0):
-        opts["margin"] = (DEFAULT_MARGINS[opts["distance"]] if name == "triplet_margin"
-                          else TRIPLET_HARDEST_MARGIN)
-    if "label_smoothing" in opts and not 0 <= opts["label_smoothing"] < 1:
-        raise ValueError(f"label_smoothing={opts['label_smoothing']} must be in [0, 1)")
-    return opts
+# The losses of dualjax, one module each, in the order they are listed: importing one
+# registers it. A loss of your own registers itself the same way (registry.py).
+BUILT_IN = ("in_batch_softmax", "in_batch_sigmoid", "in_batch_triplet_hardest",
+            "triplet_margin", "sdml", "pointwise_logistic")
+for _name in BUILT_IN:
+    importlib.import_module(f"dualjax.losses.{_name}")
 
 
 def _check_extras(name: str, opts: dict, extras: Extras | None) -> Extras:
@@ -143,14 +95,15 @@ def _check_extras(name: str, opts: dict, extras: Extras | None) -> Extras:
     unknown = sorted(set(extras) - set(EXTRAS))
     if unknown:
         raise ValueError(f"unknown extras {', '.join(unknown)}; known: {', '.join(EXTRAS)}")
-    if name == "pointwise_logistic":
+    if LOSSES[name].needs_labels:
         if "labels" not in extras:
-            raise ValueError("pointwise_logistic needs extras['labels'] ([B] 0/1 per pair)")
+            raise ValueError(f"{name} needs extras['labels'] ([B] 0/1 per pair)")
         other = sorted(set(extras) - {"labels", "doc_ids", "query_ids", "cluster_ids"})
         if other:
-            raise ValueError(f"pointwise_logistic takes only labels and the ids, not {other}")
+            raise ValueError(f"{name} takes only labels and the ids, not {other}")
     elif "labels" in extras:
-        raise ValueError(f"extras['labels'] are for pointwise_logistic, not {name}")
+        labelled = ", ".join(n for n, spec in LOSSES.items() if spec.needs_labels)
+        raise ValueError(f"extras['labels'] are for {labelled}, not {name}")
     for key in ("query_ids", "cluster_ids"):
         if key in extras and "doc_ids" not in extras:
             raise ValueError(f"extras[{key!r}] need extras['doc_ids'] (the columns' ids)")
@@ -219,10 +172,10 @@ def sharded(name: str, mesh: jax.sharding.Mesh, column_block: int = 0, **options
 VECTOR_EXTRAS = ("hard_negatives", "mixed_negatives")  # extras that are embeddings
 
 
-def prefix(x: jax.Array, dim: int) -> jax.Array:
+def prefix(x: jax.Array | np.ndarray, dim: int) -> jax.Array:
     """The first `dim` coordinates of unit vectors x [..., full], made unit again: what a
     Matryoshka embedding is read as at `dim` (Kusupati et al. 2022)."""
-    head = x[..., :dim]
+    head = jax.numpy.asarray(x)[..., :dim]
     return head * jax.lax.rsqrt(jax.numpy.maximum(
         jax.numpy.sum(head * head, axis=-1, keepdims=True), 1e-12))
 

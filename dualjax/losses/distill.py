@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from dualjax.losses.reference import Extras, LossFn
+from dualjax.losses.matrix import Extras, LossFn
 
 KINDS = ("kl", "margin_mse")
 

@@ -7,19 +7,17 @@ sums; `device_body` adds them over the devices. See `dualjax.losses` for the con
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.special import xlogy
 
-from dualjax.losses.reference import (
+from dualjax.losses.matrix import (
     Extras,
-    _distance,
-    _masked,
-    _softplus,
-    _sq_dist_from_dots,
+    masked,
     other_hits,
+    sq_dist_from_dots,
 )
 from dualjax.runtime.sharding import DATA_AXIS
 
@@ -28,7 +26,7 @@ from dualjax.runtime.sharding import DATA_AXIS
 class Columns(NamedTuple):
     """Columns of M as one device sees them: all C of them, or one block."""
     vecs: jnp.ndarray               # [C, dim] the columns' embeddings
-    index: jnp.ndarray              # [C] int, each column's index in M (-1: padding)
+    position: jnp.ndarray           # [C] int, each column's index in M (-1: padding)
     ids: tuple[jnp.ndarray, ...]    # [C] int each, compared with the rows' ids of the same place
     log_q: jnp.ndarray | None       # [C] log sampling probability of each column, or None
 
@@ -95,18 +93,18 @@ def local_block(rows: jnp.ndarray, cols: Columns, pos: jnp.ndarray,
     column pos[r] of M. A column sharing the row's id in any (row_ids[i] [b], cols.ids[i]
     [w]) is not a negative; with `masked`, neither is a padding column (index -1)."""
     dots = rows @ cols.vecs.T
-    is_pos = cols.index[None, :] == pos[:, None]
+    is_pos = cols.position[None, :] == pos[:, None]
     neg = ~is_pos
     if masked:
-        neg = neg & (cols.index >= 0)[None, :]
-    for rows_of, cols_of in zip(row_ids, cols.ids):
+        neg = neg & (cols.position >= 0)[None, :]
+    for rows_of, cols_of in zip(row_ids, cols.ids, strict=True):
         neg = neg & (cols_of[None, :] != rows_of[:, None])
-    return Block(dots, _sq_dist_from_dots(rows, cols.vecs, dots), is_pos, neg, cols.log_q, masked)
+    return Block(dots, sq_dist_from_dots(rows, cols.vecs, dots), is_pos, neg, cols.log_q, masked)
 
 
-def _softmax_logits(z, blk: Block):
+def softmax_logits(z, blk: Block):
     """z with the removed columns at -inf (skipped when nothing can be removed)."""
-    return _masked(z, blk.valid, -jnp.inf) if blk.masked else z
+    return masked(z, blk.valid, -jnp.inf) if blk.masked else z
 
 
 # Per-row statistics of a block of columns, [rows] each, merged across blocks: a loss's
@@ -114,14 +112,14 @@ def _softmax_logits(z, blk: Block):
 class Sum(NamedTuple):
     value: jnp.ndarray
 
-    def merge(self, other: "Sum") -> "Sum":
+    def merge(self, other: Sum) -> Sum:
         return Sum(self.value + other.value)
 
 
 class Max(NamedTuple):
     value: jnp.ndarray
 
-    def merge(self, other: "Max") -> "Max":
+    def merge(self, other: Max) -> Max:
         return Max(jnp.maximum(self.value, other.value))
 
 
@@ -134,28 +132,28 @@ class LogSumExp(NamedTuple):
     def value(self) -> jnp.ndarray:
         return self.max + jnp.log(self.sum_exp)
 
-    def merge(self, other: "LogSumExp") -> "LogSumExp":
+    def merge(self, other: LogSumExp) -> LogSumExp:
         top = jnp.maximum(self.max, other.max)
         rescale = lambda s, m: s * jnp.exp(jnp.where(m == -jnp.inf, -jnp.inf, m - top))
         return LogSumExp(top, rescale(self.sum_exp, self.max) + rescale(other.sum_exp, other.max))
 
 
-def _lse(z) -> LogSumExp:
+def lse(z) -> LogSumExp:
     """LogSumExp of each row of z [rows, w] (-inf entries count for nothing)."""
     top = jax.lax.stop_gradient(jnp.max(z, axis=1))
     shift = jnp.where(top == -jnp.inf, 0.0, top)
     return LogSumExp(top, jnp.sum(jnp.exp(z - shift[:, None]), axis=1))
 
 
-def _max_neg(score, blk: Block) -> Max:
-    return Max(jnp.max(_masked(score, blk.neg, -jnp.inf), axis=1))
+def max_neg(score, blk: Block) -> Max:
+    return Max(jnp.max(masked(score, blk.neg, -jnp.inf), axis=1))
 
 
-def _sum_neg(x, blk: Block) -> Sum:
+def sum_neg(x, blk: Block) -> Sum:
     return Sum(jnp.sum(jnp.where(blk.neg, x, 0.0), axis=1))
 
 
-def _count_neg(blk: Block) -> Sum:
+def count_neg(blk: Block) -> Sum:
     return Sum(jnp.sum(blk.neg, axis=1, dtype=jnp.int32))
 
 
@@ -164,14 +162,14 @@ def _merge(a: dict, b: dict) -> dict:
 
 
 class Sums(NamedTuple):
-    """Per-device sums; the loss is psum(loss_sum) / psum(count)."""
+    """Per-device sums; the loss is psum(loss_sum) / psum(row_count)."""
     loss_sum: jnp.ndarray
-    count: jnp.ndarray
+    row_count: jnp.ndarray
     hits: jnp.ndarray
     hit_count: jnp.ndarray
 
 
-def _hits(pos_score, best_neg, weight=None):
+def hit_sums(pos_score, best_neg, weight=None):
     """Rows whose positive beats their best negative: (hits, rows), or weighted sums."""
     hit = (jax.lax.stop_gradient(pos_score)
            > jax.lax.stop_gradient(best_neg)).astype(jnp.float32)
@@ -180,93 +178,32 @@ def _hits(pos_score, best_neg, weight=None):
     return jnp.sum(hit * weight), jnp.sum(weight)
 
 
-def _rows(per_row, pos_score, best_neg) -> Sums:
-    return Sums(jnp.sum(per_row), jnp.float32(per_row.shape[0]), *_hits(pos_score, best_neg))
+def row_sums(per_row, pos_score, best_neg) -> Sums:
+    return Sums(jnp.sum(per_row), jnp.float32(per_row.shape[0]), *hit_sums(pos_score, best_neg))
 
 
-def _softmax_stats(blk: Block, pos: Positives, scale, bias, opts) -> dict:
-    logits = scale * blk.dots + bias
-    z = logits if blk.log_q is None else logits - blk.log_q[None, :]
-    return {"lse": _lse(_softmax_logits(z, blk)),
-            "best": _max_neg(jax.lax.stop_gradient(logits), blk)}
 
 
-def _softmax_finish(st: dict, pos: Positives, scale, bias, opts, labels) -> Sums:
-    logit = scale * pos.dots + bias
-    z = logit if pos.log_q is None else logit - pos.log_q
-    return _rows(st["lse"].value - z, logit, st["best"].value)
 
 
-def _sigmoid_stats(blk: Block, pos: Positives, scale, bias, opts) -> dict:
-    logits = scale * blk.dots + bias
-    return {"loss": _sum_neg(_softplus(logits), blk), "negs": _count_neg(blk),
-            "best": _max_neg(jax.lax.stop_gradient(logits), blk)}
 
 
-def _sigmoid_finish(st: dict, pos: Positives, scale, bias, opts, labels) -> Sums:
-    logit = scale * pos.dots + bias  # label 1 on the positive, 0 on every negative
-    return Sums(jnp.sum(st["loss"].value + _softplus(-logit)),
-                jnp.sum((st["negs"].value + 1).astype(jnp.float32)),  # can pass 2^31
-                *_hits(logit, st["best"].value))
 
 
-def _triplet_hardest_stats(blk: Block, pos: Positives, scale, bias, opts) -> dict:
-    return {"hardest": _max_neg(blk.dots, blk)}
 
 
-def _triplet_hardest_finish(st: dict, pos: Positives, scale, bias, opts, labels) -> Sums:
-    hardest = st["hardest"].value
-    return _rows(jax.nn.relu(opts["margin"] - pos.dots + hardest), pos.dots, hardest)
 
 
-def _triplet_margin_stats(blk: Block, pos: Positives, scale, bias, opts) -> dict:
-    dist = _distance(blk.sq_dist, blk.dots, opts["distance"])
-    if opts["hard"]:
-        return {"nearest": _max_neg(-dist, blk)}  # minus the nearest negative's distance
-    d_pos = _distance(pos.sq_dist, pos.dots, opts["distance"])
-    return {"hinge": _sum_neg(jax.nn.relu(d_pos[:, None] - dist + opts["margin"]), blk),
-            "negs": _count_neg(blk), "nearest": _max_neg(jax.lax.stop_gradient(-dist), blk)}
 
 
-def _triplet_margin_finish(st: dict, pos: Positives, scale, bias, opts, labels) -> Sums:
-    d_pos = _distance(pos.sq_dist, pos.dots, opts["distance"])
-    nearest = st["nearest"].value
-    if opts["hard"]:
-        per_row = jax.nn.relu(d_pos + nearest + opts["margin"])
-    else:
-        per_row = st["hinge"].value / jnp.maximum(st["negs"].value, 1)
-    return _rows(per_row, -d_pos, nearest)
 
 
-def _sdml_stats(blk: Block, pos: Positives, scale, bias, opts) -> dict:
-    score = -opts["sdml_scale"] * blk.sq_dist
-    z = score if blk.log_q is None else score - blk.log_q[None, :]
-    return {"lse": _lse(_softmax_logits(z, blk)), "neg_z": _sum_neg(z, blk),
-            "negs": _count_neg(blk), "best": _max_neg(jax.lax.stop_gradient(score), blk)}
 
 
-def _sdml_finish(st: dict, pos: Positives, scale, bias, opts, labels) -> Sums:
-    score = -opts["sdml_scale"] * pos.sq_dist
-    z = score if pos.log_q is None else score - pos.log_q
-    lse, negs, eps = st["lse"].value, st["negs"].value.astype(jnp.float32), opts["label_smoothing"]
-    n = negs + 1  # columns in the row's softmax
-    t_pos, t_neg = 1 - eps + eps / n, eps / n
-    # KL = sum_j t_j log t_j - sum_j t_j log p_j, written per row in closed form.
-    entropy_part = xlogy(t_pos, t_pos) + negs * xlogy(t_neg, t_neg)
-    cross = t_pos * (z - lse) + t_neg * (st["neg_z"].value - negs * lse)
-    return _rows(entropy_part - cross, score, st["best"].value)
 
 
-def _pointwise_stats(blk: Block, pos: Positives, scale, bias, opts) -> dict:
-    return {"best": _max_neg(jax.lax.stop_gradient(scale * blk.dots + bias), blk)}
 
 
-def _pointwise_finish(st: dict, pos: Positives, scale, bias, opts, labels) -> Sums:
-    y = labels.astype(jnp.float32)
-    logit = scale * pos.dots + bias
-    per_row = y * _softplus(-logit) + (1 - y) * _softplus(logit)
-    return Sums(jnp.sum(per_row), jnp.float32(y.shape[0]),
-                *_hits(logit, st["best"].value, weight=y))
 
 
 def _stream(block_stats: Callable[[Columns], dict], cols: Columns, width: int) -> dict:
@@ -282,7 +219,7 @@ def _stream(block_stats: Callable[[Columns], dict], cols: Columns, width: int) -
     n = -(-c // width)
     pad = lambda x: jnp.pad(x, [(0, n * width - c)] + [(0, 0)] * (x.ndim - 1))
     index = jnp.arange(n * width)
-    padded = jax.tree.map(pad, cols)._replace(index=jnp.where(index < c, index, -1))
+    padded = jax.tree.map(pad, cols)._replace(position=jnp.where(index < c, index, -1))
     blocks = jax.tree.map(lambda x: x.reshape(n, width, *x.shape[1:]), padded)
     stats = jax.checkpoint(block_stats)
     first = stats(jax.tree.map(lambda x: x[0], blocks))
@@ -292,14 +229,6 @@ def _stream(block_stats: Callable[[Columns], dict], cols: Columns, width: int) -
 
 
 # Each loss's (stats, finish): a Block's per-row statistics and the merged ones' sums.
-CORES = {
-    "in_batch_softmax": (_softmax_stats, _softmax_finish),
-    "in_batch_sigmoid": (_sigmoid_stats, _sigmoid_finish),
-    "in_batch_triplet_hardest": (_triplet_hardest_stats, _triplet_hardest_finish),
-    "triplet_margin": (_triplet_margin_stats, _triplet_margin_finish),
-    "sdml": (_sdml_stats, _sdml_finish),
-    "pointwise_logistic": (_pointwise_stats, _pointwise_finish),
-}
 
 
 def _positives(rows, partner, log_q=None) -> Positives:
@@ -342,6 +271,6 @@ def device_body(loss, opts, column_block, q, d, scale, bias, extras):
     if opts.get("symmetric"):  # each local document against every query of the batch
         parts.append(sums(d, q, _gather(q), hits_t, None, None, None))
     total = lambda x: jax.lax.psum(x, DATA_AXIS)
-    loss_value = sum(total(p.loss_sum) / total(p.count) for p in parts) / len(parts)
+    loss_value = sum(total(p.loss_sum) / total(p.row_count) for p in parts) / len(parts)
     p_at_1 = total(parts[0].hits) / jnp.maximum(total(parts[0].hit_count), 1)
     return loss_value, {"in_batch_p@1": p_at_1}

@@ -4,7 +4,7 @@ bias, so evaluation and search treat them alike."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 

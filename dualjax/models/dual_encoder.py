@@ -182,7 +182,7 @@ def make_model(spec: ModelSpec, vocab_size: int,
                        num_tasks, bert)
 
 
-def _init_boxed(model: DualEncoder, rng: jax.Array, max_len: int) -> dict:
+def _init_boxed(model: nn.Module, rng: jax.Array, max_len: int) -> dict:
     """The params with their nn.LogicallyPartitioned boxes, from dummy inputs [1, max_len]."""
     ids = jnp.ones((1, max_len), jnp.int32)
     mask = jnp.ones((1, max_len), bool)
@@ -191,7 +191,7 @@ def _init_boxed(model: DualEncoder, rng: jax.Array, max_len: int) -> dict:
                       cats(model.doc_features))["params"]
 
 
-def init_params(model: DualEncoder, rng: jax.Array, max_len: int) -> dict:
+def init_params(model: nn.Module, rng: jax.Array, max_len: int) -> dict:
     """The params pytree for `model` (plain arrays, logical-axis boxes removed), from dummy
     inputs of length `max_len`."""
     return nn.meta.unbox(_init_boxed(model, rng, max_len))

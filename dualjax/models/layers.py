@@ -3,7 +3,8 @@ bert tower (bert.py): multi-head self-attention over padded texts, the MLP with 
 LayerNorm, and the logical axis names their weights carry (`_axes`)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax

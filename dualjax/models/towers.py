@@ -28,7 +28,8 @@ gives the names.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -97,7 +98,7 @@ def make_embedding(spec: ModelSpec, vocab_size: int, tower: str,
     return _table(vocab_size, embedding_dim(spec, tower), std, name)
 
 
-def _table(vocab_size: int, dim: int, std: float, name: str | None) -> "TokenTable":
+def _table(vocab_size: int, dim: int, std: float, name: str | None) -> TokenTable:
     return TokenTable(vocab_size, dim, name=name,
                       embedding_init=_axes(nn.initializers.normal(stddev=std), "vocab", "embed"))
 
@@ -305,6 +306,7 @@ class TransformerTower(nn.Module):
         cls = self.param("cls", _axes(init, "embed"), (self.width,))
         tokens = table(ids)
         if replace is not None:
+            assert replacement is not None, "replace comes with its replacement"
             tokens = jnp.where(replace[..., None], replacement.astype(tokens.dtype), tokens)
         x = tokens.astype(self.dtype) + pos[None, :length].astype(self.dtype)
         x = jnp.concatenate([jnp.broadcast_to(cls.astype(self.dtype), (batch, 1, self.width)),

@@ -12,7 +12,8 @@ the train state under "critic", so they are checkpointed and resumed with the re
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

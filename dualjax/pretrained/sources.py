@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from typing import Sequence
+from collections.abc import Sequence
 
 from dualjax.errors import PretrainedError  # noqa: F401 (raised here)
 from dualjax.runtime.files import atomic_write

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import cast
 
 import numpy as np
 
@@ -55,6 +56,7 @@ def make_index(kind: str, corpus: np.ndarray, eval_cfg: Settings, k: int,
     time to have the index ready (building or loading).
     """
     start = time.perf_counter()
+    idx: ExactIndex | ScannIndex | HnswIndex | None
     if kind == "exact":
         idx, built = ExactIndex(corpus, eval_cfg["query_chunk"], eval_cfg["corpus_chunk"]), True
     elif kind in ("scann", "hnsw"):
@@ -62,17 +64,18 @@ def make_index(kind: str, corpus: np.ndarray, eval_cfg: Settings, k: int,
                     if kind == "scann" else (HnswIndex, eval_cfg.get("hnsw") or
                                              default_hnsw_config()))
         corpus = np.ascontiguousarray(corpus, np.float32)
-        settings = (scann_settings if kind == "scann" else hnsw_settings)(*corpus.shape, k, cfg)
+        shape = cast("tuple[int, int]", corpus.shape)  # [n, dim]
+        settings = (scann_settings if kind == "scann" else hnsw_settings)(*shape, k, cfg)
         # Search-time knobs stay out of the fingerprint: changing them reuses the index.
         build = {key: v for key, v in settings.items() if key not in ("num_threads", "ef_search")}
         fingerprint = corpus_fingerprint(corpus, extra + json.dumps(build, sort_keys=True))
         idx = cls.load(directory, fingerprint, *corpus.shape) if directory else None
         built = idx is None
-        if built:
+        if idx is None:
             idx = cls.build(corpus, cfg, k)
             if directory:
                 idx.save(directory, fingerprint)
-        elif kind == "scann":
+        elif isinstance(idx, ScannIndex):  # kind == "scann"
             idx.set_num_threads(settings["num_threads"])
         else:
             idx.settings["ef_search"] = settings["ef_search"]

@@ -50,8 +50,8 @@ _MAX_THREADS = 4
 # `_top_k_block` thresholds on at least this many columns (fewer only if n is smaller).
 _SUBSAMPLE_MIN = 8192
 # pyserini's BEIR "flat" BM25: k1 0.9, b 0.4, Lucene's English analyzer (`analyze`).
-_OPTIONS = {"identity": {}, "tfidf": {"sublinear": False},
-            "bm25": {"k1": 0.9, "b": 0.4, "stemmer": "snowball"}}
+_OPTIONS: dict[str, dict] = {"identity": {}, "tfidf": {"sublinear": False},
+                             "bm25": {"k1": 0.9, "b": 0.4, "stemmer": "snowball"}}
 STEMMERS = ("snowball", "porter", "")  # `analyze`; "": no stopwords, no stemming
 # Lucene's English stopwords (EnglishAnalyzer.ENGLISH_STOP_WORDS_SET, as pyserini and
 # bm25s's "en" list use them).

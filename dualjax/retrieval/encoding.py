@@ -3,7 +3,7 @@ evaluation, pseudo-labelling and `search --workdir` encode a corpus and its quer
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
@@ -44,7 +44,7 @@ def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], side: Side, batch_si
                               None if fields is None else [fields[i] for i in rows], batch_size)
         return {k: v[me * share:(me + 1) * share] for k, v in x.items()}
 
-    def take(rows: np.ndarray, vectors: jax.Array) -> None:
+    def take(rows: np.ndarray, vectors: jax.Array | np.ndarray) -> None:
         if n_proc > 1:  # the other processes' rows too
             from jax.experimental import multihost_utils
             vectors = multihost_utils.process_allgather(vectors, tiled=True)

@@ -8,7 +8,7 @@ scores, never the full query x corpus matrix.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -123,11 +123,11 @@ class ExactIndex:
         reads them (`from_npy`: from a .npy file, never mapped whole into memory)."""
         self.corpus = corpus if isinstance(corpus, tuple) else np.asarray(corpus, np.float32)
         self.settings = {"query_chunk": int(query_chunk), "corpus_chunk": int(corpus_chunk)}
-        self._device = None
+        self._device: tuple[jax.Array, jax.Array] | None = None
 
     @classmethod
     def from_npy(cls, path: str, query_chunk: int = 256, corpus_chunk: int = 4096
-                 ) -> "ExactIndex":
+                 ) -> ExactIndex:
         """An index over the float32 [n, dim] array saved at `path`, read a block at a
         time when placed on the device (a memmap would leave every page it read in the
         process' resident memory beside the device's copy)."""
@@ -147,7 +147,7 @@ class ExactIndex:
             out = np.empty((stop - start, dim), np.float32)
             with open(path, "rb") as f:
                 f.seek(offset + start * dim * 4)
-                f.readinto(memoryview(out).cast("B"))
+                f.readinto(out.data.cast("B"))
             return out
         return cls((rows, n, dim), query_chunk, corpus_chunk)
 

@@ -4,7 +4,7 @@ saved and reloaded as ScaNN's is (`saved.py`)."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from absl import logging
@@ -64,11 +64,11 @@ class HnswIndex:
 
     @classmethod
     def build(cls, corpus: np.ndarray, hnsw_cfg: Settings, k: int
-              ) -> "HnswIndex":
+              ) -> HnswIndex:
         """Builds the graph over corpus [n, dim] (unit vectors: inner product = cosine)."""
         faiss = require_faiss()
         corpus = np.ascontiguousarray(corpus, np.float32)
-        s = hnsw_settings(*corpus.shape, k, hnsw_cfg)
+        s = hnsw_settings(*cast("tuple[int, int]", corpus.shape), k, hnsw_cfg)
         idx = faiss.IndexHNSWFlat(corpus.shape[1], s["M"], faiss.METRIC_INNER_PRODUCT)
         idx.hnsw.efConstruction = s["ef_construction"]
         idx.add(corpus)
@@ -111,7 +111,7 @@ class HnswIndex:
 
     @classmethod
     def load(cls, directory: str, fingerprint: str, n: int | None = None,
-             dim: int | None = None) -> "HnswIndex | None":
+             dim: int | None = None) -> HnswIndex | None:
         """The index saved in `directory`, or None, logging why, when there is none or it was
         saved under another fingerprint, n or dim (None: unchecked)."""
         meta = saved_meta(directory, "HNSW", {"kind": "hnsw", "n": n, "dim": dim,

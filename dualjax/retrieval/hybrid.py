@@ -11,7 +11,7 @@ Two fusions, both over each system's top-K list per query:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -26,7 +26,7 @@ def _top(fused: list[dict[int, float]], k: int, with_scores: bool):
     ids = np.full((len(fused), k), metrics.PAD_ID, np.int64)
     scores = np.full((len(fused), k), -np.inf)
     for q, score in enumerate(fused):
-        best = sorted(score, key=score.get, reverse=True)[:k]
+        best = sorted(score, key=score.__getitem__, reverse=True)[:k]
         ids[q, :len(best)] = best
         scores[q, :len(best)] = [score[doc] for doc in best]
     return (ids, scores) if with_scores else ids
@@ -59,7 +59,7 @@ def _normalised(ids: np.ndarray, scores: np.ndarray) -> dict[int, float]:
         return {}
     low, span = scores.min(), scores.max() - scores.min()
     scaled = (scores - low) / span if span > 0 else np.ones_like(scores)
-    return dict(zip(ids, scaled.tolist()))
+    return dict(zip(ids, scaled.tolist(), strict=True))
 
 
 def fuse_scores(dense: tuple[np.ndarray, np.ndarray], lexical: tuple[np.ndarray, np.ndarray],

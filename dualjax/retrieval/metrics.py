@@ -146,7 +146,7 @@ def _gains(ranked: np.ndarray, hits: np.ndarray, num_rel: np.ndarray,
     ranked = np.asarray(ranked)
     gain = np.zeros(hits.shape)
     ideal_rows = []
-    for q, (rel, g) in enumerate(zip(relevant, grades)):
+    for q, (rel, g) in enumerate(zip(relevant, grades, strict=True)):
         rows = np.flatnonzero(hits[q])
         gain[q, rows] = [float(g.get(int(d), 1.0)) for d in ranked[q, rows].tolist()]
         ideal_rows.append(sorted((float(g.get(int(d), 1.0)) for d in set(rel)), reverse=True))

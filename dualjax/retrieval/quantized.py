@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -84,6 +85,7 @@ class QuantizedIndex:
         if self._device is None:
             lo, step = (np.zeros(1, np.float32),) * 2 if self.lo is None else (self.lo, self.step)
             object.__setattr__(self, "_device", tuple(map(jax.device_put, (self.codes, lo, step))))
+        assert self._device is not None  # (placed above)
         if self.kind == "binary":  # its first pass holds [chunk, n, bytes]: at most ~128 MB
             query_chunk = max(1, min(query_chunk, 2 ** 27 // max(self.codes.size, 1)))
         own = np.full(nq, -1, np.int32) if exclude is None else np.asarray(exclude, np.int32)
@@ -103,8 +105,9 @@ class QuantizedIndex:
 
     def save(self, directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
-        arrays = {"codes": self.codes, "dim": np.int64(self.dim),
-                  "rescore": np.int64(self.rescore)}
+        # (Any: mypy would match np.ndarray values against savez's `allow_pickle: bool`)
+        arrays: dict[str, Any] = {"codes": self.codes, "dim": np.int64(self.dim),
+                                  "rescore": np.int64(self.rescore)}
         if self.kind == "int8":
             arrays.update(lo=self.lo, step=self.step)
         with open(os.path.join(directory, FILE), "wb") as f:

@@ -8,7 +8,8 @@ import hashlib
 import json
 import os
 import shutil
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 from absl import logging
@@ -21,7 +22,7 @@ def corpus_fingerprint(corpus: np.ndarray, extra: str = "") -> str:
     """sha256 hex digest of the corpus' shape, dtype and bytes, then `extra`."""
     corpus = np.ascontiguousarray(corpus)
     h = hashlib.sha256(f"{corpus.shape}|{corpus.dtype.str}|".encode())
-    h.update(memoryview(corpus).cast("B"))
+    h.update(corpus.data.cast("B"))
     h.update(extra.encode())
     return h.hexdigest()
 

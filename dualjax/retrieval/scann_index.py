@@ -8,7 +8,7 @@ import importlib.metadata
 import math
 import os
 import types
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from absl import logging
@@ -66,8 +66,8 @@ def scann_settings(n: int, dim: int, k: int, cfg: Settings) -> dict:
         raise ValueError(f"cannot build a ScaNN index over a corpus of shape ({n}, {dim})")
     mode = cfg["mode"] if cfg["mode"] != "auto" else (
         "brute_force" if n < 20_000 else "ah" if n < 100_000 else "tree_ah")
-    s = {"mode": mode,
-         "num_threads": int(cfg["num_threads"]) or len(os.sched_getaffinity(0))}
+    s: dict[str, Any] = {"mode": mode,
+                         "num_threads": int(cfg["num_threads"]) or len(os.sched_getaffinity(0))}
     if mode == "brute_force":
         return s
     if cfg["dims_per_block"] < 1:
@@ -126,11 +126,11 @@ class ScannIndex:
 
     @classmethod
     def build(cls, corpus: np.ndarray, scann_cfg: Settings, k: int
-              ) -> "ScannIndex":
+              ) -> ScannIndex:
         """Trains a searcher over corpus [n, dim] (unit vectors: dot product = cosine)."""
         scann_ops_pybind = require_scann().scann_ops_pybind
         corpus = np.ascontiguousarray(corpus, np.float32)
-        s = scann_settings(*corpus.shape, k, scann_cfg)
+        s = scann_settings(*cast("tuple[int, int]", corpus.shape), k, scann_cfg)
         b = scann_ops_pybind.builder(corpus, k, "dot_product").set_n_training_threads(
             s["num_threads"])
         if s["mode"] == "tree_ah":
@@ -193,7 +193,7 @@ class ScannIndex:
 
     @classmethod
     def load(cls, directory: str, fingerprint: str, n: int | None = None,
-             dim: int | None = None) -> "ScannIndex | None":
+             dim: int | None = None) -> ScannIndex | None:
         """The searcher saved in `directory`, or None, logging why, when there is none or it
         was saved under another fingerprint, n or dim (None: unchecked) or scann version."""
         meta = saved_meta(directory, "ScaNN", {

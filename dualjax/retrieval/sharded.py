@@ -9,7 +9,8 @@ offsets[s] + r) and the k best of the shards' k best are the k best overall, as 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -52,7 +53,7 @@ class ShardedSearcher:
     @property
     def settings(self) -> dict:
         """The first non-empty shard's knobs (every shard is built with the same ones)."""
-        return next(dict(s.settings) for s, n in zip(self.shards, self.sizes) if n)
+        return next(dict(s.settings) for s, n in zip(self.shards, self.sizes, strict=True) if n)
 
     def search(self, queries: np.ndarray, k: int, exclude: np.ndarray | None = None,
                **knobs) -> tuple[np.ndarray, np.ndarray]:
@@ -60,7 +61,7 @@ class ShardedSearcher:
         -inf / -1 padded; exclude [nq]: a global row each query must not retrieve (-1:
         none); knobs (leaves_to_search, ef_search, ...) go to every shard's search."""
         scores, ids = [], []
-        for shard, size, offset in zip(self.shards, self.sizes, self.offsets):
+        for shard, size, offset in zip(self.shards, self.sizes, self.offsets, strict=True):
             if not size:
                 continue
             local = None

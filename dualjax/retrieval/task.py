@@ -19,9 +19,10 @@ class RetrievalTask:
     # int [num_queries]: the query's own index in the corpus, or -1, so that
     # search can exclude it (a query never retrieves itself).
     query_corpus_index: np.ndarray
-    # Categorical fields per candidate / per query ({name: value}), when the data has any.
-    corpus_fields: list[dict] | None = None
-    query_fields: list[dict] | None = None
+    # Categorical fields per candidate / per query ({name: value}, None: a record without
+    # any), when the data has any.
+    corpus_fields: list[dict | None] | None = None
+    query_fields: list[dict | None] | None = None
     # Per query, {relevant corpus index: its judgement's grade} where the data grades
     # them (BEIR qrels): nDCG's gains. None: every relevant item has grade 1.
     grades: list[dict[int, int]] | None = None

@@ -33,6 +33,7 @@ def start(bind_address: str, num_processes: int, linger: float) -> subprocess.Po
          str(num_processes), str(os.getpid()), str(linger)],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         start_new_session=True, text=True)
+    assert child.stdout is not None  # stdout=PIPE
     said = child.stdout.readline().strip()
     child.stdout.close()
     if said != "ready":

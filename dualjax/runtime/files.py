@@ -17,7 +17,8 @@ import re
 import shutil
 import socket
 import time
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from absl import logging
 
@@ -171,7 +172,7 @@ def staged_output(out: str) -> Iterator[Callable[[], str]]:
         shutil.rmtree(tmp, ignore_errors=True)
         lock.release()
     # (a process of several, ended while blocked in a collective: runtime/peers.py)
-    forget = peers.active().on_stop(remove) if peers.active() is not None else lambda: None
+    forget = watcher.on_stop(remove) if (watcher := peers.active()) is not None else lambda: None
     try:
         _remove_dead_writers(out)
 

@@ -28,7 +28,7 @@ def keep_freed_memory() -> bool:
     if os.environ.get("DUALJAX_MALLOC", "") == "default":
         return False
     try:
-        if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
+        if not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
             return False
         mallopt = ctypes.CDLL(None).mallopt
     except (ValueError, OSError, AttributeError):

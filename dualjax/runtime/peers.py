@@ -34,7 +34,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from dualjax.errors import PeerStopped
 
@@ -121,7 +121,7 @@ class Peers:
             signal.set_wakeup_fd(-1)
         _active = None
 
-    def on_stop(self, cleanup: Callable[[], None]) -> Callable[[], None]:
+    def on_stop(self, cleanup: Callable[[], None]) -> Callable[[], object]:
         """Registers `cleanup` (removing what this process was writing) to run when the
         process is ended from here; returns the function that unregisters it."""
         key = id(cleanup)
@@ -198,8 +198,10 @@ class Peers:
                 return
             self.reason, self.code = f"{why}; this process stops too", code
         self._stopped.set()
+        main = threading.main_thread().ident
+        assert main is not None  # (the main thread has always started)
         try:  # the main thread raises PeerStopped where it is and cleans up
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+            signal.pthread_kill(main, signal.SIGUSR1)
         except (OSError, ValueError):
             pass
         threading.Timer(GRACE, self.exit).start()

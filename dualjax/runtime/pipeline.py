@@ -19,7 +19,8 @@ import dataclasses
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import jax
 
@@ -91,8 +92,9 @@ def overlapped(jobs: Iterable[J], prepare: Callable[[J], P], run: Callable[[J, P
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="prepare") as pool:
         def fill() -> None:
             while len(ready) < ahead:
-                job = next(jobs, _END)
-                if job is _END:
+                try:
+                    job = next(jobs)
+                except StopIteration:
                     return
                 ready.append((job, pool.submit(timed_prepare, job)))
         try:

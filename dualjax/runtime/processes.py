@@ -6,7 +6,8 @@ which collectives run next is process 0's (`agree`), so no process waits on the 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 

@@ -40,7 +40,7 @@ class Progress:
     def close(self) -> None:
         self.bar.close()
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -121,12 +121,12 @@ def param_spec(shape: tuple[int, ...], mesh: jax.sharding.Mesh, strategy: str,
     """A train-state array's PartitionSpec: `model` on `model_dim`, and with "fsdp",
     `data` on the dimension `fsdp_spec` picks among the others."""
     axis = model_dim(shape, mesh.shape.get(MODEL_AXIS, 1), names, where)
-    spec = [None] * len(shape)
+    spec: list[str | None] = [None] * len(shape)
     if axis is not None:
         spec[axis] = MODEL_AXIS
     if strategy == "fsdp":
         fsdp = fsdp_spec(shape, data_size(mesh), names, () if axis is None else (axis,))
-        spec = [a or b for a, b in zip(spec, tuple(fsdp) + (None,) * len(shape))]
+        spec = [a or b for a, b in zip(spec, tuple(fsdp) + (None,) * len(shape), strict=False)]
     return P(*spec) if any(spec) else P()
 
 

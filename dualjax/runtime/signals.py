@@ -19,7 +19,7 @@ class Signals:
     saying what `stage` was interrupted. Handlers can only be set from the main thread;
     from another thread the run simply has none."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.received: str | None = None
         self.deferring = False
         self.stage = "before training; nothing was saved"
@@ -29,8 +29,8 @@ class Signals:
         if threading.current_thread() is threading.main_thread():
             self._previous = {sig: signal.signal(sig, self._handle)
                               for sig in (signal.SIGTERM, signal.SIGINT)}
-        if peers.active() is not None:  # the others learn of a signal not deferred
-            peers.active().deferring = lambda: self.deferring
+        if (watcher := peers.active()) is not None:  # the others learn of a signal not deferred
+            watcher.deferring = lambda: self.deferring
         return self
 
     def __exit__(self, *exc) -> None:
@@ -42,8 +42,8 @@ class Signals:
             raise PeerStopped(peers.stopping())
         name = signal.Signals(signum).name
         if not self.deferring:
-            if peers.active() is not None:  # the others stop with this process
-                peers.active().announce(name)
+            if (watcher := peers.active()) is not None:  # the others stop with this process
+                watcher.announce(name)
             error = Preempted(f"{name}: stopped {self.stage}; run the same command again "
                               "to resume")
             error.signum = signum  # (raised again if a finalizer swallows it: cli.py)

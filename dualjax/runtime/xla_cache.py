@@ -20,7 +20,9 @@ def enable() -> str | None:
     """Points jax at the cache folder (made if need be); returns it, or None when off
     or when jax already has one."""
     import jax
-    if jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    # (jax's Config makes its options attributes at run time, unknown to its type hints)
+    configured = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
+    if configured or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return None
     where = os.environ.get("DUALJAX_COMPILATION_CACHE", DEFAULT)
     if where.lower() in ("off", "0", "false", ""):

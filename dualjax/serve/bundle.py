@@ -21,7 +21,8 @@ import copy
 import hashlib
 import json
 import os
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -93,14 +94,15 @@ class Encoder:
         prompts = self.meta.get("prompts", {})  # a bundle from before prompts: none
         self.sides = {side: sides.Side(tokenizer, self.meta["max_len"][side], f,
                                        prompts.get(side, ""))
-                      for side, f in zip(SIDES, fields)}
+                      for side, f in zip(SIDES, fields, strict=True)}
         # The digests match, so a file that cannot be read was written by another version.
         path = os.path.join(directory, "params.msgpack")
         with open(path, "rb") as f:
             self.params = jax.device_put(_readable(path, serialization.msgpack_restore,
                                                    f.read()))
         self._dim = self._checked_dim(dim)
-        self._device_params = {}  # device -> the params there (`_params_on`; shared by at_dim)
+        # device -> the params there (`_params_on`; shared by at_dim)
+        self._device_params: dict[jax.Device | None, Any] = {}
         self.timings = Timings()  # where the encoding time went, over every call so far
         self._fns = {}
         for side in SIDES:

@@ -25,7 +25,7 @@ import json
 import os
 import re
 import shutil
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -67,7 +67,7 @@ class ShardWriter:
     def add(self, ids: Sequence[str], texts: Sequence[str], vectors: np.ndarray) -> None:
         """Appends documents (ids, texts) and their vectors [len(ids), dim], in index order."""
         lines = [(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n").encode()
-                 for i, t in zip(ids, texts)]
+                 for i, t in zip(ids, texts, strict=True)]
         self._lines.writelines(lines)
         ends = np.cumsum([len(line) for line in lines], dtype=np.int64)
         self._offsets.append(self._offsets[-1][-1] + ends)
@@ -126,6 +126,7 @@ def write_manifest(directory: str, meta: dict, shards: int) -> dict:
     """index.json over the `shards` shard folders in `directory`, written last: `meta`
     (encoder_id, kind, k, run, ...) with each shard's count and the digest of every file.
     ValueError naming a shard that is missing or another build's."""
+    settings: dict
     files, counts, settings = {}, [], {}
     for s in range(shards):
         name = shard_name(s, shards)
@@ -240,7 +241,7 @@ class Column(Sequence[str]):
         return self.shards[s][i - int(self.starts[s])][self.key]
 
     def __iter__(self) -> Iterator[str]:
-        for shard, n in zip(self.shards, np.diff(self.starts)):
+        for shard, n in zip(self.shards, np.diff(self.starts), strict=True):
             for row in range(int(n)):
                 yield shard[row][self.key]
 
@@ -268,7 +269,7 @@ class CorpusIndex:
         # Its parts as they were written, before anything is answered or rebuilt.
         verify_digests(directory, self.meta["files"], "index")
         self.folders = [os.path.join(directory, name) for name in names]
-        lines = [_Lines(folder, n) for folder, n in zip(self.folders, counts)]
+        lines = [_Lines(folder, n) for folder, n in zip(self.folders, counts, strict=True)]
         self.ids, self.texts = Column(lines, counts, "id"), Column(lines, counts, "text")
         self._searcher = None
 
@@ -277,7 +278,8 @@ class CorpusIndex:
         """The searcher over every shard (the shard's own when there is one), loaded on
         first use: the saved vectors, never the texts again."""
         if self._searcher is None:
-            parts = [self._shard_searcher(f, n) for f, n in zip(self.folders, self.meta["shards"])]
+            parts = [self._shard_searcher(f, n)
+                     for f, n in zip(self.folders, self.meta["shards"], strict=True)]
             self._searcher = parts[0] if len(parts) == 1 else ShardedSearcher(
                 parts, self.meta["shards"])
         return self._searcher

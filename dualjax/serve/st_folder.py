@@ -57,7 +57,7 @@ def refusal(spec: ModelSpec, inputs: Inputs, bert: BertConfig | None) -> str | N
         if getattr(inputs, side).features:
             return (f"{names}: the {side} tower reads categorical fields, and "
                     "sentence-transformers modules read text alone")
-    for side, kind in zip(SIDES, (spec.query_tower, spec.doc_tower)):
+    for side, kind in zip(SIDES, (spec.query_tower, spec.doc_tower), strict=True):
         tok = getattr(inputs, side).tokenizer
         if kind not in _MODULES:
             return (f"the {side} tower is model.tower={kind!r}: only BERT-family towers "
@@ -82,7 +82,7 @@ def write(directory: str, spec: ModelSpec, inputs: Inputs, params: dict[str, Any
     """Writes the folder's files into `directory` (an empty folder; the caller renames it
     into place) and returns their paths, relative to it. `refusal` must be None."""
     towers = _towers(spec, params)
-    kinds = dict(zip(SIDES, (spec.query_tower, spec.doc_tower)))
+    kinds = dict(zip(SIDES, (spec.query_tower, spec.doc_tower), strict=True))
     lengths = {side: getattr(inputs, side).max_len for side in SIDES}
     tokenizers = {side: getattr(inputs, side).tokenizer for side in SIDES}
     written: list[str] = []
@@ -103,6 +103,7 @@ def write(directory: str, spec: ModelSpec, inputs: Inputs, params: dict[str, Any
         folder = names[0] if prefix else ""
         tok, length = tokenizers[side], lengths[side]
         if kinds[side] == "bert":
+            assert bert is not None  # `refusal` refuses a BERT tower without it
             _transformer(put, folder, towers[side], bert, tok, length)
             put(f"{names[1]}/config.json", _json(_pooling_config(bert)))
         else:
@@ -112,7 +113,7 @@ def write(directory: str, spec: ModelSpec, inputs: Inputs, params: dict[str, Any
     if single:
         modules = [_module(i, name if i else "", kind)
                    for i, (name, kind) in enumerate(zip(structure["query"],
-                                                        _MODULES[kinds["query"]]))]
+                                                        _MODULES[kinds["query"]], strict=True))]
     else:
         modules = [_module(0, "", "Router")]
         put("router_config.json", _json(_router_config(structure, kinds)))
@@ -131,7 +132,7 @@ def _towers(spec: ModelSpec, params: dict[str, Any]) -> dict[str, dict]:
     if spec.shared_towers:
         return {side: params["tower"] for side in SIDES}
     return {side: {**params[name], **shared}
-            for side, name in zip(SIDES, ("query_tower", "doc_tower"))}
+            for side, name in zip(SIDES, ("query_tower", "doc_tower"), strict=True)}
 
 
 def _transformer(put, folder: str, params: dict, bert: BertConfig, tok: HFTokenizer,
@@ -202,7 +203,7 @@ def _pooling_config(bert: BertConfig) -> dict:
 
 def _router_config(structure: dict[str, list[str]], kinds: dict[str, str]) -> dict:
     return {"types": {name: _TYPES[kind] for side in SIDES
-                      for name, kind in zip(structure[side], _MODULES[kinds[side]])},
+                      for name, kind in zip(structure[side], _MODULES[kinds[side]], strict=True)},
             "structure": structure,
             "parameters": {"default_route": "document", "allow_empty_key": True}}
 

@@ -18,7 +18,7 @@ import functools
 import json
 import re
 import zlib
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -126,7 +126,7 @@ class SideFeatures:
                  "num_buckets": f.num_buckets} for f in self.fields]
 
     @classmethod
-    def from_json(cls, data: list) -> "SideFeatures":
+    def from_json(cls, data: list) -> SideFeatures:
         return cls(tuple(Field(d["name"], int(d["dim"]), tuple(d["vocab"]), int(d["num_buckets"]))
                          for d in data))
 
@@ -135,7 +135,7 @@ def build_side(spec: Sequence[tuple[str, int]], records: Iterable[Fields], vocab
                num_buckets: int) -> SideFeatures:
     """Per field of `spec`, its `vocab_size` most frequent values in `records` (ties: the
     value first seen wins) as the vocabulary, plus `num_buckets` hashed buckets."""
-    counts = {name: collections.Counter() for name, _ in spec}
+    counts: dict[str, collections.Counter[str]] = {name: collections.Counter() for name, _ in spec}
     for r in records:
         for name, _ in spec:
             key = value_key((r or {}).get(name))

@@ -17,7 +17,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -10,7 +10,7 @@ padding never changes a vector.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from absl import logging

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import os
 import re
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 import numpy as np
 
@@ -53,6 +54,14 @@ class Tokenizer(Protocol):
     def save(self, path: str | os.PathLike) -> None: ...
 
 
+class _ContentTokenizer(Protocol):
+    """What `gives_tokens` reads of a tokenizer with `content_ids` (hf.HFTokenizer)."""
+
+    drop_unknown: bool
+
+    def content_ids(self, text: str) -> list[int]: ...
+
+
 # ----------------------------------------------------------------------------- tokens
 def _trigrams(normalised: str) -> list[str]:
     if len(normalised) < 3:
@@ -74,7 +83,7 @@ def char_trigrams(text: str, form: str = "unicode") -> list[str]:
 
 
 def _bigram_tokens(ws: list[str]) -> list[str]:
-    return ws + [f"{a} {b}" for a, b in zip(ws, ws[1:])]
+    return ws + [f"{a} {b}" for a, b in itertools.pairwise(ws)]
 
 
 def word_bigrams(text: str, form: str = "unicode") -> list[str]:
@@ -230,6 +239,8 @@ def _build_trigram(texts: Iterable[str], o: BuildOptions) -> CharTrigramTokenize
 
 
 def _build_word_trigram(texts: Iterable[str], o: BuildOptions) -> WordTrigramTokenizer:
+    word_counts: collections.Counter[str]
+    trigram_counts: collections.Counter[str]
     word_counts, trigram_counts = collections.Counter(), collections.Counter()
     for t in texts:
         s = normalize(t)
@@ -321,9 +332,10 @@ def gives_tokens(tokenizer: Tokenizer, text: str) -> bool:
     # sentencepiece model and at worst an hf tokenizer's unknown token: most texts are
     # answered here, not tokenised twice (0.1 s for 196k Wikipedia paragraphs, not 13 s).
     hf = hasattr(tokenizer, "content_ids")  # hf: [CLS] and [SEP] are always there
-    if _ASCII_ALNUM.search(text) and not (hf and tokenizer.drop_unknown):
+    content = cast(_ContentTokenizer, tokenizer)  # read only where `hf`
+    if _ASCII_ALNUM.search(text) and not (hf and content.drop_unknown):
         return True
-    return bool(tokenizer.content_ids(text) if hf else tokenizer.token_ids(text))
+    return bool(content.content_ids(text) if hf else tokenizer.token_ids(text))
 
 
 def without_tokens(tokenizer: Tokenizer, texts: Sequence[str]) -> list[int]:

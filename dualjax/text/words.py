@@ -104,6 +104,7 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     needed]"), is joined to the sentence before it.
     """
     import sentencex  # here: only sentence-level readers need it
+    spans: list[tuple[int, int]]
     spans, pos = [], 0
     for segment in sentencex.segment("en", text):
         start = pos + len(segment) - len(segment.lstrip())

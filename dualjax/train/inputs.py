@@ -6,7 +6,7 @@ pairs (`train._prepare_input`); a trained workdir reads them back (`trained.py`)
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from absl import logging
 
@@ -26,6 +26,7 @@ def load_tokenizer(config, workdir: str, texts: Callable[[], Iterable[str]],
     if os.path.exists(path):
         return tokenizers.load_tokenizer(path)
     m = config.model
+    tok: tokenizers.Tokenizer
     if m.tokenizer == "hf":
         tok = start.tokenizer() if start else pretrained.read_tokenizer(m.tokenizer_path)
     else:
@@ -46,7 +47,8 @@ def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
     document fields) per training pair) and saved there."""
     tokenizer = load_tokenizer(config, workdir, texts, start)
     specs = specs_lib.feature_specs(config.model)
-    side_fields = (features.SideFeatures(), features.SideFeatures())
+    side_fields: tuple[features.SideFeatures, ...] = (features.SideFeatures(),
+                                                      features.SideFeatures())
     if any(specs):
         path = os.path.join(workdir, "features.json")
         if os.path.exists(path):
@@ -55,7 +57,7 @@ def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
             records = list(fields())
             m = config.model
             built = []
-            for i, (name, spec) in enumerate(zip(("query", "document"), specs)):
+            for i, (name, spec) in enumerate(zip(("query", "document"), specs, strict=True)):
                 values = [r[i] for r in records]  # this side's fields of every pair
                 side = features.build_side(spec, values, m.feature_vocab_size, m.feature_buckets)
                 if side:

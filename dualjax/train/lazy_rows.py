@@ -32,7 +32,8 @@ Row lists are CHUNK-aligned, so that a run compiles its step for a few lengths o
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax

@@ -18,7 +18,8 @@ import itertools
 import math
 import os
 import time
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import jax
 import ml_collections
@@ -30,7 +31,7 @@ from tqdm.auto import tqdm
 from dualjax import models, objectives, pretrained
 from dualjax.config import specs
 from dualjax.config import validation as config_lib
-from dualjax.errors import Preempted  # noqa: F401 (train.Preempted)
+from dualjax.errors import ConfigError, Preempted, PretrainedError
 from dualjax.eval import evaluators as evaluators_lib
 from dualjax.eval import scoring
 from dualjax.eval.metrics_log import MetricsLog
@@ -70,7 +71,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     try:
         mesh = sharding.make_mesh(config.mesh.num_devices, config.mesh.get("model_axis", 1))
     except ValueError as e:
-        raise config_lib.ConfigError(f"config.{e}") from None
+        raise ConfigError(f"config.{e}") from None
     config_lib.validate(config, sharding.data_size(mesh), workdir)
     malloc.for_tower(config.model.tower)  # before the state is allocated
     with (workdir_lib.guard(workdir, config, tasks_lib.data_files(config)) as rebuilt,
@@ -94,7 +95,7 @@ class Run:
     origin: pretrained.Pretrained | None     # model.pretrained's start
     init_state: Callable[[int], step_lib.State]
     state_sharding: Any
-    train_step: Callable[[step_lib.State, dict], tuple[step_lib.State, dict]]
+    train_step: step_lib.TrainStep
     encoders: tuple[Callable, Callable]      # (params, inputs) -> unit vectors, per side
     state: step_lib.State
     data_iters: list = dataclasses.field(default_factory=list)  # one per task
@@ -115,15 +116,17 @@ class Run:
 
     def towers_of(self, systems: dict[str, Any]) -> evaluators_lib.Systems:
         """name -> params  to  name -> (encode_queries, encode_documents) with those params."""
-        return {name: tuple(functools.partial(f, p) for f in self.encoders)
+        queries, documents = self.encoders
+        return {name: (functools.partial(queries, p), functools.partial(documents, p))
                 for name, p in systems.items()}
 
     def save(self, step: int) -> None:
         """A checkpoint of the state and the iterators' positions (one task: its own, as
         single-task checkpoints hold)."""
         positions = [it.get_state() for it in self.data_iters]
+        assert self.ckpt is not None, "_restore opens the checkpointer"
         self.ckpt.save(step, self.state, positions[0] if len(self.tasks) == 1 else
-                       {t.name: p for t, p in zip(self.tasks, positions)})
+                       {t.name: p for t, p in zip(self.tasks, positions, strict=True)})
         self.last_saved = step
 
 
@@ -146,16 +149,16 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
         if processes.agree(done is not None):
             print(f"{workdir} finished at step {start}; its results are in metrics.jsonl and "
                   "report.md. To evaluate it again: --config.eval.rerun=True")
-            return done
+            return done or {}  # (process 0's rows; another process may not read them)
     # Evaluators (evaluators.py): each task's retrieval evaluation, then the typo sweep.
     # They get encode functions; what their val rows decide (eval.select_by) is decided here.
     evaluators = evaluators_lib.make(specs.eval_spec(config), tasks, run.splits, run.inputs, mesh,
                                      workdir, log, main=processes.is_main())
     selection.choose(evaluators)
-    if processes.agree(
+    if processes.agree(bool(
             selection.active and start and start < config.num_train_steps
             and config.eval_every_steps and start % config.eval_every_steps == 0
-            and not any(r["step"] == start and r["split"] == "val" for r in log.read())):
+            and not any(r["step"] == start and r["split"] == "val" for r in log.read()))):
         _validate(run, evaluators, selection, start)  # killed during the evaluation at its
         # checkpoint: it decides what's best
     _train_loop(run, evaluators, selection, hooks)
@@ -241,7 +244,7 @@ def _build(config, workdir, mesh, log, signals, tasks, splits, inputs, origin) -
             jax.eval_shape(init_state, config.seed), mesh, config.mesh.param_sharding,
             models.logical_axes(model, specs.max_lens(config.model)))
     except ValueError as e:
-        raise config_lib.ConfigError(f"config.{e}") from None
+        raise ConfigError(f"config.{e}") from None
     state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(config.seed)
     table_updates = config.optimizer.get("table_updates", "dense")
     train_step = step_lib.make_train_step(
@@ -250,6 +253,7 @@ def _build(config, workdir, mesh, log, signals, tasks, splits, inputs, origin) -
     run = Run(config, workdir, mesh, log, signals, list(tasks), splits, inputs, origin,
               init_state, state_sharding, train_step, models.make_encoders(model), state)
     if table_updates == "lazy" and jax.process_count() == 1:  # else the step finds the rows
+        assert objective.tables is not None, "validated: lazy updates need token tables"
         run.host_rows = tables.BatchRows(objective.tables(state["params"]), state["params"])
     return run
 
@@ -279,7 +283,7 @@ def _restore(run: Run) -> None:
     last = run.last_saved = run.ckpt.latest_step()
     if last is not None:
         run.state, saved_data = run.ckpt.restore(last, checkpoints.abstract_like(run.state))
-        for t, it in zip(run.tasks, run.data_iters):
+        for t, it in zip(run.tasks, run.data_iters, strict=True):
             it.set_state(saved_data if len(run.tasks) == 1 else saved_data[t.name])
         logging.info("Resumed from %s at step %d", os.path.join(run.workdir, "checkpoints"),
                      last)
@@ -359,7 +363,8 @@ def _train_loop(run: Run, evaluators, selection: Selection, hooks: Sequence[Hook
     finally:  # also on errors: the saves already started finish before we leave
         signals.deferring = False
         rows.close()
-        run.ckpt.close()
+        if run.ckpt is not None:
+            run.ckpt.close()
 
 
 def _evaluate_during_training(run: Run, evaluators, selection: Selection, rows, step: int
@@ -375,6 +380,7 @@ def _evaluate_during_training(run: Run, evaluators, selection: Selection, rows, 
     signals.deferring = True
     if not selection.stopped_early(step):
         return False
+    assert selection.best is not None  # it stopped early
     logging.info("eval.early_stopping: val %s has not improved on step %d for %d "
                  "evaluations; training stops at step %d", selection.metric,
                  selection.best.step, run.config.eval.early_stopping, step)
@@ -394,7 +400,8 @@ class _TrainRows:
     finite, with the throughput since the last row), and the progress bar."""
 
     def __init__(self, run: Run, start: int):
-        self.run, self.pending = run, []
+        self.run = run
+        self.pending: list[tuple[int, dict]] = []
         self.since = (start, time.perf_counter())  # steps and time since the last row
         self.ahead = 1  # steps the host may queue; measured again at each train row
         self.bar = tqdm(total=run.config.num_train_steps, initial=start, desc="train",
@@ -451,7 +458,7 @@ def _final_evaluation(run: Run, evaluators, selection: Selection) -> dict[str, d
         name = "start" if config.init_from or run.origin else "untrained"
         try:
             systems[name] = run.first_params()
-        except pretrained.PretrainedError as e:  # resumed without the start's folder
+        except PretrainedError as e:  # resumed without the start's folder
             logging.warning("the final evaluation has no %r row: %s", name, e)
     row_fields: dict[str, dict] = {}  # {"<system>_best": {"selected_step": its step}}
     out = {}
@@ -475,7 +482,7 @@ def _final_evaluation(run: Run, evaluators, selection: Selection) -> dict[str, d
     return out
 
 
-def labelled(task: tasks_lib.Task, rows: Iterable[dict]) -> dict[str, dict]:
+def labelled(task: evaluators_lib.Task, rows: Iterable[dict]) -> dict[str, dict]:
     """{"[task: ]system [index]": row}, as `train_and_evaluate` returns a task's rows."""
     return {(f"{task.name}: " if task.name else "") + scoring.row_label(r): r for r in rows}
 

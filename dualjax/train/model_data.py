@@ -6,7 +6,7 @@ made once and kept in the workdir, so a resumed run reads it back and loads no m
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import ml_collections
@@ -37,15 +37,16 @@ def prepare(config: ml_collections.ConfigDict, tasks: Sequence[Task], workdir: s
             spec = teacher.TeacherSpec.from_config(config.distill)
             t.distill_records = teacher.load_or_make(
                 workdir, t.collection, config.seed, words, spec,
-                lambda: teacher.encoders(config, spec, mesh), main=processes.is_main(),
+                functools.partial(teacher.encoders, config, spec, mesh), main=processes.is_main(),
                 name=t.name, bm25=bm25)
 
 
 def _start_encoders(config, inputs: sides.Inputs, mesh, encoders: tuple[Callable, Callable],
-                    first_params: Callable[[], dict]):
+                    first_params: Callable[[], dict]
+                    ) -> tuple[weak_labels.Encode, weak_labels.Encode]:
     """(encode queries, encode documents) with the towers the run starts from, read once
     and only when the first text is encoded (not at all when the pairs are saved)."""
-    params = []
+    params: list[dict] = []
 
     def encode(side: int, texts: list[str]) -> np.ndarray:
         if not params:

@@ -8,7 +8,8 @@ step's params on disk so that a resumed run knows them too.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import ml_collections
 from absl import logging
@@ -47,6 +48,7 @@ class Selection:
         """The selecting task's val rows of `step` (with the params they scored)."""
         value = next(r[self.metric] for r in rows
                      if r["system"] == self.system and r["index"] == "exact")
+        assert self.best is not None, "offer() is called only when active"
         if self.best.offer(step, value, params):
             logging.info("eval.select_by: step %d is the best so far (val %s %.4f)", step,
                          self.metric, value)

@@ -9,7 +9,8 @@ bench_scale.py) time the same step alone.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -88,7 +89,7 @@ def make_train_step(objective: objectives.Objective, tx, schedule, state_shardin
                 state["frequency"], batch["doc_ids"], state["step"] + 1, log_q_alpha)
             extras["log_q_pos"] = frequency.log_q(new_state["frequency"], batch["doc_ids"])
 
-        critic_metrics = {}
+        critic_metrics: dict[str, jnp.ndarray] = {}
         if objective.critic is not None:  # the second player moves first, on this batch
             rng, critic_rng = jax.random.split(rng)
             new_state["critic"], critic_metrics = objectives.update_critic(
@@ -96,6 +97,7 @@ def make_train_step(objective: objectives.Objective, tx, schedule, state_shardin
             extras["critic"] = new_state["critic"]["params"]
 
         if table_updates == "lazy":
+            assert objective.tables is not None, "validated: lazy updates need token tables"
             (loss, aux), grads, index = tables.value_and_grad(
                 objective.loss, state["params"], batch, rng, extras,
                 objective.tables(state["params"]))
@@ -128,7 +130,7 @@ class TrainStep:
     over every param (over the token tables and their gradient: a tenth of a bag-of-words
     step at 50,000 rows, a fifth with lazy updates at 500,000), and only the steps that
     write a train row need them."""
-    jitted: Callable
+    jitted: jax.stages.Wrapped
 
     def __call__(self, state: State, batch: dict, norms: bool = True) -> tuple[State, dict]:
         return self.jitted(state, batch, np.bool_(norms))

@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import itertools
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 import ml_collections
 import numpy as np
@@ -72,9 +72,8 @@ class Task:
     def splits(self) -> tuple[str, ...]:
         """Its evaluation splits ("val", "test"); none for a pre-training collection
         without judgements."""
-        if self.eval_data is None:
-            return ()
-        return builders.eval_splits(self.eval_spec, self.tfds_dir)
+        spec = self.eval_spec
+        return () if spec is None else builders.eval_splits(spec, self.tfds_dir)
 
     @functools.cached_property
     def train_source(self):
@@ -148,7 +147,10 @@ class Task:
     def eval_task(self, split: str) -> RetrievalTask:
         """The retrieval task of a split, read once."""
         if split not in self._eval:
-            self._eval[split] = builders.eval_task(self.eval_spec, self.tfds_dir, split)
+            spec = self.eval_spec
+            if spec is None:
+                raise ValueError(f"{self.name or self.data.name}: no evaluation data")
+            self._eval[split] = builders.eval_task(spec, self.tfds_dir, split)
         return self._eval[split]
 
     def fields(self) -> dict[str, str]:

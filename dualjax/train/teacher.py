@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import ml_collections
@@ -87,7 +87,7 @@ def mine(queries: list[str], documents: list[str], encode_queries: Encode,
                                              encode_documents, spec.weight, depth, bm25, own)
     rng = np.random.default_rng([seed, 11])
     records, skipped = [], 0
-    for q, row, fused in zip(queries, ids, scores):
+    for q, row, fused in zip(queries, ids, scores, strict=True):
         keep = row >= 0
         row, fused = row[keep], fused[keep]
         if not len(row):
@@ -190,7 +190,7 @@ def encoders(config: ml_collections.ConfigDict, spec: TeacherSpec, mesh: jax.sha
     fns = models.make_encoders(model)
     prompts = specs.prompts(model_config, start.prompts)
 
-    for side, prompt in zip(("query", "document"), prompts):
+    for side, prompt in zip(("query", "document"), prompts, strict=True):
         try:
             sides.check_prompt(tokenizer, prompt, max_len, f"the {side} prompt of "
                                f"distill.teacher={spec.teacher!r}")

@@ -26,7 +26,7 @@ import ml_collections
 from absl import logging
 
 from dualjax import pretrained
-from dualjax.config.validation import ConfigError
+from dualjax.errors import ConfigError
 from dualjax.models.dual_encoder import SIMILARITY_PARAMS, token_tables
 from dualjax.objectives import PRETRAINING_HEADS
 from dualjax.train import checkpoints
@@ -63,6 +63,7 @@ def copy_vocabularies(init_from: str, workdir: str,
                           "workdir that has trained?")
     saved = _saved_model(init_from)
     for key in VOCABULARY_SETTINGS if model is not None else ():
+        assert model is not None
         if key in saved and key in model and saved[key] != model[key]:
             raise ConfigError(f"config.init_from={init_from!r} built its vocabulary with "
                               f"model.{key}={saved[key]!r}, this run asks for {model[key]!r}: "

@@ -18,7 +18,7 @@ WORKDIR/pseudo_pairs.jsonl, so a resumed run trains on the same pairs.
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from absl import logging
@@ -90,7 +90,7 @@ def hybrid_pairs(queries: list[str], documents: list[str], encode_queries: Encod
         return []
     ids, _ = hybrid_ranking(queries, documents, encode_queries, encode_documents, weight, k,
                             bm25)
-    return [(q, documents[int(j)]) for q, j in zip(queries, ids[:, 0]) if j >= 0]
+    return [(q, documents[int(j)]) for q, j in zip(queries, ids[:, 0], strict=True) if j >= 0]
 
 
 def pairs_path(workdir: str, name: str = "") -> str:

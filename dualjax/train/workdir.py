@@ -30,7 +30,8 @@ import hashlib
 import json
 import os
 import shutil
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import ml_collections
 from absl import logging
@@ -64,7 +65,8 @@ def config_changes(saved: dict, config: dict) -> tuple[list[str], list[str]]:
     """(refused, allowed): "key: old -> new" for each key that differs (a key the saved
     config lacks counts as unchanged at an off value: 0, "" or False)."""
     old, new = flatten(saved), flatten(config)
-    refused, allowed = [], []
+    refused: list[str] = []
+    allowed: list[str] = []
     for key in sorted(set(old) | set(new)):
         if key not in old and new[key] in (0, "", None):  # a key added since, left off
             continue
