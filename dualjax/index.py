@@ -34,7 +34,7 @@ from absl import flags, logging
 from dualjax import cli
 from dualjax.data.corpus_file import Document, Line, corpus_path, documents, identity
 from dualjax.errors import DataError
-from dualjax.retrieval import ann, quantized
+from dualjax.retrieval import ann, quantized, searchers
 from dualjax.runtime import processes
 from dualjax.runtime.files import check_output, staged_output
 from dualjax.runtime.pipeline import prefetched
@@ -381,8 +381,8 @@ def _raise_duplicate(everything: Callable[[], Iterator[Document]], source: str) 
 def check_build(kind: str, batch_size: int, quantize: str = "", rescore: int = 0) -> None:
     """ValueError (ImportError for a missing faiss or ScaNN) naming the setting that
     cannot work, before anything is read or encoded."""
-    if kind not in ann.INDEXES:
-        raise ValueError(f"--kind={kind!r} is not one of: {', '.join(ann.INDEXES)}")
+    if kind not in searchers.SEARCHERS:
+        raise ValueError(f"--kind={kind!r} is not one of: {', '.join(searchers.SEARCHERS)}")
     if batch_size < 1:
         raise ValueError(f"--batch_size={batch_size}: give the texts per batch, at least 1")
     if quantize and quantize not in quantized.KINDS:
@@ -393,10 +393,7 @@ def check_build(kind: str, batch_size: int, quantize: str = "", rescore: int = 0
     if rescore < 0 or (rescore and not quantize):
         raise ValueError(f"--rescore={rescore}: the candidates a quantized index rescores "
                          "(>= 0, with --quantize)")
-    if kind == "hnsw":
-        ann.require_faiss()
-    if kind == "scann":
-        ann.require_scann()
+    searchers.SEARCHERS[kind].require()  # ImportError: what to install
 
 
 def main(argv: list[str]) -> None:

@@ -1,7 +1,8 @@
 """Extending dualjax from outside the package: a plugin registered from this file alone
 (no edit under dualjax/) is named by the config, validated, trained and evaluated.
 
-Today: a loss (`dualjax.losses.registry`). docs/design.md shows the same example."""
+Today: a loss (`dualjax.losses.registry`) and a searcher (`dualjax.retrieval.searchers`).
+docs/design.md shows the same examples."""
 import json
 import os
 
@@ -14,6 +15,7 @@ from conftest import load_config
 from dualjax import errors, losses
 from dualjax.losses import matrix, streaming
 from dualjax.losses.registry import LOSSES, Loss, register
+from dualjax.retrieval import ann, saved, searchers
 from dualjax.runtime import sharding
 
 
@@ -56,6 +58,75 @@ def toy_loss():
     del LOSSES[TOY.name]
 
 
+# ----------------------------------------------------------------------------- a toy searcher
+class NumpySearcher:
+    """Brute force in numpy, saved as corpus.npy beside meta.json."""
+    FILE = "corpus.npy"
+
+    def __init__(self, corpus: np.ndarray):
+        self.corpus, self.settings = corpus, {"threads": 1}
+
+    @classmethod
+    def build(cls, corpus, eval_settings, k):
+        return cls(np.asarray(corpus, np.float32))
+
+    def search(self, queries, k, exclude=None):
+        scores = np.asarray(queries, np.float32) @ self.corpus.T
+        if exclude is not None:
+            rows = np.flatnonzero(np.asarray(exclude) >= 0)
+            scores[rows, np.asarray(exclude)[rows]] = -np.inf
+        ids = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        top = np.take_along_axis(scores, ids, 1)
+        return saved.pad(top, np.where(np.isinf(top), -1, ids), k)
+
+    def save(self, directory, fingerprint):
+        n, dim = self.corpus.shape
+        saved.save_index(directory, "numpy", lambda tmp: np.save(
+            os.path.join(tmp, self.FILE), self.corpus),
+            {"fingerprint": fingerprint, "n": n, "dim": dim, "settings": self.settings})
+
+    @classmethod
+    def load(cls, directory, fingerprint, n, dim):
+        meta = saved.saved_meta(directory, "numpy", {"fingerprint": fingerprint, "n": n,
+                                                     "dim": dim})
+        return None if meta is None else cls(np.load(os.path.join(directory, cls.FILE)))
+
+    def tune(self, settings):
+        self.settings.update(settings)
+
+
+NUMPY = searchers.Kind("toy_numpy", NumpySearcher.build, load=NumpySearcher.load,
+                       settings=lambda n, dim, k, cfg: {"threads": 1},
+                       search_time=("threads",))
+
+
+@pytest.fixture
+def toy_searcher():
+    searchers.register(NUMPY)
+    yield NUMPY
+    del searchers.SEARCHERS[NUMPY.name]
+
+
+def test_a_registered_searcher_is_built_saved_and_loaded(toy_searcher, tmp_path):
+    rng = np.random.default_rng(1)
+    corpus = rng.normal(size=(50, 8)).astype(np.float32)
+    queries = corpus[:5] + 0.01
+    exclude = np.array([0, -1, 2, -1, -1])
+    settings = {"query_chunk": 4, "corpus_chunk": 16}
+    first, info = ann.make_index(NUMPY.name, corpus, settings, 10, str(tmp_path / "idx"))
+    assert info["built"] and info["bytes_on_disk"] > 50 * 8 * 4
+    assert sorted(os.listdir(tmp_path / "idx")) == ["corpus.npy", "meta.json"]
+    again, info = ann.make_index(NUMPY.name, corpus, settings, 10, str(tmp_path / "idx"))
+    assert not info["built"] and isinstance(again, NumpySearcher)
+    exact, _ = ann.make_index("exact", corpus, settings, 10)
+    for got in (first.search(queries, 10, exclude), again.search(queries, 10, exclude)):
+        want = exact.search(queries, 10, exclude)
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    _, info = ann.make_index(NUMPY.name, corpus[:40], settings, 10, str(tmp_path / "idx"))
+    assert info["built"]  # another corpus: another fingerprint
+
+
 def test_a_registered_loss_is_the_same_sharded_streamed_and_by_hand(toy_loss):
     rng = np.random.default_rng(0)
     unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
@@ -77,10 +148,12 @@ def test_a_registered_loss_is_the_same_sharded_streamed_and_by_hand(toy_loss):
 
 
 @pytest.mark.slow
-def test_a_registered_loss_trains_and_evaluates_from_the_config(toy_loss, tmp_path):
+def test_a_registered_loss_and_searcher_train_and_evaluate_from_the_config(
+        toy_loss, toy_searcher, tmp_path):
     from dualjax.train import loop as train
     cfg = load_config("tiny")
     cfg.eval.baselines = ""
+    cfg.eval.index = NUMPY.name
     cfg.loss.name = TOY.name
     cfg.loss.temperature = -1.0  # the plugin's own option, read from config.loss
     with pytest.raises(errors.ConfigError, match=r"config\.loss\.temperature=-1.0 must be > 0"):
@@ -93,14 +166,23 @@ def test_a_registered_loss_trains_and_evaluates_from_the_config(toy_loss, tmp_pa
     trained, untrained = (results[f"{s} [exact]"]["map@100"] for s in ("dual_encoder",
                                                                          "untrained"))
     assert trained > untrained + 0.02, (trained, untrained)  # 0.20 against 0.16
+    searched = results[f"dual_encoder [{NUMPY.name}]"]  # the same ranking, by the plugin
+    assert searched["ann_recall@10"] == 1.0
+    assert searched["map@100"] == pytest.approx(trained, abs=1e-6)
+    assert os.path.isfile(tmp_path / "run" / "index" / "test" / "corpus.npy")
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["loss"]["name"] == TOY.name and saved["loss"]["temperature"] == 0.05
 
 
-def test_an_unregistered_loss_is_refused_by_name():
+def test_an_unregistered_plugin_is_refused_by_name():
     from dualjax.config import validation
     cfg = load_config("tiny")
     cfg.loss.name = TOY.name
     with pytest.raises(errors.ConfigError, match="config.loss.name='toy_fixed_temperature' is "
                                                  "not one of: in_batch_softmax"):
+        validation.validate(cfg, 8)
+    cfg = load_config("tiny")
+    cfg.eval.index = NUMPY.name
+    with pytest.raises(errors.ConfigError, match="config.eval.index='toy_numpy' is not one of: "
+                                                 "exact, scann, hnsw"):
         validation.validate(cfg, 8)

@@ -3,7 +3,6 @@ work starts, and the message names the key and what would work."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import ml_collections
@@ -15,7 +14,7 @@ from dualjax.config.checks import one_of, positive
 from dualjax.config.model_checks import check_model, check_pses
 from dualjax.data import builders, pretraining, reqa
 from dualjax.errors import ConfigError, PretrainedError
-from dualjax.retrieval import ann, baselines, metrics
+from dualjax.retrieval import baselines, metrics, searchers
 from dualjax.runtime import sharding
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -153,18 +152,18 @@ def _check_optimizer(config: ml_collections.ConfigDict, task_list) -> None:
 
 def _check_eval(config: ml_collections.ConfigDict) -> None:
     """config.eval: the index, baselines, best-step selection, hybrid search, typos."""
-    one_of("eval.index", config.eval.index, ann.INDEXES)
-    if config.eval.get("hnsw") is not None:
+    one_of("eval.index", config.eval.index, searchers.SEARCHERS)
+    for kind in searchers.SEARCHERS.values():  # each searcher's own settings
         try:
-            ann.hnsw_settings(1, 1, 1, config.eval.hnsw)
+            kind.check(config.eval)
         except ValueError as e:
             raise ConfigError(f"config.eval.{e}") from None
-    if config.eval.index == "scann" and importlib.util.find_spec("scann") is None:
-        raise ConfigError(f"config.eval.index='scann': {ann.SCANN_MISSING} "
-                          "(--config.eval.index=exact or hnsw)")
-    if config.eval.index == "hnsw" and importlib.util.find_spec("faiss") is None:
-        raise ConfigError("config.eval.index='hnsw' needs faiss: pip install 'dualjax[bench]' "
-                          "(or pip install faiss-cpu)")
+    missing = searchers.SEARCHERS[config.eval.index].missing()
+    if missing:
+        others = " or ".join(n for n, k in searchers.SEARCHERS.items()
+                             if n != config.eval.index and k.missing() is None)
+        raise ConfigError(f"config.eval.index={config.eval.index!r}: {missing} "
+                          f"(--config.eval.index={others})")
     for name in specs.baseline_names(config):
         one_of("eval.baselines", name, baselines.BASELINES)
     if config.eval.get("select_by", ""):

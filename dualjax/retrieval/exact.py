@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dualjax.retrieval import searchers
+
 
 @functools.partial(jax.jit, static_argnames=("k",))
 def _search_chunk(queries, corpus, valid, exclude, k):
@@ -157,3 +159,7 @@ class ExactIndex:
         if self._device is None:
             self._device = _device_corpus(self.corpus, self.settings["corpus_chunk"])
         return _search(queries, self._device, k, exclude, self.settings["query_chunk"])
+
+
+searchers.register(searchers.Kind(
+    "exact", lambda corpus, cfg, k: ExactIndex(corpus, cfg["query_chunk"], cfg["corpus_chunk"])))

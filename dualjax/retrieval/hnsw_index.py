@@ -3,12 +3,14 @@ saved and reloaded as ScaNN's is (`saved.py`)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any, cast
 
 import numpy as np
 from absl import logging
 
+from dualjax.retrieval import searchers
 from dualjax.retrieval.exact import exact_search
 from dualjax.retrieval.saved import (
     Settings,
@@ -100,6 +102,10 @@ class HnswIndex:
         `exact_search` goes: never the whole queries x corpus matrix)."""
         return exact_search(queries, self.index.reconstruct_n(0, self.n), want)
 
+    def tune(self, settings: dict) -> None:
+        """The search-time settings of `settings` (ef_search) on this index."""
+        self.settings["ef_search"] = settings["ef_search"]
+
     def save(self, directory: str, fingerprint: str) -> None:
         """Writes the index (faiss.write_index) and meta.json (last, so a partial save never
         loads). Replaces only an empty directory or a saved dualjax index."""
@@ -125,3 +131,19 @@ class HnswIndex:
             return None
         return loaded(directory, "HNSW", cls(idx, meta["settings"], meta["n"], meta["dim"]),
                        idx.ntotal, meta)
+
+
+FAISS_MISSING = "HNSW needs faiss: pip install 'dualjax[hnsw]' (or pip install faiss-cpu)"
+
+
+def _hnsw_config(cfg: Settings) -> Settings:
+    return cfg.get("hnsw") or default_hnsw_config()
+
+
+searchers.register(searchers.Kind(
+    "hnsw", lambda corpus, cfg, k: HnswIndex.build(corpus, _hnsw_config(cfg), k),
+    load=HnswIndex.load, search_time=("ef_search",),
+    settings=lambda n, dim, k, cfg: hnsw_settings(n, dim, k, _hnsw_config(cfg)),
+    missing=lambda: None if importlib.util.find_spec("faiss") else FAISS_MISSING,
+    require=require_faiss,
+    check=lambda cfg: cfg.get("hnsw") is not None and hnsw_settings(1, 1, 1, cfg["hnsw"])))

@@ -5,6 +5,7 @@ fingerprint of the corpus and settings (`saved.py`)."""
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import math
 import os
 import types
@@ -13,6 +14,7 @@ from typing import Any, cast
 import numpy as np
 from absl import logging
 
+from dualjax.retrieval import searchers
 from dualjax.retrieval.saved import (
     Settings,
     drop_excluded,
@@ -178,6 +180,10 @@ class ScannIndex:
             ids, scores = drop_excluded(ids, scores, exclude)
         return pad(scores, ids.astype(np.int32), k)
 
+    def tune(self, settings: dict) -> None:
+        """The search-time settings of `settings` (num_threads) on this searcher."""
+        self.set_num_threads(settings["num_threads"])
+
     def set_num_threads(self, num_threads: int) -> None:
         """Threads for search (0: all cores this process may use)."""
         self.settings["num_threads"] = int(num_threads) or len(os.sched_getaffinity(0))
@@ -209,3 +215,15 @@ class ScannIndex:
             return None
         return loaded(directory, "ScaNN", cls(searcher, meta["settings"], meta["n"], meta["dim"]),
                        searcher.size(), meta)
+
+
+def _scann_config(cfg: Settings) -> Settings:
+    return cfg.get("scann") or default_scann_config()
+
+
+searchers.register(searchers.Kind(
+    "scann", lambda corpus, cfg, k: ScannIndex.build(corpus, _scann_config(cfg), k),
+    load=ScannIndex.load, search_time=("num_threads",),
+    settings=lambda n, dim, k, cfg: scann_settings(n, dim, k, _scann_config(cfg)),
+    missing=lambda: None if importlib.util.find_spec("scann") else SCANN_MISSING,
+    require=require_scann))
