@@ -42,7 +42,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dualjax.config import specs  # noqa: E402
-from dualjax.data import builders, mining  # noqa: E402
+from dualjax.data import builders, mining, sources  # noqa: E402, F401 (builders: the sources)
 from dualjax.data.clusters import RetrievalTask  # noqa: E402
 from dualjax.retrieval import baselines  # noqa: E402
 from dualjax.text.words import normalize  # noqa: E402
@@ -52,10 +52,8 @@ def quora_train_pairs(config: str, seed: int) -> list[tuple[str, str]]:
     """The training pairs of the `quora` dataset of `config`, as its builder loads them."""
     cfg = runpy.run_path(str(ROOT / config))["get_config"]()
     spec = specs.dataset_spec(cfg.data, seed)
-    with tempfile.TemporaryDirectory() as tmp:  # nothing is written: no prepare()
-        builder = builders.BUILDERS[spec.name](config=builders.TableConfig(
-            name="pairs-bench", table="pairs", settings=spec.settings), data_dir=tmp)
-        return builder._load(spec.loaded_settings()).train_pairs
+    # nothing is written: the source's load alone (builders.py imported registers it)
+    return sources.get(spec.name).load(spec.loaded_settings()).train_pairs
 
 
 def old_module(rev: str) -> ModuleType:

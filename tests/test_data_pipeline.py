@@ -9,7 +9,7 @@ import pytest
 from conftest import load_config
 
 from dualjax.config.specs import dataset_spec as spec
-from dualjax.data import builders, pipeline, synthetic
+from dualjax.data import builders, clusters, pipeline, synthetic
 from dualjax.errors import DataError
 from dualjax.text import features as feature_lib
 from dualjax.text.features import SideFeatures
@@ -534,7 +534,7 @@ def test_cluster_tasks_from_a_pair_graph_split_and_all_candidates():
     root = {t: next(r for r in split if cluster_of[r] == cluster_of[t]) for t in cluster_of}
     items = [(t, cluster_of[t], split[root[t]]) for t in cluster_of] + [("z", 99, "test")]
 
-    by_split = builders.cluster_tasks(items, "split")
+    by_split = clusters.cluster_tasks(items, "split")
     test = by_split["test"]
     assert test.corpus == ["a", "b", "c", "d", "e", "z"]  # z: a singleton distractor
     assert test.queries == ["a", "b", "c", "d", "e"]
@@ -543,7 +543,7 @@ def test_cluster_tasks_from_a_pair_graph_split_and_all_candidates():
     assert [test.corpus[i] for i in test.query_corpus_index] == test.queries
     assert by_split["val"].corpus == ["f", "g", "h", "i"]
 
-    everything = builders.cluster_tasks(items, "all")["test"]
+    everything = clusters.cluster_tasks(items, "all")["test"]
     assert sorted(everything.corpus) == sorted(cluster_of) + ["z"]  # train and val too
     assert everything.queries == ["a", "b", "c", "d", "e"]
     rel_all = {q: {everything.corpus[j] for j in r}
@@ -556,8 +556,8 @@ def test_incoherent_clusters_are_dropped():
              ("what is love", 1, "test"), ("best pizza in town", 1, "test")]
     # Cluster 0: {how to cook rice} and {how to cook rice fast}: 4/5 and 5/5 -> 0.9.
     # Cluster 1: 3 and 4 words, disjoint: 3/7 and 4/7 -> 0.5.
-    assert builders.drop_incoherent(items, 0.6) == {1}
-    assert builders.drop_incoherent(items, 0.0) == set()
+    assert clusters.drop_incoherent(items, 0.6) == {1}
+    assert clusters.drop_incoherent(items, 0.0) == set()
 
 
 def test_text_ids_match_exactly_the_texts_that_normalise_alike():

@@ -8,24 +8,20 @@ WORKDIR/config.json).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import os
 
 import ml_collections
 
 from dualjax import losses
-from dualjax.data.builders import CANDIDATES, DatasetSpec, file_settings
-from dualjax.errors import ConfigError, DataError
+from dualjax.data import sources
+from dualjax.data.builders import DatasetSpec
+from dualjax.errors import ConfigError
 from dualjax.eval.scoring import EvalSpec
 from dualjax.models import towers
 from dualjax.models.spec import ModelSpec, PsesSpec, TransformerSpec
 from dualjax.objectives import ObjectiveSpec, PsesLoss
 from dualjax.retrieval import baselines
 from dualjax.text import features
-
-QUORA_PATH = os.path.join("..", "shared", "data", "quora", "pairs.tsv")
-SQUAD_PATH = os.path.join("..", "shared", "data", "squad", "dev-v1.1.json")
 
 
 def tower_names(model: ml_collections.ConfigDict) -> tuple[str, str]:
@@ -86,88 +82,8 @@ def feature_specs(model: ml_collections.ConfigDict
 def dataset_spec(data: ml_collections.ConfigDict, seed: int) -> DatasetSpec:
     """`config.data` (or a task's) as the builders take it; DataError naming the key or
     file that cannot work."""
-    if data.name not in DATA_SETTINGS:
-        raise DataError(f"unknown dataset data.name={data.name!r}; known: "
-                        f"{', '.join(DATA_SETTINGS)}")
-    return DatasetSpec(data.name, json.dumps(DATA_SETTINGS[data.name](data, seed),
-                                             sort_keys=True))
-
-
-def _common(cfg: ml_collections.ConfigDict, seed: int) -> dict:
-    if cfg.candidates not in CANDIDATES:
-        raise DataError(f"data.candidates={cfg.candidates!r} is not one of: "
-                        f"{', '.join(CANDIDATES)}")
-    return {"seed": seed, "candidates": cfg.candidates,
-            "min_cluster_coherence": cfg.min_cluster_coherence,
-            **_negatives(cfg)}
-
-
-def _negatives(cfg: ml_collections.ConfigDict) -> dict:
-    """The mining and pseudo-label settings, only when on (so the data of runs without
-    them keeps its hash)."""
-    out = {}
-    if cfg.get("hard_negatives", 0):
-        out["hard_negatives"] = cfg.hard_negatives
-    if cfg.get("pseudo_labels", 0):
-        out["pseudo_labels"] = cfg.pseudo_labels
-        if cfg.get("pseudo_label_queries", ""):
-            out.update(pseudo_label_queries=file_settings(cfg.pseudo_label_queries,
-                                                          "a file of queries, one per line"))
-    return out
-
-
-def _synthetic_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
-    return {**_common(cfg, seed), "num_train_clusters": cfg.num_train_clusters,
-            "num_val_clusters": cfg.num_val_clusters, "num_test_clusters": cfg.num_test_clusters}
-
-
-def _pairs_settings(cfg: ml_collections.ConfigDict, seed: int, default_path: str = "") -> dict:
-    return {**_common(cfg, seed),
-            **file_settings(cfg.path or default_path, "a TSV or JSONL file of positive pairs"),
-            "skip_bad_lines": cfg.skip_bad_lines, "val_fraction": cfg.val_fraction,
-            "test_fraction": cfg.test_fraction}
-
-
-def _quora_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
-    return _pairs_settings(cfg, seed, default_path=QUORA_PATH)
-
-
-def _beir_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
-    if not cfg.path or not os.path.isdir(cfg.path):
-        raise DataError(f"{cfg.path or '(empty)'}: data.path must be a BEIR folder "
-                        "(corpus.jsonl, queries.jsonl, qrels/<split>.tsv)")
-    folder = os.path.abspath(os.path.expanduser(cfg.path))
-    digest = hashlib.sha256()
-    for root, _, files in sorted(os.walk(folder)):
-        for name in sorted(files):
-            if name.endswith((".jsonl", ".tsv")):
-                with open(os.path.join(root, name), "rb") as f:
-                    digest.update(name.encode() + hashlib.file_digest(f, "sha256").digest())
-    return {"seed": seed, "path": folder, "sha256": digest.hexdigest(),
-            "skip_bad_lines": cfg.skip_bad_lines, **_negatives(cfg),
-            **({} if cfg.get("ignore_identical_ids", True) else {"ignore_identical_ids": False})}
-
-
-def _reqa_settings(cfg: ml_collections.ConfigDict, seed: int) -> dict:
-    return {**_common(cfg, seed),
-            **file_settings(cfg.path or SQUAD_PATH, "a SQuAD v1.1 JSON file"),
-            "val_fraction": cfg.val_fraction, "test_fraction": cfg.test_fraction,
-            "context": cfg.candidate_context,
-            **({"split_by": "question", "train_fraction": cfg.train_fraction}
-               if cfg.get("split_by", "article") == "question" else {}),
-            **({"unit": "paragraph"} if cfg.get("candidate_unit", "sentence") == "paragraph"
-               else {})}
-
-
-# data.name -> its settings from the data config and the run's seed (the data of runs
-# whose settings are equal is shared: the tables' names carry their digest).
-DATA_SETTINGS = {
-    "synthetic_paraphrase": _synthetic_settings,
-    "pairs": _pairs_settings,
-    "quora": _quora_settings,
-    "beir": _beir_settings,
-    "reqa_squad": _reqa_settings,
-}
+    source = sources.get(data.name)  # (DataError naming the known ones)
+    return DatasetSpec(data.name, json.dumps(source.settings(data, seed), sort_keys=True))
 
 
 PRETRAIN = "pretrain"  # data.name of an unlabelled collection (pre-training pairs, no evaluation)

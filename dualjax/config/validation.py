@@ -12,7 +12,7 @@ from dualjax import losses
 from dualjax.config import specs
 from dualjax.config.checks import one_of, positive
 from dualjax.config.model_checks import check_model, check_pses
-from dualjax.data import builders, pretraining, reqa
+from dualjax.data import pretraining, reqa, sources
 from dualjax.errors import ConfigError, PretrainedError
 from dualjax.retrieval import baselines, metrics, searchers
 from dualjax.runtime import sharding
@@ -305,8 +305,8 @@ def _check_distill(config: ml_collections.ConfigDict, task_list: list,
 def _check_data(data: ml_collections.ConfigDict, key: str) -> None:
     """One data group (config.data, or config.tasks.<name>.data): known dataset and
     candidates, a pairs file named, split fractions that leave every split non-empty."""
-    one_of(f"{key}.name", data.name, (*builders.BUILDERS, specs.PRETRAIN))
-    one_of(f"{key}.candidates", data.candidates, builders.CANDIDATES)
+    one_of(f"{key}.name", data.name, (*sources.SOURCES, specs.PRETRAIN))
+    one_of(f"{key}.candidates", data.candidates, sources.CANDIDATES)
     one_of(f"{key}.split_by", data.split_by, reqa.SPLIT_BY)
     if data.name == specs.PRETRAIN:
         if not data.path:

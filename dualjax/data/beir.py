@@ -18,14 +18,17 @@ name the file and the (1-based) line.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 from absl import logging
 
+from dualjax.data import sources
 from dualjax.data.clusters import RawData, RetrievalTask
 from dualjax.data.pairs_file import _read_bytes
 from dualjax.errors import DataError
@@ -274,3 +277,26 @@ def load_beir(settings: dict) -> RawData:
             corpus_keys=list(corpus_ids), query_keys=list(relevant))
     return RawData(train_pairs=train_pairs, tasks={s: tasks[s] for s in ("val", "test")
                                                    if s in tasks})
+
+
+# ----------------------------------------------------------------------------- the source
+def _settings(data: Mapping[str, Any], seed: int) -> dict:
+    """The folder and a digest of the files read (corpus, queries, qrels)."""
+    path = data["path"]
+    if not path or not os.path.isdir(path):
+        raise DataError(f"{path or '(empty)'}: data.path must be a BEIR folder "
+                        "(corpus.jsonl, queries.jsonl, qrels/<split>.tsv)")
+    folder = os.path.abspath(os.path.expanduser(path))
+    digest = hashlib.sha256()
+    for root, _, files in sorted(os.walk(folder)):
+        for name in sorted(files):
+            if name.endswith((".jsonl", ".tsv")):
+                with open(os.path.join(root, name), "rb") as f:
+                    digest.update(name.encode() + hashlib.file_digest(f, "sha256").digest())
+    return {"seed": seed, "path": folder, "sha256": digest.hexdigest(),
+            "skip_bad_lines": data["skip_bad_lines"], **sources.negatives_settings(data),
+            **({} if data.get("ignore_identical_ids", True) else {"ignore_identical_ids": False})}
+
+
+# Any BEIR-format folder: corpus.jsonl, queries.jsonl, qrels/{train,dev,test}.tsv.
+sources.register(sources.Source("beir", load_beir, _settings))

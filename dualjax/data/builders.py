@@ -20,24 +20,34 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import hashlib
+import importlib
 import json
 import os
+import types
 from collections.abc import Iterator
 
 import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 
-from dualjax.data import beir, clusters, mining, pairs_file, reqa, synthetic
+from dualjax.data import clusters, mining, pairs_file, sources
 from dualjax.data.clusters import RawData, RetrievalTask
 from dualjax.data.records import Records
 from dualjax.errors import DataError, WorkdirError
 from dualjax.runtime.files import DISK_ERRNOS
-from dualjax.text.words import normalize, words
+from dualjax.text.words import normalize
 
-EVAL_SPLITS = ("val", "test")
-CANDIDATES = ("split", "all")
+EVAL_SPLITS = clusters.EVAL_SPLITS
+CANDIDATES = sources.CANDIDATES
+# dualjax's data sources, one module each, in the order they are listed: importing one
+# registers it (sources.py); a source of your own registers itself the same way.
+BUILT_IN = ("synthetic", "pairs_file", "beir", "reqa")
+for _module in BUILT_IN:
+    importlib.import_module(f"dualjax.data.{_module}")
+for _name in ("synthetic_paraphrase", "pairs", "quora", "beir", "reqa_squad"):  # as listed
+    sources.SOURCES[_name] = sources.SOURCES.pop(_name)
 
 
 @dataclasses.dataclass
@@ -180,164 +190,9 @@ def pseudo_labelled(data: RawData, settings: dict) -> RawData:
                                train_clusters=pair_clusters)
 
 
-def cluster_tasks(items: list[tuple[str, int, str]], candidates: str) -> dict[str, RetrievalTask]:
-    """Retrieval tasks from questions labelled (text, cluster, split).
-
-    Each question of an eval-split cluster with >= 2 members is a query; its relevant
-    items are the other members. Candidates are the split's own questions ("split") or
-    every question of the dataset, training ones included ("all": harder, realistic).
-    """
-    tasks = {}
-    for split in EVAL_SPLITS:
-        mine = [(t, c) for t, c, s in items if s == split]
-        if candidates == "split":
-            tasks[split] = clusters.task_from_clusters([t for t, _ in mine], [c for _, c in mine])
-        else:
-            tasks[split] = clusters.task_from_clusters(
-                [t for t, _, _ in items], [c for _, c, _ in items],
-                query_clusters={c for _, c in mine})
-    return tasks
-
-
-def drop_incoherent(items: list[tuple[str, int, str]], min_coherence: float) -> set[int]:
-    """Clusters whose coherence (Bonadiman et al. eq. 4-5) is below `min_coherence`."""
-    if min_coherence <= 0:
-        return set()
-    members: dict[int, list[set[str]]] = {}
-    for text, c, _ in items:
-        members.setdefault(c, []).append(set(words(text)))
-    return {c for c, sets in members.items() if clusters.cluster_coherence(sets) < min_coherence}
-
-
-def _cluster_raw(train_pairs, items, settings, train_fields=None, fields_of=None) -> RawData:
-    """RawData from clustered questions, after the optional coherence filter.
-
-    fields_of: {"query": {normalised text: fields}, "document": ...}: the categorical
-    fields a text had where it was that side of a pair; evaluation queries take the query
-    side's, candidates the document side's (missing where the text never was that side).
-    """
-    dropped = drop_incoherent(items, settings["min_cluster_coherence"])
-    if dropped:
-        cluster_of = {normalize(t): c for t, c, _ in items}  # items hold one spelling
-        keep = [cluster_of[normalize(q)] not in dropped for q, _ in train_pairs]
-        train_pairs = [p for p, k in zip(train_pairs, keep, strict=True) if k]
-        train_fields = train_fields and [f for f, k in zip(train_fields, keep, strict=True) if k]
-        items = [it for it in items if it[1] not in dropped]
-    tasks = cluster_tasks(items, settings["candidates"])
-    if fields_of:
-        for split, task in tasks.items():
-            tasks[split] = dataclasses.replace(
-                task, corpus_fields=[fields_of["document"].get(normalize(t), {})
-                                     for t in task.corpus],
-                query_fields=[fields_of["query"].get(normalize(t), {}) for t in task.queries])
-    return RawData(train_pairs, tasks, train_fields)
-
-
-class SyntheticParaphrase(_RetrievalBuilder):
-    """The embedded default: seeded question-paraphrase clusters (see synthetic.py)."""
-
-    def _load(self, settings):
-        data = synthetic.generate(
-            seed=settings["seed"], num_train_clusters=settings["num_train_clusters"],
-            num_val_clusters=settings["num_val_clusters"],
-            num_test_clusters=settings["num_test_clusters"])
-        offset = 1 + max(q.cluster for qs in data.splits.values() for q in qs)
-        train_cluster = clusters.cluster_pairs(data.train_pairs)
-        items = [(t, offset + c, "train") for t, c in train_cluster.items()]
-        items += [(q.text, q.cluster, s) for s in EVAL_SPLITS for q in data.splits[s]]
-        return _cluster_raw(data.train_pairs, items, settings)
-
-
-class PairsFile(_RetrievalBuilder):
-    """The user's own positive pairs (TSV or JSONL), split by cluster.
-
-    Pairs are joined transitively into clusters of normalised text (so two spellings
-    the tokenizer cannot tell apart, "How?" and "how", are one node) and whole clusters
-    go to train, val or test: no text is in two splits.
-    """
-
-    def _load(self, settings):
-        records = pairs_file.read_pair_records(settings["path"],
-                                               skip_bad_lines=settings["skip_bad_lines"])
-        pairs = [(r.query, r.document) for r in records]
-        cluster_of = clusters.cluster_pairs([(normalize(q), normalize(d)) for q, d in pairs])
-        fractions = {"train": 1.0 - settings["val_fraction"] - settings["test_fraction"],
-                     "val": settings["val_fraction"], "test": settings["test_fraction"]}
-        split_of = clusters.split_clusters(max(cluster_of.values()) + 1, fractions,
-                                           settings["seed"])
-        names = list(fractions)
-        counts = {name: int((split_of == i).sum()) for i, name in enumerate(names)}
-        for name in names:
-            if not counts[name]:
-                raise DataError(
-                    f"{settings['path']}: {len(split_of)} clusters of pairs leave split "
-                    f"{name!r} empty ({counts}); give more pairs or adjust "
-                    "data.val_fraction / data.test_fraction")
-        train, train_fields, items, seen = [], [], [], set()
-        fields_of = {"query": {}, "document": {}}  # first fields seen per text and side
-        for r in records:
-            q, d = r.query, r.document
-            c = cluster_of[normalize(q)]
-            split = names[split_of[c]]
-            if split == "train":
-                train.append((q, d))
-                train_fields.append((r.query_fields, r.document_fields))
-            for t in (q, d):  # the first spelling of each normalised text represents it
-                if normalize(t) not in seen:
-                    seen.add(normalize(t))
-                    items.append((t, c, split))
-            for side, t, f in (("query", q, r.query_fields), ("document", d, r.document_fields)):
-                if f:
-                    fields_of[side].setdefault(normalize(t), f)
-        has_fields = any(fields_of.values())
-        return _cluster_raw(train, items, settings, train_fields if has_fields else None,
-                            fields_of if has_fields else None)
-
-
-class Quora(PairsFile):
-    """Quora duplicate questions (positive pairs only), split by cluster as PairsFile."""
-
-
-class Beir(_RetrievalBuilder):
-    """Any BEIR-format folder: corpus.jsonl, queries.jsonl, qrels/{train,dev,test}.tsv."""
-
-    def _load(self, settings):
-        return beir.load_beir(settings)
-
-
-class ReqaSquad(_RetrievalBuilder):
-    """ReQA on SQuAD v1.1: questions against every (sentence, paragraph) candidate."""
-
-    def _load(self, settings):
-        return reqa.load_reqa_squad(settings)
-
-
-def file_settings(path: str, what: str) -> dict:
-    """The absolute path and a hash of the contents of an input file (or DataError)."""
-    if not path:
-        raise DataError(f"data.path must name {what}")
-    full = os.path.abspath(os.path.expanduser(path))
-    if os.path.isdir(full):
-        raise DataError(f"{path}: is a folder; data.path must name {what}")
-    if not os.path.isfile(full):
-        raise DataError(f"{path}: no such file (data.path)")
-    with open(full, "rb") as f:
-        return {"path": full, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
-
-
-# data.name -> its builder class (`specs.dataset_spec` makes its settings)
-BUILDERS: dict[str, type[_RetrievalBuilder]] = {
-    "synthetic_paraphrase": SyntheticParaphrase,
-    "pairs": PairsFile,
-    "quora": Quora,
-    "beir": Beir,
-    "reqa_squad": ReqaSquad,
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class DatasetSpec:
-    """A dataset as the builders take it: its name (a BUILDERS key) and the JSON of the
+    """A dataset as the builders take it: its name (a `sources.SOURCES` key) and the JSON of the
     settings that shape its tables (sizes, seed, file paths and digests, ...)."""
     name: str
     settings: str
@@ -346,14 +201,28 @@ class DatasetSpec:
         return json.loads(self.settings)
 
 
+@functools.cache
+def _builder_class(source: sources.Source) -> type[_RetrievalBuilder]:
+    """The TFDS builder of a source: its `load` as `_load`, its tables' name as `name`
+    (not in TFDS's registry: dualjax opens its builders itself)."""
+    def body(ns: dict) -> None:
+        ns.update(name=source.table_name, __doc__=f"The tables of data.name={source.name!r}.",
+                  _load=lambda self, settings: source.load(settings))
+    camel = "".join(part.title() for part in source.table_name.split("_"))
+    return types.new_class(camel, (_RetrievalBuilder,), {"skip_registration": True}, body)
+
+
+def builder_class(name: str) -> type[_RetrievalBuilder]:
+    """The TFDS builder of data source `name` (DataError naming the known ones)."""
+    return _builder_class(sources.get(name))
+
+
 def prepare(spec: DatasetSpec, tfds_dir: str, table: str) -> tfds.core.DatasetBuilder:
     """Writes the table (once) as array_record under `tfds_dir`; returns its builder."""
-    if spec.name not in BUILDERS:
-        raise DataError(f"unknown dataset data.name={spec.name!r}; known: {', '.join(BUILDERS)}")
     digest = hashlib.sha1(spec.settings.encode()).hexdigest()[:12]
     config = TableConfig(name=f"{_TABLE_NAMES[table]}-{digest}", table=table,
                          settings=spec.settings)
-    builder = BUILDERS[spec.name](config=config, data_dir=tfds_dir)
+    builder = builder_class(spec.name)(config=config, data_dir=tfds_dir)
     try:
         builder.download_and_prepare(file_format="array_record")
     except (OSError, RuntimeError) as e:

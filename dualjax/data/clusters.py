@@ -16,6 +16,7 @@ from collections.abc import Collection, Sequence
 import numpy as np
 
 from dualjax.retrieval.task import RetrievalTask  # noqa: F401 (what this builds)
+from dualjax.text.words import normalize, words
 
 
 def cluster_pairs(pairs: Sequence[tuple[str, str]]) -> dict[str, int]:
@@ -203,3 +204,60 @@ class RawData:
     # Per training pair, its cluster, when given (pseudo-labels: its query); else the
     # transitive closure of the training pairs.
     train_clusters: list[int] | None = None
+
+
+# ----------------------------------------------------------------------------- clustered sources
+EVAL_SPLITS = ("val", "test")
+
+
+def cluster_tasks(items: list[tuple[str, int, str]], candidates: str) -> dict[str, RetrievalTask]:
+    """Retrieval tasks from questions labelled (text, cluster, split).
+
+    Each question of an eval-split cluster with >= 2 members is a query; its relevant
+    items are the other members. Candidates are the split's own questions ("split") or
+    every question of the dataset, training ones included ("all": harder, realistic).
+    """
+    tasks = {}
+    for split in EVAL_SPLITS:
+        mine = [(t, c) for t, c, s in items if s == split]
+        if candidates == "split":
+            tasks[split] = task_from_clusters([t for t, _ in mine], [c for _, c in mine])
+        else:
+            tasks[split] = task_from_clusters(
+                [t for t, _, _ in items], [c for _, c, _ in items],
+                query_clusters={c for _, c in mine})
+    return tasks
+
+
+def drop_incoherent(items: list[tuple[str, int, str]], min_coherence: float) -> set[int]:
+    """Clusters whose coherence (Bonadiman et al. eq. 4-5) is below `min_coherence`."""
+    if min_coherence <= 0:
+        return set()
+    members: dict[int, list[set[str]]] = {}
+    for text, c, _ in items:
+        members.setdefault(c, []).append(set(words(text)))
+    return {c for c, sets in members.items() if cluster_coherence(sets) < min_coherence}
+
+
+def cluster_raw(train_pairs, items, settings, train_fields=None, fields_of=None) -> RawData:
+    """RawData from clustered questions, after the optional coherence filter.
+
+    fields_of: {"query": {normalised text: fields}, "document": ...}: the categorical
+    fields a text had where it was that side of a pair; evaluation queries take the query
+    side's, candidates the document side's (missing where the text never was that side).
+    """
+    dropped = drop_incoherent(items, settings["min_cluster_coherence"])
+    if dropped:
+        cluster_of = {normalize(t): c for t, c, _ in items}  # items hold one spelling
+        keep = [cluster_of[normalize(q)] not in dropped for q, _ in train_pairs]
+        train_pairs = [p for p, k in zip(train_pairs, keep, strict=True) if k]
+        train_fields = train_fields and [f for f, k in zip(train_fields, keep, strict=True) if k]
+        items = [it for it in items if it[1] not in dropped]
+    tasks = cluster_tasks(items, settings["candidates"])
+    if fields_of:
+        for split, task in tasks.items():
+            tasks[split] = dataclasses.replace(
+                task, corpus_fields=[fields_of["document"].get(normalize(t), {})
+                                     for t in task.corpus],
+                query_fields=[fields_of["query"].get(normalize(t), {}) for t in task.queries])
+    return RawData(train_pairs, tasks, train_fields)

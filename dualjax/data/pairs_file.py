@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import json
 import os
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from absl import logging
 
-from dualjax.errors import DataError  # noqa: F401 (raised here)
+from dualjax.data import clusters, sources
+from dualjax.errors import DataError
 from dualjax.text import words as text_lib
+from dualjax.text.words import normalize
 
 _TSV_SUFFIXES = (".tsv", ".txt")
 _JSONL_SUFFIXES = (".jsonl", ".json")
@@ -202,3 +205,64 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     if not lines:
         raise DataError(f"{path}: no queries: the file has no non-blank line")
     return lines
+
+
+# ----------------------------------------------------------------------------- the sources
+QUORA_PATH = os.path.join("..", "shared", "data", "quora", "pairs.tsv")  # "quora"'s default
+
+
+def _settings(data: Mapping[str, Any], seed: int, default_path: str = "") -> dict:
+    return {**sources.clustered_settings(data, seed),
+            **sources.file_settings(data["path"] or default_path,
+                                    "a TSV or JSONL file of positive pairs"),
+            "skip_bad_lines": data["skip_bad_lines"], "val_fraction": data["val_fraction"],
+            "test_fraction": data["test_fraction"]}
+
+
+def _load(settings: dict) -> clusters.RawData:
+    """The user's own positive pairs (TSV or JSONL), split by cluster.
+
+    Pairs are joined transitively into clusters of normalised text (so two spellings
+    the tokenizer cannot tell apart, "How?" and "how", are one node) and whole clusters
+    go to train, val or test: no text is in two splits."""
+    records = read_pair_records(settings["path"], skip_bad_lines=settings["skip_bad_lines"])
+    pairs = [(r.query, r.document) for r in records]
+    cluster_of = clusters.cluster_pairs([(normalize(q), normalize(d)) for q, d in pairs])
+    fractions = {"train": 1.0 - settings["val_fraction"] - settings["test_fraction"],
+                 "val": settings["val_fraction"], "test": settings["test_fraction"]}
+    split_of = clusters.split_clusters(max(cluster_of.values()) + 1, fractions,
+                                       settings["seed"])
+    names = list(fractions)
+    counts = {name: int((split_of == i).sum()) for i, name in enumerate(names)}
+    for name in names:
+        if not counts[name]:
+            raise DataError(
+                f"{settings['path']}: {len(split_of)} clusters of pairs leave split "
+                f"{name!r} empty ({counts}); give more pairs or adjust "
+                "data.val_fraction / data.test_fraction")
+    train, train_fields, items, seen = [], [], [], set()
+    fields_of: dict[str, dict] = {"query": {}, "document": {}}  # first fields per text, side
+    for r in records:
+        q, d = r.query, r.document
+        c = cluster_of[normalize(q)]
+        split = names[split_of[c]]
+        if split == "train":
+            train.append((q, d))
+            train_fields.append((r.query_fields, r.document_fields))
+        for t in (q, d):  # the first spelling of each normalised text represents it
+            if normalize(t) not in seen:
+                seen.add(normalize(t))
+                items.append((t, c, split))
+        for side, t, f in (("query", q, r.query_fields), ("document", d, r.document_fields)):
+            if f:
+                fields_of[side].setdefault(normalize(t), f)
+    has_fields = any(fields_of.values())
+    return clusters.cluster_raw(train, items, settings, train_fields if has_fields else None,
+                                fields_of if has_fields else None)
+
+
+sources.register(sources.Source("pairs", _load, _settings, table="pairs_file"))
+# Quora duplicate questions (positive pairs only), split by cluster as "pairs".
+sources.register(sources.Source(
+    "quora", _load, lambda data, seed: _settings(data, seed, default_path=QUORA_PATH),
+    default_path=QUORA_PATH))

@@ -28,12 +28,13 @@ from __future__ import annotations
 import bisect
 import json
 import os
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 from absl import logging
 
-from dualjax.data import clusters
+from dualjax.data import clusters, sources
 from dualjax.data.clusters import RawData, RetrievalTask
 from dualjax.data.pairs_file import _read_bytes
 from dualjax.errors import DataError
@@ -225,3 +226,23 @@ def load_reqa_squad(settings: dict) -> RawData:
                  "%d training pairs", path, num_articles, len(candidates), len(questions),
                  unit, counts, len(train_pairs))
     return RawData(train_pairs=train_pairs, tasks=tasks)
+
+
+# ----------------------------------------------------------------------------- the source
+SQUAD_PATH = os.path.join("..", "shared", "data", "squad", "dev-v1.1.json")  # the default
+
+
+def _settings(data: Mapping[str, Any], seed: int) -> dict:
+    return {**sources.clustered_settings(data, seed),
+            **sources.file_settings(data["path"] or SQUAD_PATH, "a SQuAD v1.1 JSON file"),
+            "val_fraction": data["val_fraction"], "test_fraction": data["test_fraction"],
+            "context": data["candidate_context"],
+            **({"split_by": "question", "train_fraction": data["train_fraction"]}
+               if data.get("split_by", "article") == "question" else {}),
+            **({"unit": "paragraph"} if data.get("candidate_unit", "sentence") == "paragraph"
+               else {})}
+
+
+# ReQA on SQuAD v1.1: questions against every (sentence, paragraph) candidate.
+sources.register(sources.Source("reqa_squad", load_reqa_squad, _settings,
+                                default_path=SQUAD_PATH))

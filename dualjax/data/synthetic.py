@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
+from dualjax.data import clusters, sources
 from dualjax.text.words import normalize
 
 
@@ -294,3 +296,27 @@ def generate(seed: int = 0, num_train_clusters: int = 3000, num_val_clusters: in
     val = g.eval_split(num_val_clusters, distractors_per_cluster)
     test = g.eval_split(num_test_clusters, distractors_per_cluster)
     return SyntheticData(train_pairs=train, splits={"val": val, "test": test})
+
+
+# ----------------------------------------------------------------------------- the source
+def _settings(data: Mapping[str, Any], seed: int) -> dict:
+    return {**sources.clustered_settings(data, seed),
+            "num_train_clusters": data["num_train_clusters"],
+            "num_val_clusters": data["num_val_clusters"],
+            "num_test_clusters": data["num_test_clusters"]}
+
+
+def _load(settings: dict) -> clusters.RawData:
+    """The embedded default: seeded question-paraphrase clusters, split by cluster."""
+    data = generate(
+        seed=settings["seed"], num_train_clusters=settings["num_train_clusters"],
+        num_val_clusters=settings["num_val_clusters"],
+        num_test_clusters=settings["num_test_clusters"])
+    offset = 1 + max(q.cluster for qs in data.splits.values() for q in qs)
+    train_cluster = clusters.cluster_pairs(data.train_pairs)
+    items = [(t, offset + c, "train") for t, c in train_cluster.items()]
+    items += [(q.text, q.cluster, s) for s in clusters.EVAL_SPLITS for q in data.splits[s]]
+    return clusters.cluster_raw(data.train_pairs, items, settings)
+
+
+sources.register(sources.Source("synthetic_paraphrase", _load, _settings, reads_path=False))

@@ -24,7 +24,7 @@ from absl import logging
 
 from dualjax.config import specs
 from dualjax.config.specs import PRETRAIN, task_configs  # noqa: F401 (tasks.PRETRAIN)
-from dualjax.data import builders, documents, pipeline, pretraining
+from dualjax.data import builders, documents, pipeline, pretraining, sources
 from dualjax.retrieval.task import RetrievalTask
 from dualjax.text import features, sides
 from dualjax.train import workdir as workdir_lib
@@ -162,18 +162,19 @@ def data_files(config: ml_collections.ConfigDict) -> list[workdir_lib.DataFile]:
     """Every input file the run's data groups read, as the workdir records them
     (`workdir.check_data`): a group's data.path (quora's and reqa_squad's default file
     when empty; for a BEIR folder, its corpus.jsonl, queries.jsonl and qrels/*.tsv) and
-    its pseudo_label_queries (read with pseudo_labels). A group's changed files are
+    its pseudo_label_queries (read with pseudo_labels); none for a source that reads no
+    data.path (`sources.Source.reads_path`: synthetic_paraphrase). A group's changed files are
     accepted with its own `rebuild` or the run's `data.rebuild`."""
-    defaults = {"quora": specs.QUORA_PATH, "reqa_squad": specs.SQUAD_PATH}
     out = []
     for name, data, _ in task_configs(config):
         group = f"tasks.{name}.data" if name else "data"
         rebuild = bool(data.get("rebuild", False) or config.data.get("rebuild", False))
-        named = [("path", data.get("path", "") or defaults.get(data.name, ""))]
+        source = sources.SOURCES.get(data.name)  # (None: a pre-training collection)
+        named = [("path", data.get("path", "") or (source.default_path if source else ""))]
         if data.get("pseudo_labels", 0):
             named.append(("pseudo_label_queries", data.get("pseudo_label_queries", "")))
         for key, path in named:
-            if not path or data.name == "synthetic_paraphrase":
+            if not path or (source and not source.reads_path):
                 continue
             full = os.path.abspath(os.path.expanduser(path))
             out += [workdir_lib.DataFile(f"{group}.{key}", f, rebuild)
