@@ -366,5 +366,8 @@ def get_config() -> ml_collections.ConfigDict:
                                     # these probabilities, e.g. "0,0.25,0.5,0.75" (rows with
                                     # "typo_p"; typo_robustness.png) ("": off)
     c.eval.typo_seed = 0            # seeds the typos of that sweep
+    c.eval.evaluators = ""          # registered evaluators run after each task's retrieval
+                                    # evaluation, e.g. "mine" (options: a group
+                                    # c.eval.mine); docs/design.md, "Extending dualjax"
     c.eval.rerun = False            # a finished workdir is not evaluated again unless True
     return c

@@ -1,8 +1,9 @@
 """Extending dualjax from outside the package: a plugin registered from this file alone
 (no edit under dualjax/) is named by the config, validated, trained and evaluated.
 
-Today: a loss (`dualjax.losses.registry`), a searcher (`dualjax.retrieval.searchers`) and a
-data source (`dualjax.data.sources`). docs/design.md shows the same examples."""
+Today: a loss (`dualjax.losses.registry`), a searcher (`dualjax.retrieval.searchers`), a
+data source (`dualjax.data.sources`) and an evaluator (`dualjax.eval.evaluators`).
+docs/design.md shows the same examples."""
 import json
 import os
 
@@ -14,9 +15,10 @@ from conftest import load_config
 
 from dualjax import errors, losses
 from dualjax.data import clusters, sources
+from dualjax.eval import evaluators
 from dualjax.losses import matrix, streaming
 from dualjax.losses.registry import LOSSES, Loss, register
-from dualjax.retrieval import ann, saved, searchers
+from dualjax.retrieval import ann, encoding, saved, searchers
 from dualjax.retrieval.task import RetrievalTask
 from dualjax.runtime import sharding
 
@@ -170,6 +172,48 @@ def toy_source():
     del sources.SOURCES[COLOURS.name]
 
 
+# ----------------------------------------------------------------------------- a toy evaluator
+class ByLength:
+    """MRR@10 of the queries up to `words` words long and of the longer ones, per system,
+    on the final evaluation only; its rows are written, not returned."""
+    results = False
+
+    def __init__(self, context, task, splits, options):
+        self.context, self.task, self.splits = context, task, splits
+        self.words = int(options.get("words", 4))
+
+    def run(self, systems, step, final=False, splits=None, row_fields=None):
+        if not final:
+            return {}
+        c, out = self.context, {}
+        for split in splits or self.splits:
+            data = self.task.eval_task(split)
+            short = np.array([len(q.split()) <= self.words for q in data.queries])
+            rows = []
+            for name, (encode_queries, encode_documents) in systems.items():
+                docs = encoding.encode_texts(encode_documents, data.corpus, c.inputs.document,
+                                             c.spec.batch_size, c.mesh)
+                queries = encoding.encode_texts(encode_queries, data.queries, c.inputs.query,
+                                                c.spec.batch_size, c.mesh)
+                _, ids = ann.exact_search(queries, docs, 10)
+                rr = np.array([next((1 / (r + 1) for r, j in enumerate(row) if j in rel), 0.0)
+                               for row, rel in zip(ids, data.relevant, strict=True)])
+                mean = lambda x: float(x.mean()) if len(x) else 0.0
+                row = {"system": name, "index": "by_length", "mrr@10_short": mean(rr[short]),
+                       "mrr@10_long": mean(rr[~short]), "short_queries": int(short.sum())}
+                c.log.write(step, split, row, **self.task.fields())
+                rows.append(row)
+            out[split] = rows
+        return out
+
+
+@pytest.fixture
+def toy_evaluator():
+    evaluators.register("by_length", ByLength)
+    yield ByLength
+    del evaluators.EVALUATORS["by_length"]
+
+
 def test_a_registered_loss_is_the_same_sharded_streamed_and_by_hand(toy_loss):
     rng = np.random.default_rng(0)
     unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
@@ -191,14 +235,16 @@ def test_a_registered_loss_is_the_same_sharded_streamed_and_by_hand(toy_loss):
 
 
 @pytest.mark.slow
-def test_a_registered_loss_searcher_and_source_train_and_evaluate_from_the_config(
-        toy_loss, toy_searcher, toy_source, tmp_path):
+def test_registered_plugins_of_every_kind_train_and_evaluate_from_the_config(
+        toy_loss, toy_searcher, toy_source, toy_evaluator, tmp_path):
     from dualjax.train import loop as train
     cfg = load_config("tiny")
     cfg.eval.baselines = ""
     cfg.eval.index = NUMPY.name
     cfg.loss.name = TOY.name
     cfg.data.name = COLOURS.name
+    cfg.eval.evaluators = "by_length"
+    cfg.eval.by_length = {"words": 3}  # its options, a group named after it
     cfg.loss.temperature = -1.0  # the plugin's own option, read from config.loss
     with pytest.raises(errors.ConfigError, match=r"config\.loss\.temperature=-1.0 must be > 0"):
         train.train_and_evaluate(cfg, str(tmp_path / "bad"))
@@ -211,6 +257,11 @@ def test_a_registered_loss_searcher_and_source_train_and_evaluate_from_the_confi
                                                                          "untrained"))
     assert trained > untrained + 0.05, (trained, untrained)  # 0.15 against 0.07
     assert results["dual_encoder [exact]"]["num_queries"] == 60  # the source's test split
+    by_length = [r for r in rows if r.get("index") == "by_length"]
+    assert {(r["split"], r["system"]) for r in by_length} == {
+        (split, s) for split in ("val", "test") for s in ("dual_encoder", "untrained")}
+    # Every query has 4 words: none is short at the option's 3 (at the default 4, all are).
+    assert all(r["short_queries"] == 0 and r["mrr@10_long"] > 0 for r in by_length)
     tables = os.listdir(tmp_path / "run" / "tfds")
     assert COLOURS.name in tables, tables  # (the tables under its own name)
     searched = results[f"dual_encoder [{NUMPY.name}]"]  # the same ranking, by the plugin
@@ -237,6 +288,11 @@ def test_an_unregistered_plugin_is_refused_by_name():
     cfg.data.name = COLOURS.name
     with pytest.raises(errors.ConfigError, match="config.data.name='toy_colours' is not one of: "
                                                  "synthetic_paraphrase, pairs, quora"):
+        validation.validate(cfg, 8)
+    cfg = load_config("tiny")
+    cfg.eval.evaluators = "by_length"
+    with pytest.raises(errors.ConfigError, match="config.eval.evaluators='by_length' is not "
+                                                 "one of"):
         validation.validate(cfg, 8)
 
 

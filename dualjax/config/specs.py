@@ -215,4 +215,11 @@ def eval_spec(config: ml_collections.ConfigDict) -> EvalSpec:
         hybrid_weight=e.get("hybrid_weight", EvalSpec.hybrid_weight),
         select_by=e.get("select_by", ""), typo_probs=typo_probs(config),
         typo_seed=e.get("typo_seed", 0), system=config.model.name,
-        dims=dims(e.get("dims", ""), "eval.dims"))
+        dims=dims(e.get("dims", ""), "eval.dims"),
+        evaluators=tuple((name, plain(e.get(name)) or {})
+                         for name in evaluator_names(e.get("evaluators", ""))))
+
+
+def evaluator_names(text: str) -> list[str]:
+    """eval.evaluators ("a,b") as names."""
+    return [n.strip() for n in text.split(",") if n.strip()]

@@ -14,6 +14,7 @@ from dualjax.config.checks import one_of, positive
 from dualjax.config.model_checks import check_model, check_pses
 from dualjax.data import pretraining, reqa, sources
 from dualjax.errors import ConfigError, PretrainedError
+from dualjax.eval import evaluators
 from dualjax.retrieval import baselines, metrics, searchers
 from dualjax.runtime import sharding
 
@@ -153,6 +154,8 @@ def _check_optimizer(config: ml_collections.ConfigDict, task_list) -> None:
 def _check_eval(config: ml_collections.ConfigDict) -> None:
     """config.eval: the index, baselines, best-step selection, hybrid search, typos."""
     one_of("eval.index", config.eval.index, searchers.SEARCHERS)
+    for name in specs.evaluator_names(config.eval.get("evaluators", "")):
+        one_of("eval.evaluators", name, evaluators.EVALUATORS)
     for kind in searchers.SEARCHERS.values():  # each searcher's own settings
         try:
             kind.check(config.eval)

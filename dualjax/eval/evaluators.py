@@ -1,5 +1,6 @@
 """Evaluators built from the run's `EvalSpec` (as big_vision's `evaluators/common.py`): each task's
-retrieval evaluation and the typo sweep.
+retrieval evaluation, the typo sweep, and those `config.eval.evaluators` names from the
+registry `EVALUATORS`.
 
 An evaluator is given the systems to evaluate as {name: (encode_queries,
 encode_documents)} (encode functions: `encoding.EncodeFn`; never params, the model or
@@ -7,13 +8,25 @@ the train state), the step, and whether this is the final evaluation. It evaluat
 writes its rows to the MetricsLog (and, in the final evaluation, its report files) and
 returns them as {split: rows}. What to do with them (eval.select_by, early stopping) is
 the trainer's decision.
+
+An evaluator of your own is one module that registers a factory under its name:
+
+    def make_mine(context: Context, task: Task, splits, options: dict) -> Evaluator:
+        return Mine(...)   # run(systems, step, final, splits=None, row_fields=None)
+
+    register("mine", make_mine)
+
+`config.eval.evaluators = "mine"` then runs it on every task with evaluation splits,
+after the task's retrieval evaluation, with `config.eval.mine` (a group, if the config
+has one) as its options. tests/test_plugins.py registers one from a test file.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import jax
 
@@ -36,6 +49,46 @@ class Task(Protocol):
 Systems = dict[str, tuple[encoding.EncodeFn, encoding.EncodeFn]]  # name -> (queries, documents)
 
 
+class Evaluator(Protocol):
+    """What the trainer runs. Attributes: `task` and its `splits` it evaluates;
+    `results`: whether its final rows are the run's results (`train_and_evaluate`
+    returns the retrieval evaluators' last split; the others only write theirs)."""
+    task: Task
+    splits: tuple[str, ...]
+    results: bool
+
+    def run(self, systems: Systems, step: int, final: bool = False,
+            splits: Sequence[str] | None = None,
+            row_fields: dict[str, dict] | None = None) -> dict[str, list[dict]]:
+        """{split: rows}: during training (not `final`) the val split at most (or
+        nothing), at the end every split; each row {"system", "index", metrics...}."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What every evaluator of a run is built from. `main`: this is process 0, which
+    writes the files; `log`: the run's metrics.jsonl (and TensorBoard)."""
+    spec: scoring.EvalSpec
+    inputs: Inputs
+    mesh: jax.sharding.Mesh
+    workdir: str
+    log: MetricsLog
+    main: bool
+
+
+Factory = Callable[[Context, Task, tuple[str, ...], Mapping[str, Any]], Evaluator]
+EVALUATORS: dict[str, Factory] = {}
+
+
+def register(name: str, factory: Factory) -> Factory:
+    """Adds `factory` as evaluator `name` (ValueError if the name is taken); returns it."""
+    if EVALUATORS.get(name, factory) is not factory:
+        raise ValueError(f"an evaluator named {name!r} is registered already")
+    EVALUATORS[name] = factory
+    return factory
+
+
 class Retrieval:
     """One task's retrieval evaluation (`scoring.evaluate_split`) on its splits, in order.
 
@@ -48,6 +101,7 @@ class Retrieval:
     chosen on val and carried to the task's later splits (and to a typo sweep of it).
     Only process 0 (`main`) writes files.
     """
+    results = True
 
     def __init__(self, task: Task, splits: Sequence[str], inputs: Inputs,
                  spec: scoring.EvalSpec, mesh: jax.sharding.Mesh, workdir: str,
@@ -111,12 +165,15 @@ class TypoSweep:
     retrieval evaluator's task, with its settings and its val-chosen hybrid weight; final
     evaluation only. Writes its rows (each with "typo_p") and, on process 0,
     WORKDIR/typo_robustness.png."""
+    results = False
 
     def __init__(self, retrieval: Retrieval, probs: Sequence[float], seed: int):
         self.retrieval, self.probs, self.seed = retrieval, tuple(probs), seed
         self.task, self.splits = retrieval.task, retrieval.splits[-1:]
 
-    def run(self, systems: Systems, step: int, final: bool = False) -> dict[str, list[dict]]:
+    def run(self, systems: Systems, step: int, final: bool = False,
+            splits: Sequence[str] | None = None,
+            row_fields: dict[str, dict] | None = None) -> dict[str, list[dict]]:
         """{split: rows} of the sweep when `final`, else {} (nothing is evaluated)."""
         if not final:
             return {}
@@ -138,14 +195,19 @@ class TypoSweep:
 
 def make(spec: scoring.EvalSpec, tasks: Sequence[Task], splits: dict[str, tuple[str, ...]],
          inputs: Inputs, mesh: jax.sharding.Mesh, workdir: str, log: MetricsLog, *,
-         main: bool) -> list[Retrieval | TypoSweep]:
-    """The evaluators of a run, in the order they run: a `Retrieval` per task with
-    evaluation splits (`splits[task.name]`; a pre-training collection has none), then,
-    when spec.typo_probs is set, the `TypoSweep` of the first of them. `main`: this is
-    process 0, which writes the files."""
+         main: bool) -> list[Evaluator]:
+    """The evaluators of a run, in the order they run: per task with evaluation splits
+    (`splits[task.name]`; a pre-training collection has none), its `Retrieval` and then
+    each of spec.evaluators (registered in EVALUATORS); last, when spec.typo_probs is set,
+    the `TypoSweep` of the first task. `main`: this is process 0, which writes files."""
+    context = Context(spec, inputs, mesh, workdir, log, main)
     retrievals = [Retrieval(t, splits[t.name], inputs, spec, mesh, workdir, log, main=main)
                   for t in tasks if splits[t.name]]
-    evaluators: list[Retrieval | TypoSweep] = list(retrievals)
+    evaluators: list[Evaluator] = []
+    for r in retrievals:
+        evaluators.append(r)
+        evaluators += [EVALUATORS[name](context, r.task, r.splits, options)
+                       for name, options in spec.evaluators]
     if spec.typo_probs and retrievals:
         evaluators.append(TypoSweep(retrievals[0], spec.typo_probs, spec.typo_seed))
     return evaluators

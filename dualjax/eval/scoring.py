@@ -49,6 +49,9 @@ class EvalSpec:
     typo_seed: int = 0
     system: str = "dual_encoder"
     dims: tuple[int, ...] = ()  # the trained system also searched at these prefixes
+    # eval.evaluators: (registered name, its options) of each evaluator run after a task's
+    # retrieval evaluation (evaluators.EVALUATORS)
+    evaluators: tuple[tuple[str, Mapping[str, Any]], ...] = ()
 
 
 class Ranking(NamedTuple):

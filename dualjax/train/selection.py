@@ -26,11 +26,12 @@ class Selection:
         self.best = checkpoints.BestParams(workdir, self.metric) if self.metric else None
         self.patience = config.eval.early_stopping * config.eval_every_steps
         self.num_steps = config.num_train_steps
-        self.evaluator = None
+        self.evaluator: Any = None  # an evaluators.Evaluator whose rows are results
 
     def choose(self, evaluators: Sequence[Any]) -> None:
-        """The first evaluator with a val split decides (none: the last step is used)."""
-        self.evaluator = next((e for e in evaluators if "val" in e.splits), None)
+        """The first evaluator of results with a val split decides (none: the last step is
+        used)."""
+        self.evaluator = next((e for e in evaluators if e.results and "val" in e.splits), None)
         if self.best and self.evaluator is None:
             logging.warning("eval.select_by=%s: no task has a val split; the last step is "
                             "used", self.metric)
