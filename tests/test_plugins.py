@@ -1,12 +1,13 @@
 """Extending dualjax from outside the package: a plugin registered from this file alone
 (no edit under dualjax/) is named by the config, validated, trained and evaluated.
 
-Today: a loss (`dualjax.losses.registry`), a searcher (`dualjax.retrieval.searchers`), a
-data source (`dualjax.data.sources`) and an evaluator (`dualjax.eval.evaluators`).
-docs/design.md shows the same examples."""
+A loss (`dualjax.losses.registry`), a tower (`dualjax.models.towers`), a searcher
+(`dualjax.retrieval.searchers`), a data source (`dualjax.data.sources`) and an evaluator
+(`dualjax.eval.evaluators`). docs/design.md shows the same examples."""
 import json
 import os
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +19,7 @@ from dualjax.data import clusters, sources
 from dualjax.eval import evaluators
 from dualjax.losses import matrix, streaming
 from dualjax.losses.registry import LOSSES, Loss, register
+from dualjax.models import towers
 from dualjax.retrieval import ann, encoding, saved, searchers
 from dualjax.retrieval.task import RetrievalTask
 from dualjax.runtime import sharding
@@ -60,6 +62,34 @@ def toy_loss():
     register(TOY)
     yield TOY
     del LOSSES[TOY.name]
+
+
+# ----------------------------------------------------------------------------- a toy tower
+class MaxPoolTower(nn.Module):
+    """Each text: the elementwise max of its tokens' embeddings, then a dense layer."""
+    vocab_size: int
+    width: int
+    output_dim: int
+    embed: nn.Module | None = None
+
+    @nn.compact
+    def __call__(self, ids, mask, extra=None):
+        table = self.embed or nn.Embed(self.vocab_size, self.width, name="embed")
+        x = jnp.where(mask[..., None], table(ids), -1e9).max(axis=1)
+        if extra is not None:
+            x = jnp.concatenate([x, extra], axis=-1)
+        return nn.Dense(self.output_dim, name="out")(x)
+
+
+def make_max_pool(spec, vocab_size, name, embed=None, width=64):  # width: model.max_pool
+    return MaxPoolTower(vocab_size, width, spec.output_dim, embed, name=name)
+
+
+@pytest.fixture
+def toy_tower():
+    towers.register("max_pool", make_max_pool)
+    yield make_max_pool
+    del towers.TOWERS["max_pool"]
 
 
 # ----------------------------------------------------------------------------- a toy searcher
@@ -236,13 +266,15 @@ def test_a_registered_loss_is_the_same_sharded_streamed_and_by_hand(toy_loss):
 
 @pytest.mark.slow
 def test_registered_plugins_of_every_kind_train_and_evaluate_from_the_config(
-        toy_loss, toy_searcher, toy_source, toy_evaluator, tmp_path):
+        toy_loss, toy_tower, toy_searcher, toy_source, toy_evaluator, tmp_path):
     from dualjax.train import loop as train
     cfg = load_config("tiny")
     cfg.eval.baselines = ""
     cfg.eval.index = NUMPY.name
     cfg.loss.name = TOY.name
     cfg.data.name = COLOURS.name
+    cfg.model.tower = "max_pool"
+    cfg.model.max_pool = {"width": 48}  # its options, a group named after it
     cfg.eval.evaluators = "by_length"
     cfg.eval.by_length = {"words": 3}  # its options, a group named after it
     cfg.loss.temperature = -1.0  # the plugin's own option, read from config.loss
@@ -262,6 +294,13 @@ def test_registered_plugins_of_every_kind_train_and_evaluate_from_the_config(
         (split, s) for split in ("val", "test") for s in ("dual_encoder", "untrained")}
     # Every query has 4 words: none is short at the option's 3 (at the default 4, all are).
     assert all(r["short_queries"] == 0 and r["mrr@10_long"] > 0 for r in by_length)
+    import orbax.checkpoint as ocp
+    step = max(int(n) for n in os.listdir(tmp_path / "run" / "checkpoints"))
+    params = ocp.PyTreeCheckpointer().restore(
+        str(tmp_path / "run" / "checkpoints" / str(step) / "state"))["params"]
+    tables = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+              if "embedding" in jax.tree_util.keystr(path)]
+    assert tables and all(t.shape[1] == 48 for t in tables)  # the option, model.max_pool
     tables = os.listdir(tmp_path / "run" / "tfds")
     assert COLOURS.name in tables, tables  # (the tables under its own name)
     searched = results[f"dual_encoder [{NUMPY.name}]"]  # the same ranking, by the plugin
@@ -288,6 +327,11 @@ def test_an_unregistered_plugin_is_refused_by_name():
     cfg.data.name = COLOURS.name
     with pytest.raises(errors.ConfigError, match="config.data.name='toy_colours' is not one of: "
                                                  "synthetic_paraphrase, pairs, quora"):
+        validation.validate(cfg, 8)
+    cfg = load_config("tiny")
+    cfg.model.tower = "max_pool"
+    with pytest.raises(errors.ConfigError, match="config.model.tower='max_pool' is not one of: "
+                                                 "bow, bow_mlp, cnn, transformer, bert"):
         validation.validate(cfg, 8)
     cfg = load_config("tiny")
     cfg.eval.evaluators = "by_length"

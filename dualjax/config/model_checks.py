@@ -121,7 +121,7 @@ def _check_towers(model: ml_collections.ConfigDict) -> None:
     table only with two towers, and the cnn / transformer settings of the towers in use."""
     for key in ("tower", "query_tower", "doc_tower"):
         if key == "tower" or model[key]:
-            one_of(f"model.{key}", model[key], dual_encoder.TOWER_KINDS)
+            one_of(f"model.{key}", model[key], dual_encoder.tower_kinds())
     one_of("model.dtype", model.get("dtype", "float32"), towers.DTYPES)
     for key in ("query_tower", "doc_tower", "shared_embedding"):
         if model[key] and model.shared_towers:

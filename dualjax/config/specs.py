@@ -54,7 +54,18 @@ def model_spec(model: ml_collections.ConfigDict) -> ModelSpec:
         transformer=transformer, similarity=model.similarity, temperature=model.temperature,
         init_scale=model.init_scale, init_bias=model.init_bias,
         pses=PsesSpec() if p is None else PsesSpec(**{
-            f.name: p[f.name] for f in dataclasses.fields(PsesSpec)}))
+            f.name: p[f.name] for f in dataclasses.fields(PsesSpec)}),
+        tower_options=tuple((kind, _frozen(model.get(kind)))
+                            for kind in sorted(set(used))
+                            if kind not in towers.BUILT_IN and kind != "bert"
+                            and model.get(kind) is not None))
+
+
+def _frozen(group) -> tuple[tuple[str, object], ...]:
+    """A registered tower's config group as (key, value) pairs, lists as tuples (a
+    ModelSpec is hashed: Flax modules hold it)."""
+    plain = group.to_dict() if hasattr(group, "to_dict") else dict(group)
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in plain.items()))
 
 
 def prompts(model: ml_collections.ConfigDict, start_prompts: dict[str, str] | None = None

@@ -21,7 +21,11 @@ from dualjax.models.bert import BertConfig, BertTower
 from dualjax.models.spec import ModelSpec
 from dualjax.models.towers import TOWERS
 
-TOWER_KINDS = (*TOWERS, "bert")  # model.tower names; "bert" takes its sizes from a BertConfig
+
+def tower_kinds() -> tuple[str, ...]:
+    """model.tower names: the registered towers, and "bert" (its sizes: a BertConfig)."""
+    return (*TOWERS, "bert")
+
 
 SIMILARITIES = ("cosine_affine", "cosine_temperature", "cosine_learned_temperature")
 # cosine_learned_temperature: log tau is clipped to this range (CLIP clips its logit scale
@@ -84,7 +88,8 @@ class DualEncoder(nn.Module):
 
     def _tower(self, kind: str, name: str, embed: nn.Module | None = None) -> nn.Module:
         if kind != "bert":
-            return TOWERS[kind](self.spec, self.vocab_size, name, embed)
+            return TOWERS[kind](self.spec, self.vocab_size, name, embed,
+                                **self.spec.options_of(kind))
         if self.bert is None:  # config_lib says so earlier, naming the keys
             raise ValueError("model.tower='bert' takes its sizes from model.pretrained")
         return BertTower(self.bert, towers.compute_dtype(self.spec), embed, name=name)

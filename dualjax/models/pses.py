@@ -75,11 +75,14 @@ class Pses(nn.Module):
         cfg, p = self.spec, self.spec.pses
         q_tower, d_tower = cfg.towers
         if cfg.shared_towers:
-            self.query_trunk = TOWERS[q_tower](cfg, self.vocab_size, "trunk")
+            self.query_trunk = TOWERS[q_tower](cfg, self.vocab_size, "trunk",
+                                               **cfg.options_of(q_tower))
             self.doc_trunk = self.query_trunk
         else:
-            self.query_trunk = TOWERS[q_tower](cfg, self.vocab_size, "query_trunk")
-            self.doc_trunk = TOWERS[d_tower](cfg, self.vocab_size, "doc_trunk")
+            self.query_trunk = TOWERS[q_tower](cfg, self.vocab_size, "query_trunk",
+                                               **cfg.options_of(q_tower))
+            self.doc_trunk = TOWERS[d_tower](cfg, self.vocab_size, "doc_trunk",
+                                             **cfg.options_of(d_tower))
         x_dims = towers.output_dim(cfg, q_tower), towers.output_dim(cfg, d_tower)
         self.shared = Mlp(p.hidden_layers, p.hidden_dim, p.shared_dim, name="shared")
         self.query_specific = Mlp(p.hidden_layers, p.hidden_dim, p.specific_dim,

@@ -5,6 +5,7 @@ applied. A frozen dataclass, so a module holds it as a field and never reads a c
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 TRANSFORMER_PRESETS: dict[str, dict[str, int]] = {
         "": {},  # the explicit model.transformer fields
@@ -75,6 +76,13 @@ class ModelSpec:
     init_scale: float = 10.0
     init_bias: float = 0.0
     pses: PsesSpec = PsesSpec()
+    # A registered tower's own settings (towers.register): (its name, ((key, value), ...)),
+    # from the config group model.<its name>; dualjax's own towers read the fields above.
+    tower_options: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+
+    def options_of(self, tower: str) -> dict[str, Any]:
+        """The settings of tower `tower` (model.<tower>), as its factory's kwargs."""
+        return dict(dict(self.tower_options).get(tower, ()))
 
     @property
     def towers(self) -> tuple[str, str]:

@@ -351,9 +351,27 @@ def _transformer(spec: ModelSpec, vocab_size: int, name: str,
                             compute_dtype(spec), embed, name=name)
 
 
-TOWERS: dict[str, Callable[..., nn.Module]] = {
+# name -> factory(spec, vocab_size, name, embed=None, **options) -> the tower module.
+TowerFactory = Callable[..., nn.Module]
+TOWERS: dict[str, TowerFactory] = {
         "bow": _bow,
         "bow_mlp": _bow_mlp,
         "cnn": _cnn,
         "transformer": _transformer,
 }
+BUILT_IN = tuple(TOWERS)  # dualjax's own, whose settings are ModelSpec's fields
+
+
+def register(name: str, factory: TowerFactory) -> TowerFactory:
+    """Adds tower `name` (ValueError if the name is taken); returns `factory`.
+
+    factory(spec, vocab_size, name, embed=None, **options) -> a Flax module whose
+    __call__(ids [b, len] int32, mask [b, len] bool, extra=None) gives the text vectors
+    [b, spec.output_dim] (the model normalises them); `embed`: the token table the two
+    sides share (model.shared_embedding), else None; `options`: the config group
+    model.<name>, when the config has one (`ModelSpec.options_of`). docs/design.md
+    walks through one; tests/test_plugins.py registers one from a test file."""
+    if name == "bert" or TOWERS.get(name, factory) is not factory:
+        raise ValueError(f"a tower named {name!r} is registered already")
+    TOWERS[name] = factory
+    return factory
