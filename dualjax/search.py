@@ -62,11 +62,7 @@ def fused(dense: tuple[np.ndarray, np.ndarray], corpus: Sequence[str], queries: 
     score interpolation (scores: the interpolated values)."""
     (d_scores, d_ids), (l_scores, l_ids) = dense, baselines.rank_texts(lexical, corpus,
                                                                        queries, k)
-    if weight is None:
-        ids, scores = hybrid.fuse_rrf([d_ids, l_ids], k, with_scores=True)
-    else:
-        ids, scores = hybrid.fuse_scores((d_ids, d_scores), (l_ids, l_scores), weight, k,
-                                         with_scores=True)
+    ids, scores = hybrid.fuse((d_ids, d_scores), (l_ids, l_scores), k, weight)
     return scores, ids
 
 

@@ -232,7 +232,7 @@ def _hybrid(add, system: str, lexical: str, scored: dict, task: RetrievalTask, s
     score interpolation at weights[system] (None: the weight best here)."""
     ids, scores = scored[lexical]
     add(f"{system}+{lexical}", "exact",
-        hybrid.fuse_rrf([scored[system][0], ids], k, spec.hybrid_rrf_k, with_scores=True))
+        hybrid.fuse(scored[system], (ids, scores), k, rrf_k=spec.hybrid_rrf_k))
     if weights is None:
         weight, _ = hybrid.choose_weight(scored[system], (ids, scores), task.relevant, k,
                                          spec.select_by or "map@100",
@@ -240,7 +240,7 @@ def _hybrid(add, system: str, lexical: str, scored: dict, task: RetrievalTask, s
     else:
         weight = weights.get(system, spec.hybrid_weight)
     add(f"{system}+{lexical}_interp", "exact",
-        hybrid.fuse_scores(scored[system], (ids, scores), weight, k, with_scores=True),
+        hybrid.fuse(scored[system], (ids, scores), k, weight),
         hybrid_weight=weight)
 
 

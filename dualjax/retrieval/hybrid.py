@@ -78,6 +78,18 @@ def fuse_scores(dense: tuple[np.ndarray, np.ndarray], lexical: tuple[np.ndarray,
     return _top(fused, k, with_scores)
 
 
+def fuse(dense: tuple[np.ndarray, np.ndarray], lexical: tuple[np.ndarray, np.ndarray],
+         k: int, weight: float | None = None, rrf_k: float = 60.0
+         ) -> tuple[np.ndarray, np.ndarray]:
+    """The one hybrid of a dense and a lexical (ids, scores) top-K, for evaluation and
+    `dualjax.search` alike: (ids [nq, k], scores [nq, k]) by reciprocal rank fusion
+    (`fuse_rrf`; scores: the RRF sums) or, with a `weight`, by score interpolation
+    (`fuse_scores`; scores: the interpolated values)."""
+    if weight is None:
+        return fuse_rrf([dense[0], lexical[0]], k, rrf_k, with_scores=True)
+    return fuse_scores(dense, lexical, weight, k, with_scores=True)
+
+
 def choose_weight(dense: tuple[np.ndarray, np.ndarray], lexical: tuple[np.ndarray, np.ndarray],
                   relevant: Sequence[frozenset[int]], k: int, metric: str = "map@100",
                   weights: Sequence[float] = WEIGHTS,
