@@ -21,6 +21,7 @@ from dualjax.errors import DataError
 from dualjax.train import loop as train
 from dualjax.train import step as step_lib
 from dualjax.train import tasks
+from dualjax.train.rows import AHEAD_SECONDS, TrainRows, steps_ahead
 
 
 def tiny(**overrides):
@@ -188,7 +189,6 @@ def test_the_host_queues_only_a_few_seconds_of_steps():
     """Steps dispatch asynchronously; keeping a step's metrics waits for the step `ahead`
     before it (1 until a train row measures the step time, then AHEAD_SECONDS' worth),
     so a signal's checkpoint waits for seconds of steps, not log_every_steps of them."""
-    from types import SimpleNamespace
 
     class Leaf:  # a metric on the device: records when the host waited for it
         def __init__(self, step):
@@ -199,7 +199,7 @@ def test_the_host_queues_only_a_few_seconds_of_steps():
             return self
 
     waited = []
-    rows = train._TrainRows(SimpleNamespace(config=SimpleNamespace(num_train_steps=4)), 0)
+    rows = TrainRows(4, 0, 8, log=None)
     for step in range(1, 5):
         rows.add(step, {"loss": Leaf(step)})
         assert waited == list(range(1, step))  # every step before the newest, and not it
@@ -210,8 +210,8 @@ def test_the_host_queues_only_a_few_seconds_of_steps():
         rows.add(step, {"loss": Leaf(step)})
     assert waited == [1, 2, 3]  # before steps 4, 5 and 6: three in flight at most
     rows.close()
-    assert train.steps_ahead(8.0) == 1 == train.steps_ahead(train.AHEAD_SECONDS)  # MiniLM
-    assert train.steps_ahead(0.002) == int(train.AHEAD_SECONDS / 0.002)  # the quick start
+    assert steps_ahead(8.0) == 1 == steps_ahead(AHEAD_SECONDS)  # MiniLM
+    assert steps_ahead(0.002) == int(AHEAD_SECONDS / 0.002)  # the quick start
 
 
 @pytest.mark.slow

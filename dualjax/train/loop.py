@@ -24,9 +24,7 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
-import optax
 from absl import logging
-from tqdm.auto import tqdm
 
 from dualjax import models, objectives, pretrained
 from dualjax.config import specs
@@ -44,6 +42,7 @@ from dualjax.train import lazy_rows as tables
 from dualjax.train import step as step_lib
 from dualjax.train import tasks as tasks_lib
 from dualjax.train import workdir as workdir_lib
+from dualjax.train.rows import TrainRows
 from dualjax.train.selection import Selection
 
 Hook = Callable[[int, dict], None]  # called after every step with (step, device metrics)
@@ -330,7 +329,7 @@ def _train_loop(run: Run, evaluators, selection: Selection, hooks: Sequence[Hook
     weights = [t.weight for t in run.tasks]
     trim = (jax.process_count() == 1 and config.model.name == "dual_encoder"
             and not specs.is_mlm(config))
-    rows = _TrainRows(run, start)
+    rows = TrainRows(config.num_train_steps, start, config.global_batch_size, run.log)
     last = config.num_train_steps if not selection.stopped_early(start) else start
     signals.deferring = True  # a signal now saves at the end of the step
     try:
@@ -352,7 +351,7 @@ def _train_loop(run: Run, evaluators, selection: Selection, hooks: Sequence[Hook
                 stop = ((stop or "a signal to another process")
                         if is_log and processes.any_process(bool(stop)) else None)
             if is_log or is_ckpt or stop:
-                rows.write(t)
+                rows.write(run.tasks[t].fields(), run.state["params"], run.last_saved)
             if is_ckpt or stop:
                 run.save(step)
             if stop:
@@ -385,64 +384,6 @@ def _evaluate_during_training(run: Run, evaluators, selection: Selection, rows, 
                  "evaluations; training stops at step %d", selection.metric,
                  selection.best.step, run.config.eval.early_stopping, step)
     return True  # saved: a rerun finds it finished
-
-
-AHEAD_SECONDS = 2.0  # the device work the host may queue ahead of it (`_TrainRows.add`)
-
-
-def steps_ahead(seconds_per_step: float) -> int:
-    """How many steps the host may queue: those that take AHEAD_SECONDS, at least 1."""
-    return max(1, int(AHEAD_SECONDS / max(seconds_per_step, 1e-9)))
-
-
-class _TrainRows:
-    """The steps' metrics, kept on the device until a train row is written (checked
-    finite, with the throughput since the last row), and the progress bar."""
-
-    def __init__(self, run: Run, start: int):
-        self.run = run
-        self.pending: list[tuple[int, dict]] = []
-        self.since = (start, time.perf_counter())  # steps and time since the last row
-        self.ahead = 1  # steps the host may queue; measured again at each train row
-        self.bar = tqdm(total=run.config.num_train_steps, initial=start, desc="train",
-                        unit="step", disable=None, dynamic_ncols=True)
-
-    def add(self, step: int, metrics: dict) -> None:
-        """Keeps the step's metrics. Dispatch is asynchronous: steps the host queues ahead
-        keep a fast device busy (the quick start's 2 ms steps ran 8% slower one at a
-        time), but a signal's checkpoint waits for all of them (a preemption notice is
-        ~30 s; 50 queued MiniLM steps on 2 CPU cores are 7 minutes). So the host waits
-        once `ahead` steps are queued: those that take AHEAD_SECONDS at the step time
-        measured at the last train row, 1 before the first (compilation)."""
-        if len(self.pending) >= self.ahead:
-            jax.block_until_ready(self.pending[-self.ahead][1])
-        self.pending.append((step, metrics))
-        self.bar.update(1)
-
-    def write(self, task: int) -> None:
-        config = self.run.config
-        pending, self.pending = jax.device_get(self.pending), []
-        step, values = pending[-1]
-        if values["param_norm"] == step_lib.NOT_MEASURED:  # a signal came mid-step: it saves
-            values["param_norm"] = float(jax.jit(optax.tree.norm)(self.run.state["params"]))
-            del values["grad_norm"]
-        step_lib.check_finite(pending, self.run.last_saved)
-        now = time.perf_counter()  # includes compilation in the first interval
-        values["pairs_per_second"] = ((step - self.since[0]) * config.global_batch_size
-                                      / max(now - self.since[1], 1e-9))
-        self.ahead = steps_ahead((now - self.since[1]) / max(step - self.since[0], 1))
-        self.since = (step, now)
-        stats = jax.local_devices()[0].memory_stats()  # (None on CPU)
-        if stats and "peak_bytes_in_use" in stats:  # the device's high-water mark so far
-            values["device_peak_gib"] = stats["peak_bytes_in_use"] / 2 ** 30
-        self.run.log.write(step, "train", values, **self.run.tasks[task].fields())
-        self.bar.set_postfix(loss=f"{values['loss']:.4f}")
-        if self.bar.disable:  # not a terminal (CI, nohup, a pipe): progress as lines
-            logging.info("step %d/%d: loss %.4f, %.0f pairs/s", step, config.num_train_steps,
-                         values["loss"], values["pairs_per_second"])
-
-    def close(self) -> None:
-        self.bar.close()
 
 
 def _final_evaluation(run: Run, evaluators, selection: Selection) -> dict[str, dict]:
