@@ -170,6 +170,7 @@ from dualjax import losses, objectives
 from dualjax.runtime import sharding
 from dualjax.config import specs
 from dualjax.train import step as step_lib
+from dualjax.objectives.optimizer import make_optimizer
 from dualjax.models import dual_encoder
 from dualjax.models.bert import BertConfig
 q_len, d_len, chunks, steps = map(int, sys.argv[2:6])
@@ -180,7 +181,7 @@ c.loss.name = "in_batch_softmax"
 mesh = sharding.make_mesh(1)
 model = dual_encoder.make_model(specs.model_spec(m), MINILM["vocab_size"],
                                 bert=BertConfig(**MINILM))
-tx, schedule = step_lib.make_optimizer(c.optimizer, 1000)
+tx, schedule = make_optimizer(specs.optimizer_spec(c.optimizer), 1000)
 objective = objectives.in_batch.objective(model, losses.sharded(c.loss.name, mesh), 256,
                                               encode_chunks=chunks)
 init = step_lib.make_init_state(objective, tx)

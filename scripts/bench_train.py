@@ -1,7 +1,7 @@
 """Training-step and input-pipeline throughput on this machine's CPU.
 
 Measures pairs/second of the real jitted update (`dualjax.train.step.make_train_step`, with
-`step.make_optimizer`, `losses.sharded` and the `bow_mlp` dual encoder of
+`optimizer.make_optimizer`, `losses.sharded` and the `bow_mlp` dual encoder of
 configs/default.py, resized) on random token ids, once per device count. Each device
 count runs in its own subprocess, because the number of fake CPU devices
 (`XLA_FLAGS=--xla_force_host_platform_device_count=N`) must be set before jax is
@@ -175,6 +175,7 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
     from dualjax import losses, objectives
     from dualjax.config import specs
     from dualjax.models import dual_encoder
+    from dualjax.objectives.optimizer import make_optimizer
     from dualjax.runtime import sharding
     from dualjax.train import lazy_rows as tables
     from dualjax.train import step as step_lib
@@ -201,7 +202,8 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
         bert = BertConfig(**MINILM)
     model = dual_encoder.make_model(specs.model_spec(config.model), args.vocab, bert=bert)
     # Schedule long enough that warmup/decay never reach zero during the benchmark.
-    tx, schedule = step_lib.make_optimizer(config.optimizer, 100 * (args.steps + args.warmup))
+    tx, schedule = make_optimizer(specs.optimizer_spec(config.optimizer),
+                                  100 * (args.steps + args.warmup))
 
     objective = objectives.in_batch.objective(
         model, losses.sharded(config.loss.name, mesh), args.seq_len)

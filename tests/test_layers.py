@@ -121,6 +121,20 @@ def test_the_errors_guard_sees_a_re_export(tmp_path):
     assert misrouted_errors([bad]) == ["bad.py:1 from dualjax.data.pairs_file import ..."]
 
 
+# train/'s modules that take specs and plain values only (issue 44: in the end, every one;
+# the stages still reading the ConfigDict are loop, tasks, inputs, model_data, teacher,
+# trained, warm_start and workdir).
+CONFIG_FREE_TRAIN = ("checkpoints", "lazy_rows", "rows", "selection", "step", "weak_labels")
+
+
+def test_the_train_modules_taking_specs_never_read_the_config():
+    paths = [ROOT / "train" / f"{name}.py" for name in CONFIG_FREE_TRAIN]
+    offenders = [p.name for p in paths
+                 if any(m == f or m.startswith(f + ".") for m in imports(p)
+                        for f in ("ml_collections", "dualjax.config"))]
+    assert offenders == [], "these read the config: give them a spec or plain values"
+
+
 @pytest.mark.parametrize("line, where, offends", [
     ("from dualjax.train import loop", "serve/x.py", True),      # serve never trains
     ("from dualjax import train", "eval/x.py", True),            # eval below train

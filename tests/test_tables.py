@@ -8,10 +8,12 @@ from conftest import load_config
 from jax.sharding import PartitionSpec as P
 
 from dualjax import errors, losses
+from dualjax.config import specs
 from dualjax.config import validation as config_lib
 from dualjax.config.specs import model_spec
 from dualjax.models import dual_encoder
 from dualjax.objectives import in_batch as de_objective
+from dualjax.objectives.optimizer import make_optimizer
 from dualjax.runtime import sharding
 from dualjax.train import lazy_rows as tables
 from dualjax.train import step as step_lib
@@ -44,7 +46,7 @@ def run(table_updates, batches, shared_towers=False, shared_embedding=False, chu
     model = dual_encoder.make_model(model_spec(m), VOCAB)
     objective = de_objective.objective(model, losses.sharded("in_batch_softmax", mesh), L,
                                        encode_chunks=chunks)
-    tx, schedule = step_lib.make_optimizer(cfg.optimizer, 100)
+    tx, schedule = make_optimizer(specs.optimizer_spec(cfg.optimizer), 100)
     init = step_lib.make_init_state(objective, tx)
     shardings = sharding.state_shardings(jax.eval_shape(init, 0), mesh, param_sharding,
                                          dual_encoder.logical_axes(model, L))

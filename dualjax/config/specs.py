@@ -20,6 +20,7 @@ from dualjax.eval.scoring import EvalSpec
 from dualjax.models import towers
 from dualjax.models.spec import ModelSpec, PsesSpec, TransformerSpec
 from dualjax.objectives import ObjectiveSpec, PsesLoss
+from dualjax.objectives.optimizer import OptimizerSpec
 from dualjax.retrieval import baselines
 from dualjax.text import features
 
@@ -66,6 +67,13 @@ def _frozen(group) -> tuple[tuple[str, object], ...]:
     ModelSpec is hashed: Flax modules hold it)."""
     plain = group.to_dict() if hasattr(group, "to_dict") else dict(group)
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in plain.items()))
+
+
+def optimizer_spec(optimizer: ml_collections.ConfigDict) -> OptimizerSpec:
+    """`config.optimizer` as the train step takes it (a key a saved config from before it
+    lacks: its default)."""
+    return OptimizerSpec(**{f.name: optimizer.get(f.name, f.default)
+                            for f in dataclasses.fields(OptimizerSpec)})
 
 
 def prompts(model: ml_collections.ConfigDict, start_prompts: dict[str, str] | None = None

@@ -15,12 +15,12 @@ from dualjax.config.model_checks import check_model, check_pses
 from dualjax.data import pretraining, reqa, sources
 from dualjax.errors import ConfigError, PretrainedError
 from dualjax.eval import evaluators
+from dualjax.objectives import optimizer
 from dualjax.retrieval import baselines, metrics, searchers
 from dualjax.runtime import sharding
 
-OPTIMIZERS = ("sgd", "adam", "adamw")
-TABLE_UPDATES = ("dense", "lazy")  # optimizer.table_updates (dualjax/train/lazy_rows.py)
-DECAYS = ("linear", "constant")
+OPTIMIZERS, TABLE_UPDATES, DECAYS = (optimizer.OPTIMIZERS, optimizer.TABLE_UPDATES,
+                                     optimizer.DECAYS)
 
 
 def _check_loss(loss: ml_collections.ConfigDict) -> None:

@@ -33,6 +33,7 @@ from dualjax.errors import ConfigError, Preempted, PretrainedError
 from dualjax.eval import evaluators as evaluators_lib
 from dualjax.eval import scoring
 from dualjax.eval.metrics_log import MetricsLog
+from dualjax.objectives import optimizer
 from dualjax.runtime import malloc, processes, sharding
 from dualjax.runtime.signals import Signals
 from dualjax.text import sides
@@ -140,7 +141,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
     if config.num_train_steps:
         run.data_iters = _training_data(run)
     _restore(run)
-    selection = Selection(config, workdir, run.system)
+    selection = Selection(config.eval.select_by,
+                          config.eval.early_stopping * config.eval_every_steps,
+                          config.num_train_steps, workdir, run.system)
     start = int(run.state["step"])
     finished = start >= config.num_train_steps or selection.stopped_early(start)
     if processes.agree(finished and not config.eval.rerun):
@@ -235,7 +238,8 @@ def _build(config, workdir, mesh, log, signals, tasks, splits, inputs, origin) -
                               inputs.feature_sizes(), num_tasks=len(tasks),
                               bert=origin.bert if origin else None)
     objective = objectives.make(specs.objective_spec(config), model, mesh)
-    tx, schedule = step_lib.make_optimizer(config.optimizer, config.num_train_steps)
+    opt = specs.optimizer_spec(config.optimizer)
+    tx, schedule = optimizer.make_optimizer(opt, config.num_train_steps)
     tx = objectives.restrict(tx, objective)  # params the objective keeps fixed get no update
     init_state = step_lib.make_init_state(objective, tx, config.loss.log_q_buckets)
     try:  # a model axis that does not divide the towers' heads: named in one line
@@ -245,7 +249,7 @@ def _build(config, workdir, mesh, log, signals, tasks, splits, inputs, origin) -
     except ValueError as e:
         raise ConfigError(f"config.{e}") from None
     state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(config.seed)
-    table_updates = config.optimizer.get("table_updates", "dense")
+    table_updates = opt.table_updates
     train_step = step_lib.make_train_step(
         objective, tx, schedule, state_sharding, sharding.batch_sharding(mesh),
         sharding.replicated(mesh), config.loss.log_q_alpha, table_updates)

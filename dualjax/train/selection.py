@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import ml_collections
 from absl import logging
 
 from dualjax.train import checkpoints
@@ -21,11 +20,14 @@ class Selection:
     """The best val step so far (`best`, None without eval.select_by) and the evaluator
     whose val rows decide it."""
 
-    def __init__(self, config: ml_collections.ConfigDict, workdir: str, system: str):
-        self.metric, self.system = config.eval.select_by, system
+    def __init__(self, metric: str, patience: int, num_steps: int, workdir: str, system: str):
+        """metric: eval.select_by ("": none); patience: the steps the best may be behind
+        before training stops (eval.early_stopping evaluations; 0: never); num_steps:
+        the run's last step; system: the trained system's rows."""
+        self.metric, self.system = metric, system
         self.best = checkpoints.BestParams(workdir, self.metric) if self.metric else None
-        self.patience = config.eval.early_stopping * config.eval_every_steps
-        self.num_steps = config.num_train_steps
+        self.patience = patience
+        self.num_steps = num_steps
         self.evaluator: Any = None  # an evaluators.Evaluator whose rows are results
 
     def choose(self, evaluators: Sequence[Any]) -> None:

@@ -1,5 +1,5 @@
-"""One training update: the optimizer (`make_optimizer`), the initial train state
-(`make_init_state`) and the jitted step (`make_train_step` -> `TrainStep`), with the
+"""One training update: the initial train state (`make_init_state`) and the jitted step
+(`make_train_step` -> `TrainStep`; the optimizer: `objectives.optimizer`), with the
 check that stops a run whose loss, gradient or params stop being finite.
 
 `train.py` runs these in its loop; the benchmarks (scripts/bench_train.py,
@@ -14,7 +14,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 
@@ -26,27 +25,7 @@ from dualjax.train import lazy_rows as tables
 State = dict[str, Any]  # {"params", "opt_state", "step", "rng"[, "critic", "frequency"]}
 
 
-# ----------------------------------------------------------------------------- optimizer
-def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int
-                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """SGD with momentum (constant rate, as Gillick et al.) or Adam/AdamW with linear
-    warmup then linear decay to zero or a constant rate (as Chang et al.)."""
-    if cfg.name == "sgd":
-        schedule = optax.constant_schedule(cfg.learning_rate)
-        tx = optax.sgd(schedule, momentum=cfg.momentum or None)
-    else:
-        warmup = min(cfg.warmup_steps, num_steps)
-        after = (optax.linear_schedule(cfg.learning_rate, 0.0, max(num_steps - warmup, 1))
-                 if cfg.decay == "linear" else optax.constant_schedule(cfg.learning_rate))
-        schedule = optax.join_schedules(
-            [optax.linear_schedule(0.0, cfg.learning_rate, warmup), after], [warmup])
-        tx = (optax.adamw(schedule, weight_decay=cfg.weight_decay) if cfg.name == "adamw"
-              else optax.adam(schedule))
-    if cfg.grad_clip_norm:
-        tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip_norm), tx)
-    return tx, schedule
-
-
+# ----------------------------------------------------------------------------- state
 def make_init_state(objective: objectives.Objective, tx: optax.GradientTransformation,
                     log_q_buckets: int = 0) -> Callable[[int], State]:
     """seed -> the initial train state {"params", "opt_state", "step", "rng"}, plus
