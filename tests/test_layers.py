@@ -122,9 +122,10 @@ def test_the_errors_guard_sees_a_re_export(tmp_path):
 
 
 # train/'s modules that take specs and plain values only (issue 44: in the end, every one;
-# the stages still reading the ConfigDict are loop, tasks, inputs, model_data, teacher,
-# trained, warm_start and workdir).
-CONFIG_FREE_TRAIN = ("checkpoints", "lazy_rows", "rows", "selection", "step", "weak_labels")
+# the stages still reading the ConfigDict are loop, tasks, model_data, teacher, trained,
+# warm_start and workdir).
+CONFIG_FREE_TRAIN = ("checkpoints", "inputs", "lazy_rows", "rows", "selection", "step",
+                     "weak_labels")
 
 
 def test_the_train_modules_taking_specs_never_read_the_config():

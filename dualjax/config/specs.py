@@ -23,6 +23,7 @@ from dualjax.objectives import ObjectiveSpec, PsesLoss
 from dualjax.objectives.optimizer import OptimizerSpec
 from dualjax.retrieval import baselines
 from dualjax.text import features
+from dualjax.text.sides import InputsSpec
 
 
 def tower_names(model: ml_collections.ConfigDict) -> tuple[str, str]:
@@ -74,6 +75,15 @@ def optimizer_spec(optimizer: ml_collections.ConfigDict) -> OptimizerSpec:
     lacks: its default)."""
     return OptimizerSpec(**{f.name: optimizer.get(f.name, f.default)
                             for f in dataclasses.fields(OptimizerSpec)})
+
+
+def inputs_spec(model: ml_collections.ConfigDict) -> InputsSpec:
+    """`config.model`'s inputs part (a key an old saved config lacks: its default)."""
+    keys = ("tokenizer", "tokenizer_path", "vocab_size", "num_oov_buckets",
+            "trigram_vocab_size", "feature_vocab_size", "feature_buckets")
+    return InputsSpec(**{k: model.get(k, getattr(InputsSpec, k)) for k in keys},
+                      features=feature_specs(model), max_lens=max_lens(model),
+                      prompts=prompts(model))
 
 
 def prompts(model: ml_collections.ConfigDict, start_prompts: dict[str, str] | None = None

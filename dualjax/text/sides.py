@@ -168,3 +168,28 @@ def trim_padding(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out[f"{prefix}_ids"] = batch[f"{prefix}_ids"][..., :length]
         out[f"{prefix}_mask"] = mask[..., :length]
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class InputsSpec:
+    """What the sides read, as `train.inputs` builds them (config.model's keys, resolved
+    by `config.specs.inputs_spec`; configs/default.py says what each does).
+
+    Attributes:
+        tokenizer: model.tokenizer ("hf": the start's, or the file model.tokenizer_path).
+        tokenizer_path, vocab_size, num_oov_buckets, trigram_vocab_size: its settings.
+        features: (query, document) categorical fields, ((name, embedding size), ...).
+        feature_vocab_size, feature_buckets: each field's vocabulary settings.
+        max_lens: (query, document) lengths in tokens.
+        prompts: (query, document) prompts the config sets ("": the start's, if any).
+    """
+    tokenizer: str = "word"
+    tokenizer_path: str = ""
+    vocab_size: int = 20000
+    num_oov_buckets: int = 1000
+    trigram_vocab_size: int = 40000
+    features: tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = ((), ())
+    feature_vocab_size: int = 1000
+    feature_buckets: int = 100
+    max_lens: tuple[int, int] = (32, 32)
+    prompts: tuple[str, str] = ("", "")

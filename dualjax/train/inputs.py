@@ -11,13 +11,13 @@ from collections.abc import Callable, Iterable
 from absl import logging
 
 from dualjax import pretrained
-from dualjax.config import specs as specs_lib
 from dualjax.errors import ConfigError
 from dualjax.text import features, sides, tokenizers
+from dualjax.text.sides import InputsSpec
 from dualjax.text.tokenizers import Tokenizer
 
 
-def load_tokenizer(config, workdir: str, texts: Callable[[], Iterable[str]],
+def load_tokenizer(spec: InputsSpec, workdir: str, texts: Callable[[], Iterable[str]],
                    start: pretrained.Pretrained | None = None) -> Tokenizer:
     """WORKDIR/vocab.json if it exists (a resumed or evaluated run), else built from
     `texts()` (the training pairs) as `model.tokenizer` says, or read ("hf": the
@@ -25,41 +25,42 @@ def load_tokenizer(config, workdir: str, texts: Callable[[], Iterable[str]],
     path = os.path.join(workdir, "vocab.json")
     if os.path.exists(path):
         return tokenizers.load_tokenizer(path)
-    m = config.model
     tok: tokenizers.Tokenizer
-    if m.tokenizer == "hf":
-        tok = start.tokenizer() if start else pretrained.read_tokenizer(m.tokenizer_path)
+    if spec.tokenizer == "hf":
+        tok = start.tokenizer() if start else pretrained.read_tokenizer(spec.tokenizer_path)
     else:
-        tok = tokenizers.build_tokenizer(m.tokenizer, texts(), vocab_size=m.vocab_size,
-                                         num_oov_buckets=m.num_oov_buckets,
-                                         trigram_vocab_size=m.trigram_vocab_size)
+        tok = tokenizers.build_tokenizer(spec.tokenizer, texts(), vocab_size=spec.vocab_size,
+                                         num_oov_buckets=spec.num_oov_buckets,
+                                         trigram_vocab_size=spec.trigram_vocab_size)
     tok.save(path)
-    logging.info("Tokenizer %s: %d embedding rows, saved to %s", m.tokenizer, tok.vocab_size, path)
+    logging.info("Tokenizer %s: %d embedding rows, saved to %s", spec.tokenizer,
+                 tok.vocab_size, path)
     return tok
 
 
-def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
+def load_inputs(spec: InputsSpec, workdir: str, texts: Callable[[], Iterable[str]],
                 fields: Callable[[], Iterable[tuple[features.Fields, features.Fields]]],
                 start: pretrained.Pretrained | None = None) -> sides.Inputs:
     """What each side reads: the tokenizer (`load_tokenizer`), the side's max length
-    (`config.specs.max_lens`) and its categorical fields, whose vocabularies are
+    (`InputsSpec.max_lens`) and its categorical fields, whose vocabularies are
     WORKDIR/features.json if it exists, else built from `fields()` ((query fields,
     document fields) per training pair) and saved there."""
-    tokenizer = load_tokenizer(config, workdir, texts, start)
-    specs = specs_lib.feature_specs(config.model)
+    tokenizer = load_tokenizer(spec, workdir, texts, start)
+    field_specs = spec.features
     side_fields: tuple[features.SideFeatures, ...] = (features.SideFeatures(),
                                                       features.SideFeatures())
-    if any(specs):
+    if any(field_specs):
         path = os.path.join(workdir, "features.json")
         if os.path.exists(path):
             side_fields = features.load(path)
         else:
             records = list(fields())
-            m = config.model
             built = []
-            for i, (name, spec) in enumerate(zip(("query", "document"), specs, strict=True)):
+            for i, (name, side_spec) in enumerate(zip(("query", "document"), field_specs,
+                                                      strict=True)):
                 values = [r[i] for r in records]  # this side's fields of every pair
-                side = features.build_side(spec, values, m.feature_vocab_size, m.feature_buckets)
+                side = features.build_side(side_spec, values, spec.feature_vocab_size,
+                                           spec.feature_buckets)
                 if side:
                     missing = side.missing_counts(side.encode(values))
                     logging.info("Categorical %s fields %s: vocabularies of %s values; missing "
@@ -69,13 +70,15 @@ def load_inputs(config, workdir: str, texts: Callable[[], Iterable[str]],
                 built.append(side)
             side_fields = tuple(built)
             features.save(path, *side_fields)
-    q_len, d_len = specs_lib.max_lens(config.model)
-    q_prompt, d_prompt = specs_lib.prompts(config.model, start.prompts if start else None)
-    for key, prompt, max_len in (("query_prompt", q_prompt, q_len),
-                                 ("document_prompt", d_prompt, d_len)):
+    q_len, d_len = spec.max_lens
+    start_prompts = start.prompts if start else {}
+    q_prompt, d_prompt = (spec.prompts[0] or start_prompts.get("query", ""),
+                          spec.prompts[1] or start_prompts.get("document", ""))
+    for key, own, prompt, max_len in (("query_prompt", spec.prompts[0], q_prompt, q_len),
+                                      ("document_prompt", spec.prompts[1], d_prompt, d_len)):
         try:  # (the config checks counted it before, where the tokenizer was known)
             sides.check_prompt(tokenizer, prompt, max_len, f"config.model.{key}"
-                               if config.model.get(key, "") else f"the start's {key}")
+                               if own else f"the start's {key}")
         except ValueError as e:
             raise ConfigError(str(e)) from None
     return sides.Inputs(sides.Side(tokenizer, q_len, side_fields[0], q_prompt),

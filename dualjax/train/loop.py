@@ -216,7 +216,7 @@ def _prepare_input(config: ml_collections.ConfigDict, workdir: str,
     if config.num_train_steps:
         texts = lambda: itertools.chain.from_iterable(t.train_texts() for t in tasks)
         inputs = inputs_lib.load_inputs(
-            config, workdir, texts,
+            specs.inputs_spec(config.model), workdir, texts,
             lambda: itertools.chain.from_iterable(t.train_fields() for t in tasks), start)
         if rebuilt and processes.is_main() and config.model.tokenizer != "hf":  # (hf's
             # vocabulary is not made from the data)
@@ -228,7 +228,8 @@ def _prepare_input(config: ml_collections.ConfigDict, workdir: str,
         return splits, inputs, start
     tests = [t.eval_task(splits[t.name][-1]) for t in tasks]
     return splits, inputs_lib.load_inputs(
-        config, workdir, lambda: [x for e in tests for x in e.corpus + e.queries],
+        specs.inputs_spec(config.model), workdir,
+        lambda: [x for e in tests for x in e.corpus + e.queries],
         lambda: [f for e in tests for f in inputs_lib.eval_fields(e)], start), start
 
 

@@ -53,7 +53,8 @@ def load_trained(workdir: str, config: ml_collections.ConfigDict | None = None) 
 
     # The saved vocabularies: nothing is built here (the texts and fields are not read).
     start = pretrained.load(workdir)  # the bert tower's sizes and prompts, if it has one
-    inputs = inputs_lib.load_inputs(config, workdir, lambda: not_saved("vocab.json"),
+    inputs = inputs_lib.load_inputs(specs.inputs_spec(config.model), workdir,
+                                    lambda: not_saved("vocab.json"),
                                     lambda: not_saved("features.json"), start)
     model = models.make_model(specs.model_spec(config.model),
                               inputs.query.tokenizer.vocab_size, inputs.feature_sizes(),
