@@ -53,7 +53,7 @@ def quora_train_pairs(config: str, seed: int) -> list[tuple[str, str]]:
     cfg = runpy.run_path(str(ROOT / config))["get_config"]()
     spec = specs.dataset_spec(cfg.data, seed)
     # nothing is written: the source's load alone (builders.py imported registers it)
-    return sources.get(spec.name).load(spec.loaded_settings()).train_pairs
+    return sources.SOURCES.named(spec.name).load(spec.loaded_settings()).train_pairs
 
 
 def old_module(rev: str) -> ModuleType:

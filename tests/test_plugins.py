@@ -311,32 +311,21 @@ def test_registered_plugins_of_every_kind_train_and_evaluate_from_the_config(
     assert saved["loss"]["name"] == TOY.name and saved["loss"]["temperature"] == 0.05
 
 
-def test_an_unregistered_plugin_is_refused_by_name():
+@pytest.mark.parametrize("key, name, message", [
+    ("loss.name", TOY.name,
+     "config.loss.name='toy_fixed_temperature' is not one of: in_batch_softmax"),
+    ("eval.index", NUMPY.name, "config.eval.index='toy_numpy' is not one of: exact, scann, hnsw"),
+    ("data.name", COLOURS.name,
+     "config.data.name='toy_colours' is not one of: synthetic_paraphrase, pairs, quora"),
+    ("model.tower", "max_pool",
+     "config.model.tower='max_pool' is not one of: bow, bow_mlp, cnn, transformer, bert"),
+    ("eval.evaluators", "by_length", "config.eval.evaluators='by_length' is not one of"),
+])
+def test_an_unregistered_plugin_is_refused_by_name(key, name, message):
     from dualjax.config import validation
     cfg = load_config("tiny")
-    cfg.loss.name = TOY.name
-    with pytest.raises(errors.ConfigError, match="config.loss.name='toy_fixed_temperature' is "
-                                                 "not one of: in_batch_softmax"):
-        validation.validate(cfg, 8)
-    cfg = load_config("tiny")
-    cfg.eval.index = NUMPY.name
-    with pytest.raises(errors.ConfigError, match="config.eval.index='toy_numpy' is not one of: "
-                                                 "exact, scann, hnsw"):
-        validation.validate(cfg, 8)
-    cfg = load_config("tiny")
-    cfg.data.name = COLOURS.name
-    with pytest.raises(errors.ConfigError, match="config.data.name='toy_colours' is not one of: "
-                                                 "synthetic_paraphrase, pairs, quora"):
-        validation.validate(cfg, 8)
-    cfg = load_config("tiny")
-    cfg.model.tower = "max_pool"
-    with pytest.raises(errors.ConfigError, match="config.model.tower='max_pool' is not one of: "
-                                                 "bow, bow_mlp, cnn, transformer, bert"):
-        validation.validate(cfg, 8)
-    cfg = load_config("tiny")
-    cfg.eval.evaluators = "by_length"
-    with pytest.raises(errors.ConfigError, match="config.eval.evaluators='by_length' is not "
-                                                 "one of"):
+    cfg.update_from_flattened_dict({key: name})
+    with pytest.raises(errors.ConfigError, match=message):
         validation.validate(cfg, 8)
 
 

@@ -111,7 +111,7 @@ def feature_specs(model: ml_collections.ConfigDict
 def dataset_spec(data: ml_collections.ConfigDict, seed: int) -> DatasetSpec:
     """`config.data` (or a task's) as the builders take it; DataError naming the key or
     file that cannot work."""
-    source = sources.get(data.name)  # (DataError naming the known ones)
+    source = sources.SOURCES.named(data.name)  # (DataError naming the known ones)
     return DatasetSpec(data.name, json.dumps(source.settings(data, seed), sort_keys=True))
 
 

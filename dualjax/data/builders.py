@@ -46,8 +46,7 @@ CANDIDATES = sources.CANDIDATES
 BUILT_IN = ("synthetic", "pairs_file", "beir", "reqa")
 for _module in BUILT_IN:
     importlib.import_module(f"dualjax.data.{_module}")
-for _name in ("synthetic_paraphrase", "pairs", "quora", "beir", "reqa_squad"):  # as listed
-    sources.SOURCES[_name] = sources.SOURCES.pop(_name)
+sources.SOURCES.put_first(("synthetic_paraphrase", "pairs", "quora", "beir", "reqa_squad"))
 
 
 @dataclasses.dataclass
@@ -214,7 +213,7 @@ def _builder_class(source: sources.Source) -> type[_RetrievalBuilder]:
 
 def builder_class(name: str) -> type[_RetrievalBuilder]:
     """The TFDS builder of data source `name` (DataError naming the known ones)."""
-    return _builder_class(sources.get(name))
+    return _builder_class(sources.SOURCES.named(name))
 
 
 def prepare(spec: DatasetSpec, tfds_dir: str, table: str) -> tfds.core.DatasetBuilder:

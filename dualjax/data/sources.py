@@ -28,6 +28,7 @@ from typing import Any
 
 from dualjax.data.clusters import RawData
 from dualjax.errors import DataError
+from dualjax.runtime.registry import Registry
 
 CANDIDATES = ("split", "all")  # data.candidates of the clustered sources
 
@@ -60,22 +61,14 @@ class Source:
         return self.table or self.name
 
 
-SOURCES: dict[str, Source] = {}
+SOURCES: Registry[Source] = Registry(
+    "data source",
+    lambda name, known: DataError(f"unknown dataset data.name={name!r}; known: {known}"))
 
 
 def register(source: Source) -> Source:
     """Adds `source` to SOURCES (ValueError if another has its name); returns it."""
-    if SOURCES.get(source.name, source) is not source:
-        raise ValueError(f"a data source named {source.name!r} is registered already")
-    SOURCES[source.name] = source
-    return source
-
-
-def get(name: str) -> Source:
-    """The source `name`; DataError naming the registered ones."""
-    if name not in SOURCES:
-        raise DataError(f"unknown dataset data.name={name!r}; known: {', '.join(SOURCES)}")
-    return SOURCES[name]
+    return SOURCES.add(source.name, source)
 
 
 # ----------------------------------------------------------------------------- settings

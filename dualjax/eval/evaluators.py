@@ -34,6 +34,7 @@ from dualjax.eval import report, scoring
 from dualjax.eval.metrics_log import MetricsLog
 from dualjax.retrieval import encoding
 from dualjax.retrieval.task import RetrievalTask
+from dualjax.runtime.registry import Registry
 from dualjax.text.sides import Inputs
 
 
@@ -78,15 +79,14 @@ class Context:
 
 
 Factory = Callable[[Context, Task, tuple[str, ...], Mapping[str, Any]], Evaluator]
-EVALUATORS: dict[str, Factory] = {}
+EVALUATORS: Registry[Factory] = Registry(
+    "evaluator", lambda name, known: ValueError(f"eval.evaluators: {name!r} is not one of: "
+                                                f"{known or '(none registered)'}"))
 
 
 def register(name: str, factory: Factory) -> Factory:
     """Adds `factory` as evaluator `name` (ValueError if the name is taken); returns it."""
-    if EVALUATORS.get(name, factory) is not factory:
-        raise ValueError(f"an evaluator named {name!r} is registered already")
-    EVALUATORS[name] = factory
-    return factory
+    return EVALUATORS.add(name, factory)
 
 
 class Retrieval:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dualjax.losses.matrix import LossFn
+from dualjax.runtime.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,27 +58,18 @@ class Loss:
     resolve: Callable[[dict], dict] = dict
 
 
-LOSSES: dict[str, Loss] = {}
+LOSSES: Registry[Loss] = Registry(
+    "loss", lambda name, known: ValueError(f"unknown loss {name!r}; one of: {known}"))
 
 
 def register(loss: Loss) -> Loss:
     """Adds `loss` to LOSSES (ValueError if another loss has its name); returns it."""
-    if LOSSES.get(loss.name, loss) is not loss:
-        raise ValueError(f"a loss named {loss.name!r} is registered already")
-    LOSSES[loss.name] = loss
-    return loss
-
-
-def get(name: str) -> Loss:
-    """The loss `name`; ValueError naming the registered ones."""
-    if name not in LOSSES:
-        raise ValueError(f"unknown loss {name!r}; one of: {', '.join(LOSSES)}")
-    return LOSSES[name]
+    return LOSSES.add(loss.name, loss)
 
 
 def resolve_options(name: str, options: dict) -> dict:
     """The loss's full options: its defaults filled in, then its own `resolve`."""
-    defaults = get(name).options
+    defaults = LOSSES.named(name).options
     unknown = sorted(set(options) - set(defaults))
     if unknown:
         raise ValueError(f"loss {name!r} has no option {', '.join(unknown)}; its options: "

@@ -38,6 +38,7 @@ import numpy as np
 
 from dualjax.models.layers import SelfAttention, _axes, _layer_norm, _zeros, feed_forward
 from dualjax.models.spec import ModelSpec
+from dualjax.runtime.registry import Registry
 
 DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -353,12 +354,11 @@ def _transformer(spec: ModelSpec, vocab_size: int, name: str,
 
 # name -> factory(spec, vocab_size, name, embed=None, **options) -> the tower module.
 TowerFactory = Callable[..., nn.Module]
-TOWERS: dict[str, TowerFactory] = {
-        "bow": _bow,
-        "bow_mlp": _bow_mlp,
-        "cnn": _cnn,
-        "transformer": _transformer,
-}
+TOWERS: Registry[TowerFactory] = Registry(
+    "tower", lambda name, known: ValueError(f"model.tower={name!r} is not one of: {known}"))
+for _name, _factory in (("bow", _bow), ("bow_mlp", _bow_mlp), ("cnn", _cnn),
+                        ("transformer", _transformer)):
+    TOWERS.add(_name, _factory)
 BUILT_IN = tuple(TOWERS)  # dualjax's own, whose settings are ModelSpec's fields
 
 
@@ -371,7 +371,6 @@ def register(name: str, factory: TowerFactory) -> TowerFactory:
     sides share (model.shared_embedding), else None; `options`: the config group
     model.<name>, when the config has one (`ModelSpec.options_of`). docs/design.md
     walks through one; tests/test_plugins.py registers one from a test file."""
-    if name == "bert" or TOWERS.get(name, factory) is not factory:
-        raise ValueError(f"a tower named {name!r} is registered already")
-    TOWERS[name] = factory
-    return factory
+    if name == "bert":  # (dual_encoder's BertTower: its sizes come from model.pretrained)
+        raise ValueError("a tower named 'bert' is registered already")
+    return TOWERS.add(name, factory)

@@ -47,8 +47,7 @@ from dualjax.retrieval.scann_index import (  # noqa: F401
 # dualjax's own searchers (the imports above registered them), in the order the commands
 # list them; a searcher of your own registers itself the same way (searchers.py).
 INDEXES = ("exact", "scann", "hnsw")
-for _name in INDEXES:
-    searchers.SEARCHERS[_name] = searchers.SEARCHERS.pop(_name)
+searchers.SEARCHERS.put_first(INDEXES)
 
 
 def make_index(kind: str, corpus: np.ndarray, eval_cfg: Settings, k: int,
@@ -63,7 +62,7 @@ def make_index(kind: str, corpus: np.ndarray, eval_cfg: Settings, k: int,
     saves it. build_seconds is the time to have the searcher ready (building or loading).
     """
     start = time.perf_counter()
-    spec = searchers.get(kind)
+    spec = searchers.SEARCHERS.named(kind)
     idx: Any = None
     if spec.load is None:
         idx = spec.build(corpus, eval_cfg, k)

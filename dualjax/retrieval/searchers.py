@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from dualjax.retrieval.saved import Settings
+from dualjax.runtime.registry import Registry
 
 
 class Searcher(Protocol):
@@ -95,19 +96,10 @@ class Kind:
         return self.load is not None
 
 
-SEARCHERS: dict[str, Kind] = {}
+SEARCHERS: Registry[Kind] = Registry(
+    "searcher", lambda name, known: ValueError(f"index {name!r} is not one of: {known}"))
 
 
 def register(kind: Kind) -> Kind:
     """Adds `kind` to SEARCHERS (ValueError if another kind has its name); returns it."""
-    if SEARCHERS.get(kind.name, kind) is not kind:
-        raise ValueError(f"a searcher named {kind.name!r} is registered already")
-    SEARCHERS[kind.name] = kind
-    return kind
-
-
-def get(name: str) -> Kind:
-    """The kind `name`; ValueError naming the registered ones."""
-    if name not in SEARCHERS:
-        raise ValueError(f"index {name!r} is not one of: {', '.join(SEARCHERS)}")
-    return SEARCHERS[name]
+    return SEARCHERS.add(kind.name, kind)
