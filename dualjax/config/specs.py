@@ -66,8 +66,13 @@ def model_spec(model: ml_collections.ConfigDict) -> ModelSpec:
 def _frozen(group) -> tuple[tuple[str, object], ...]:
     """A registered tower's config group as (key, value) pairs, lists as tuples (a
     ModelSpec is hashed: Flax modules hold it)."""
-    plain = group.to_dict() if hasattr(group, "to_dict") else dict(group)
-    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in plain.items()))
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                        for k, v in dict(_plain(group)).items()))
+
+
+def _plain(group):
+    """A config group as a plain dict (None stays None)."""
+    return group.to_dict() if hasattr(group, "to_dict") else group
 
 
 def optimizer_spec(optimizer: ml_collections.ConfigDict) -> OptimizerSpec:
@@ -234,18 +239,17 @@ def eval_spec(config: ml_collections.ConfigDict) -> EvalSpec:
     before them lacks take their defaults. ConfigError for eval.typo_probs that do not
     parse."""
     e = config.eval
-    plain = lambda group: group.to_dict() if hasattr(group, "to_dict") else group
     return EvalSpec(
         batch_size=e.batch_size, top_k=e.top_k, index=e.index,
         index_settings={"query_chunk": e.query_chunk, "corpus_chunk": e.corpus_chunk,
-                        "scann": plain(e.get("scann")), "hnsw": plain(e.get("hnsw"))},
+                        "scann": _plain(e.get("scann")), "hnsw": _plain(e.get("hnsw"))},
         bm25=bm25_options(e), baselines=baseline_names(config), hybrid=e.get("hybrid", ""),
         hybrid_rrf_k=e.get("hybrid_rrf_k", EvalSpec.hybrid_rrf_k),
         hybrid_weight=e.get("hybrid_weight", EvalSpec.hybrid_weight),
         select_by=e.get("select_by", ""), typo_probs=typo_probs(config),
         typo_seed=e.get("typo_seed", 0), system=config.model.name,
         dims=dims(e.get("dims", ""), "eval.dims"),
-        evaluators=tuple((name, plain(e.get(name)) or {})
+        evaluators=tuple((name, _plain(e.get(name)) or {})
                          for name in evaluator_names(e.get("evaluators", ""))))
 
 

@@ -40,7 +40,6 @@ from dualjax.runtime.files import DISK_ERRNOS
 from dualjax.text.words import normalize
 
 EVAL_SPLITS = clusters.EVAL_SPLITS
-CANDIDATES = sources.CANDIDATES
 # dualjax's data sources, one module each, in the order they are listed: importing one
 # registers it (sources.py); a source of your own registers itself the same way.
 BUILT_IN = ("synthetic", "pairs_file", "beir", "reqa")

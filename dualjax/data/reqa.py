@@ -40,7 +40,6 @@ from dualjax.data.pairs_file import _read_bytes
 from dualjax.errors import DataError
 from dualjax.text.words import sentence_spans
 
-CANDIDATES = ("split", "all")
 SPLIT_BY = ("article", "question")
 UNITS = ("sentence", "paragraph")  # what a candidate is
 DEFAULTS = {"seed": 0, "val_fraction": 0.1, "test_fraction": 0.1,
@@ -198,9 +197,9 @@ def load_reqa_squad(settings: dict) -> RawData:
     """
     settings = {**DEFAULTS, **settings}
     path = os.path.expanduser(settings["path"])
-    if settings["candidates"] not in CANDIDATES:
+    if settings["candidates"] not in sources.CANDIDATES:
         raise DataError(f"candidates={settings['candidates']!r} is not one of: "
-                        f"{', '.join(CANDIDATES)}")
+                        f"{', '.join(sources.CANDIDATES)}")
     num_articles, candidates, questions = read_squad(
         path, context=bool(settings["context"]), paragraphs=settings["unit"] == "paragraph")
     if settings["split_by"] == "question":  # every candidate in every split
