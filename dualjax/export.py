@@ -135,7 +135,7 @@ def _write_bundle(tmp: str, workdir: str, trained, params, platforms) -> None:
             shutil.copyfile(os.path.join(workdir, name), os.path.join(tmp, name))
     files = file_digests(tmp, sorted(os.listdir(tmp)))  # checked by Encoder.load
     meta = {"format": FORMAT, "id": bundle_id(files), "files": files,
-            "model": trained.config.model.name,
+            "model": trained.spec.system,
             "step": trained.step,
             "workdir": os.path.abspath(workdir), "dim": dims["query"],
             "max_len": {side: getattr(inputs, side).max_len for side in SIDES},

@@ -34,6 +34,7 @@ from ml_collections import config_flags
 
 from dualjax import cli
 from dualjax.config import keys as config_keys
+from dualjax.config import run as run_spec
 from dualjax.errors import DualjaxError, Preempted
 from dualjax.eval.metrics_log import setup_logging
 from dualjax.runtime.files import DISK_ERRNOS
@@ -73,7 +74,8 @@ def main(argv: list[str]) -> None:
     sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
     try:
         cli.init_processes("dualjax", kept="the checkpoints saved before are kept")
-        train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+        spec = run_spec.resolve(_CONFIG.value, _WORKDIR.value)  # checked, once
+        train.train_and_evaluate(spec, _WORKDIR.value)
     except Preempted as e:  # saved; a scheduler must not record the job as done
         print(f"dualjax: {e}", file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_CODE)

@@ -53,17 +53,16 @@ def from_workdir(workdir: str, split: str = "test", k: int = 10, task: str = "")
     dataset, with the index its final evaluation saved (rebuilt if stale)."""
     # The training stack is imported only here: serving a bundle needs none of it.
     from dualjax import models
-    from dualjax.config import specs
     from dualjax.eval import scoring
     from dualjax.retrieval import ann, encoding
     from dualjax.runtime import sharding
     from dualjax.train import tasks as tasks_lib
     from dualjax.train.trained import load_trained
-    config, inputs, model, params, step = load_trained(workdir)
-    spec = specs.eval_spec(config)
+    run, inputs, model, params, step = load_trained(workdir)
+    spec = run.eval
     mesh = sharding.make_mesh()
     encode_queries, encode_documents = models.make_encoders(model)
-    tasks = {t.name: t for t in tasks_lib.make_tasks(config, workdir)}
+    tasks = {t.name: t for t in tasks_lib.make_tasks(run.tasks, run.schedule.seed)}
     name = task or next(iter(tasks))
     if name not in tasks:
         if list(tasks) == [""]:

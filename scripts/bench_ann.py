@@ -57,7 +57,6 @@ import json
 import math
 import os
 import platform
-import runpy
 import shutil
 import sys
 import tempfile
@@ -174,7 +173,6 @@ import numpy as np  # noqa: E402
 from bench_train import cpu_model  # noqa: E402  (this folder is on sys.path when run)
 
 from dualjax import models  # noqa: E402
-from dualjax.config import specs  # noqa: E402
 from dualjax.data import builders  # noqa: E402
 from dualjax.eval import scoring  # noqa: E402
 from dualjax.retrieval import ann, encoding  # noqa: E402
@@ -185,32 +183,6 @@ from dualjax.train.trained import load_trained  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def fill_missing(saved: dict, defaults: dict, path: str = "") -> list[str]:
-    """Adds to `saved` (in place) the keys of `defaults` it lacks, recursively; returns
-    their dotted names. A workdir written before a config key existed then still loads."""
-    added = []
-    for key, value in defaults.items():
-        if key not in saved:
-            saved[key] = value
-            added.append(path + key)
-        elif isinstance(value, dict) and isinstance(saved[key], dict):
-            added += fill_missing(saved[key], value, f"{path}{key}.")
-    return added
-
-
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-    """The workdir's config.json, with keys added since it was written taken from
-    configs/default.py (they must not change parameter shapes: the checkpoint decides)."""
-    with open(os.path.join(workdir, "config.json")) as f:
-        saved = json.load(f)
-    defaults = runpy.run_path(os.path.join(REPO, "configs", "default.py"))["get_config"]()
-    added = fill_missing(saved, defaults.to_dict())
-    if added:
-        print(f"note: {workdir}/config.json lacks {', '.join(added)}; using "
-              "configs/default.py's values", flush=True)
-    return ml_collections.ConfigDict(saved)
-
-
 @dataclasses.dataclass
 class Embedded:
     """A split's corpus and query embeddings, and each query's own corpus row (or -1)."""
@@ -219,19 +191,21 @@ class Embedded:
     queries: np.ndarray  # [nq, dim] float32
     exclude: np.ndarray  # [nq] int64
     step: int
-    eval_cfg: ml_collections.ConfigDict
+    query_chunk: int     # eval.query_chunk, eval.corpus_chunk of the run
+    corpus_chunk: int
 
 
 def embed_split(workdir: str, split: str, max_queries: int) -> Embedded:
     """Restores the latest checkpoint's params (`trained.load_trained`; no index is built
     or saved under the workdir) and encodes the split's corpus and queries."""
-    config, inputs, model, params, step = load_trained(workdir, load_config(workdir))
+    run, inputs, model, params, step = load_trained(workdir)  # (config.json upgraded)
     mesh = sharding.make_mesh()
     encode_queries, encode_documents = models.make_encoders(model)
-    tfds_dir = config.data.tfds_dir or os.path.join(workdir, "tfds")
-    task = builders.eval_task(specs.dataset_spec(config.data, config.seed), tfds_dir, split)
+    [first] = run.tasks[:1]
+    task = builders.eval_task(builders.DatasetSpec.of(first.data, run.schedule.seed),
+                              first.tfds_dir, split)
     queries = task.queries[:max_queries] if max_queries > 0 else task.queries
-    enc = dict(batch_size=config.eval.batch_size, mesh=mesh)
+    enc = dict(batch_size=run.eval.batch_size, mesh=mesh)
     corpus_emb = encoding.encode_texts(lambda x: encode_documents(params, x), task.corpus,
                                        inputs.document, desc="encode corpus",
                                        fields=task.corpus_fields, **enc)
@@ -241,7 +215,8 @@ def embed_split(workdir: str, split: str, max_queries: int) -> Embedded:
     return Embedded(corpus=np.ascontiguousarray(corpus_emb, np.float32),
                     queries=np.ascontiguousarray(query_emb, np.float32),
                     exclude=np.asarray(task.query_corpus_index[:len(queries)], np.int64),
-                    step=int(step), eval_cfg=config.eval)
+                    step=int(step), query_chunk=run.eval.index_settings["query_chunk"],
+                    corpus_chunk=run.eval.index_settings["corpus_chunk"])
 
 
 # ----------------------------------------------------------------------------- settings
@@ -659,12 +634,12 @@ def main(args: argparse.Namespace) -> dict:
     if n == 0 or nq == 0:
         raise SystemExit(f"bench_ann: {args.split} has {n} candidates and {nq} queries")
     k = args.k
-    warmup = max(512, int(emb.eval_cfg.query_chunk))  # same compiled shapes for ExactIndex
+    warmup = max(512, int(emb.query_chunk))  # same compiled shapes for ExactIndex
     print(f"{args.workdir} step {emb.step}, split {args.split}: {n} x {dim} corpus, {nq} "
           f"queries, k={k}, {args.threads} threads", flush=True)
 
     truth = numpy_exact(emb.queries, emb.corpus, k, emb.exclude)
-    exact_idx = ann.ExactIndex(emb.corpus, emb.eval_cfg.query_chunk, emb.eval_cfg.corpus_chunk)
+    exact_idx = ann.ExactIndex(emb.corpus, emb.query_chunk, emb.corpus_chunk)
     settings = [
         Setting("exact", "numpy exact", "float32 matmul + argpartition", None,
                 emb.corpus.nbytes, lambda q: numpy_exact(q, emb.corpus, k, emb.exclude[:len(q)])),

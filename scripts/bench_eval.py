@@ -36,8 +36,8 @@ def main() -> None:
     from dualjax.train.trained import load_trained
 
     trained = load_trained(args.workdir)
-    config, inputs = trained.config, trained.inputs
-    task = tasks.make_tasks(config, args.workdir)[0].eval_task(args.split)
+    spec, inputs = trained.spec, trained.inputs
+    task = tasks.make_tasks(spec.tasks, spec.schedule.seed)[0].eval_task(args.split)
     mesh = sharding.make_mesh()
     encode_q, encode_d = models.make_encoders(trained.model)
     times = {}
@@ -45,15 +45,15 @@ def main() -> None:
     def encode(name, fn, texts, side, fields):
         start = time.perf_counter()
         out = encoding.encode_texts(lambda x: fn(trained.params, x), texts, side,
-                                    config.eval.batch_size, mesh, fields=fields)
+                                    spec.eval.batch_size, mesh, fields=fields)
         times[name] = (len(texts), time.perf_counter() - start)
         return out
 
-    encode("warm-up", encode_d, task.corpus[:4 * config.eval.batch_size], inputs.document, None)
+    encode("warm-up", encode_d, task.corpus[:4 * spec.eval.batch_size], inputs.document, None)
     corpus = encode("corpus", encode_d, task.corpus, inputs.document, task.corpus_fields)
     queries = encode("queries", encode_q, task.queries, inputs.query, task.query_fields)
     exclude = task.query_corpus_index
-    chunks = dict(query_chunk=config.eval.query_chunk, corpus_chunk=config.eval.corpus_chunk)
+    chunks = {k: spec.eval.index_settings[k] for k in ("query_chunk", "corpus_chunk")}
     kept = ann.ExactIndex(corpus, **chunks)
     runs = {"exact_search (corpus placed per call)": [], "ExactIndex (kept on device)": []}
     answers = {}

@@ -34,7 +34,7 @@ def main() -> None:
     args = parser.parse_args()
 
     model = trained_lib.load_trained(args.workdir)
-    task = tasks_lib.make_tasks(model.config, args.workdir)[0]
+    task = tasks_lib.make_tasks(model.spec.tasks, model.spec.schedule.seed)[0]
     texts = task.eval_task(task.splits()[-1]).corpus
     side = model.inputs.document
     _, encode_d = models.make_encoders(model.model)

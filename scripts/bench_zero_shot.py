@@ -82,12 +82,10 @@ BEST = "bm25 at its best"  # per collection, the better stemmed row by nDCG@10
 
 def load_task(workdir: str):
     """The test split's RetrievalTask of a dualjax workdir, as its run read it."""
-    import ml_collections
-
+    from dualjax.config import run
     from dualjax.train import tasks as tasks_lib
-    with open(os.path.join(workdir, "config.json")) as f:
-        config = ml_collections.ConfigDict(json.load(f))
-    return tasks_lib.make_tasks(config, workdir)[0].eval_task("test")
+    spec = run.saved(workdir)
+    return tasks_lib.make_tasks(spec.tasks, spec.schedule.seed)[0].eval_task("test")
 
 
 def lexical_rows(task) -> dict[str, dict]:

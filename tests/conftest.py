@@ -38,6 +38,21 @@ TRAINED_FIXTURES = {"trained_tiny", "bundle"}  # a training run (and an export) 
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
+def tasks_of(cfg: ml_collections.ConfigDict, workdir: str = ""):
+    """The training tasks of `cfg` (resolved unchecked), as the loop makes them."""
+    from dualjax.config import run
+    from dualjax.train import tasks
+    spec = run.resolve(cfg, str(workdir), checked=False)
+    return tasks.make_tasks(spec.tasks, spec.schedule.seed)
+
+
+def files_of(cfg: ml_collections.ConfigDict):
+    """The input files of `cfg`'s data groups, as the workdir records them."""
+    from dualjax.config import run
+    from dualjax.train import tasks
+    return tasks.data_files(run.resolve(cfg, checked=False).tasks)
+
+
 def pytest_collection_modifyitems(config, items):
     """A test that reads a trained workdir is slow too (its fixture trains one), and the
     slow tests run first: pytest-xdist hands tests out in collection order, and a long

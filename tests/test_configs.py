@@ -1,4 +1,5 @@
-"""Every shipped config loads and passes validation on the 8 test devices."""
+"""Every shipped config loads, passes validation on the 8 test devices and resolves into
+a RunSpec."""
 import os
 
 import pytest
@@ -6,9 +7,9 @@ from conftest import CONFIGS, load_config
 
 from dualjax import errors
 from dualjax.config import keys as config_keys
+from dualjax.config import run
 from dualjax.config import validation as config_lib
 from dualjax.pretrained import sources
-from dualjax.train import tasks
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in CONFIGS.glob("*.py")))
@@ -22,7 +23,9 @@ def test_config_is_valid(name):
             config_lib.validate(cfg, 8)
         return
     config_lib.validate(cfg, 8)
-    assert len(tasks.task_configs(cfg)) == (2 if name == "multitask" else 1)
+    spec = run.resolve(cfg, "/tmp/w", checked=False)
+    assert len(spec.tasks) == (2 if name == "multitask" else 1)
+    assert spec.tasks[0].tfds_dir == (cfg.data.tfds_dir or "/tmp/w/tfds")
 
 
 def test_every_config_key_says_what_it_means():

@@ -6,11 +6,11 @@ import json
 import os
 
 import pytest
-from conftest import load_config
+from conftest import files_of, load_config, tasks_of
 
 from dualjax.errors import WorkdirError
 from dualjax.train import loop as train
-from dualjax.train import tasks, workdir
+from dualjax.train import workdir
 
 OLD = ("bike", "car", "phone")
 NEW = ("kettle", "oven", "fridge")
@@ -75,7 +75,7 @@ def test_data_rebuild_trains_on_the_new_pairs_with_the_old_vocabulary(tmp_path, 
     assert record(run)[str(pairs)]["sha256"] == sha256(pairs)  # the new identity
     # The new pairs' table was built, beside the old one, and it is what trains now.
     assert len(list((run / "tfds" / "pairs_file").glob("pairs-*"))) == 2
-    [task] = tasks.make_tasks(cfg, str(run))
+    [task] = tasks_of(cfg, str(run))
     n = len(task.train_source)
     texts = {task.train_source[i][side].decode() for i in range(n)
              for side in ("query", "document")}
@@ -83,14 +83,14 @@ def test_data_rebuild_trains_on_the_new_pairs_with_the_old_vocabulary(tmp_path, 
     # Of a pair's 7 + 7 tokens only its object (twice) is new: 2 n of 14 n unknown.
     assert f"data.rebuild: {2 * n} of the {14 * n} tokens" in caplog.text
     # Recorded: the next resume, without the flag, takes the new file as the workdir's.
-    assert workdir.check_data(str(run), tasks.data_files(pairs_run(pairs, 6))) == []
+    assert workdir.check_data(str(run), files_of(pairs_run(pairs, 6))) == []
 
 
 def test_a_touched_or_same_bytes_file_is_accepted(tmp_path, monkeypatch):
     pairs, run = write_pairs(tmp_path / "pairs.tsv", OLD), tmp_path / "run"
     run.mkdir()
     (run / "vocab.json").write_text("{}")  # a workdir with state
-    files = tasks.data_files(pairs_run(pairs, 2))
+    files = files_of(pairs_run(pairs, 2))
     assert [(f.key, f.path) for f in files] == [("data.path", str(pairs))]
     workdir.check_data(str(run), files)
     first = record(run)[str(pairs)]
@@ -117,7 +117,7 @@ def test_a_workdir_from_before_the_record_resumes_and_is_recorded(tmp_path):
     assert record(run)[str(pairs)]["sha256"] == sha256(pairs)  # the data as found
     write_pairs(pairs, NEW)
     with pytest.raises(WorkdirError, match="changed"):
-        workdir.check_data(str(run), tasks.data_files(pairs_run(pairs, 6)))
+        workdir.check_data(str(run), files_of(pairs_run(pairs, 6)))
 
 
 def test_every_input_file_of_every_task_is_recorded_and_named_by_its_key(tmp_path):
@@ -136,7 +136,7 @@ def test_every_input_file_of_every_task_is_recorded_and_named_by_its_key(tmp_pat
         "mine": {"data": {**base, "name": "pairs", "path": str(pairs), "pseudo_labels": 2,
                           "pseudo_label_queries": str(queries)}},
         "zs": {"data": {**base, "name": "beir", "path": str(beir)}}})
-    files = tasks.data_files(cfg)
+    files = files_of(cfg)
     assert [(f.key, f.path) for f in files] == [
         ("tasks.mine.data.path", str(pairs)),
         ("tasks.mine.data.pseudo_label_queries", str(queries)),
@@ -150,13 +150,13 @@ def test_every_input_file_of_every_task_is_recorded_and_named_by_its_key(tmp_pat
     (beir / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n")
     with pytest.raises(WorkdirError, match=r"dev\.tsv \(tasks\.zs\.data\.path\) is new.*"
                                            r"--config\.tasks\.zs\.data\.rebuild=True"):
-        workdir.check_data(str(run), tasks.data_files(cfg))
+        workdir.check_data(str(run), files_of(cfg))
     queries.write_text("how do i fix my car\n")
     cfg.tasks.zs.data.rebuild = True  # the beir task's only: the query file is refused
     with pytest.raises(WorkdirError, match=r"queries\.txt \(tasks\.mine\.data\."
                                            r"pseudo_label_queries\) changed"):
-        workdir.check_data(str(run), tasks.data_files(cfg))
+        workdir.check_data(str(run), files_of(cfg))
     cfg.data.rebuild = True  # the run's: every task's
-    assert workdir.check_data(str(run), tasks.data_files(cfg)) == sorted(
+    assert workdir.check_data(str(run), files_of(cfg)) == sorted(
         [str(beir / "qrels" / "dev.tsv"), str(queries)])
-    assert set(record(run)) == {f.path for f in tasks.data_files(cfg)}
+    assert set(record(run)) == {f.path for f in files_of(cfg)}

@@ -153,6 +153,16 @@ def test_several_queries_of_a_passage_never_get_it_as_a_candidate():
     assert not any(3 in r["documents"] for r in records[3:])
 
 
+def teacher_encoders(cfg, spec):
+    """`teacher.encoders` as a run of `cfg` calls it (its model spec, eval.batch_size)."""
+    import dataclasses
+
+    from dualjax.config import run
+    resolved = run.resolve(cfg, checked=False)
+    spec = dataclasses.replace(spec, default_max_len=cfg.model.max_len)
+    return teacher.encoders(resolved.model, spec, resolved.eval.batch_size, sharding.make_mesh())
+
+
 @pytest.mark.parametrize("name, fixture, max_len", [
     (str(FIXTURES / "tiny_mpnet"), "tiny_mpnet", 0),  # 0: the teacher's own (60)
     ("wordllama:l2_supercat_256", "wordllama", 360)])
@@ -166,8 +176,8 @@ def test_a_teachers_vectors_are_its_reference_librarys(name, fixture, max_len):
     with np.load(FIXTURES / f"{fixture}_reference.npz") as z:
         texts = [str(t) for t in z["texts"]]
         want = z["st_vectors"] if "st_vectors" in z.files else z["vectors"]
-    encode_queries, encode_documents = teacher.encoders(
-        load_config("tiny"), teacher.TeacherSpec(name, max_len=max_len), sharding.make_mesh())
+    encode_queries, encode_documents = teacher_encoders(
+        load_config("tiny"), teacher.TeacherSpec(name, max_len=max_len))
     np.testing.assert_allclose(encode_documents(texts), want, atol=1e-5)
     np.testing.assert_allclose(encode_queries(texts), want, atol=1e-5)
 
@@ -186,7 +196,7 @@ def test_a_teacher_that_does_not_fit_or_a_foreign_scores_file_is_one_line(tmp_pa
     cfg = load_config("tiny")
     with pytest.raises(errors.PretrainedError, match=r"distill.teacher=.*tokenizer.json has "
                                                       r"\d+ pieces but its embedding table"):
-        teacher.encoders(cfg, teacher.TeacherSpec(str(folder)), sharding.make_mesh())
+        teacher_encoders(cfg, teacher.TeacherSpec(str(folder)))
 
     from dualjax.data import documents
     collection = documents.read_collection(str(beir_folder(tmp_path)), str(tmp_path / "tfds"),

@@ -121,19 +121,37 @@ def test_the_errors_guard_sees_a_re_export(tmp_path):
     assert misrouted_errors([bad]) == ["bad.py:1 from dualjax.data.pairs_file import ..."]
 
 
-# train/'s modules that take specs and plain values only (issue 44: in the end, every one;
-# the stages still reading the ConfigDict are loop, tasks, model_data, teacher, trained,
-# warm_start and workdir).
-CONFIG_FREE_TRAIN = ("checkpoints", "inputs", "lazy_rows", "rows", "selection", "step",
-                     "weak_labels")
+# What train/ may take from config/: the resolved RunSpec (`config.run`) and the flattening
+# of a config dict (`config.keys.flatten`, for comparing saved configs), never the
+# ConfigDict, its validation or the spec builders.
+TRAIN_MAY_IMPORT = ("dualjax.config.run", "dualjax.config.keys")
 
 
-def test_the_train_modules_taking_specs_never_read_the_config():
-    paths = [ROOT / "train" / f"{name}.py" for name in CONFIG_FREE_TRAIN]
-    offenders = [p.name for p in paths
-                 if any(m == f or m.startswith(f + ".") for m in imports(p)
-                        for f in ("ml_collections", "dualjax.config"))]
-    assert offenders == [], "these read the config: give them a spec or plain values"
+def config_readers(paths) -> list[str]:
+    """The modules of `paths` that import ml_collections, or dualjax.config beyond
+    TRAIN_MAY_IMPORT."""
+    def reads(m: str) -> bool:
+        if m == "ml_collections" or m.startswith("ml_collections."):
+            return True
+        return (m.startswith("dualjax.config.")  # (the package alone: `from dualjax.config
+                # import run` names dualjax.config.run too)
+                and not any(m == ok or m.startswith(ok + ".") for ok in TRAIN_MAY_IMPORT))
+    return [p.name for p in paths if any(reads(m) for m in imports(p))]
+
+
+def test_nothing_under_train_reads_the_config():
+    """Issue 44: the loop and every stage under it take the RunSpec `config.run.resolve`
+    made once; none imports ml_collections or the spec builders."""
+    paths = sorted((ROOT / "train").rglob("*.py"))
+    assert len(paths) >= 14
+    assert config_readers(paths) == [], "these read the config: give them the RunSpec"
+
+
+def test_the_train_guard_sees_a_config_import(tmp_path):
+    bad, good = tmp_path / "bad.py", tmp_path / "good.py"
+    bad.write_text("import ml_collections\nfrom dualjax.config import specs\n")
+    good.write_text("from dualjax.config.run import RunSpec\n")
+    assert config_readers([bad, good]) == ["bad.py"]
 
 
 @pytest.mark.parametrize("line, where, offends", [

@@ -352,19 +352,18 @@ def test_duplicate_ids_and_ambiguous_links_name_the_line(tmp_path, rows, fragmen
 def test_plain_text_pretraining_as_the_readme_says(tmp_path):
     """configs/pretrain.py on plain "text" lines: its default tasks need links (WLP),
     and the error says which tasks the collection does have pairs for."""
-    from conftest import load_config
+    from conftest import load_config, tasks_of
 
     from dualjax.config import validation as config_lib
-    from dualjax.train import tasks as tasks_lib
     cfg = load_config("pretrain")
     cfg.data.path = _plain_text_file(tmp_path, PLAIN)
     cfg.data.passage_words = 20
     config_lib.validate(cfg, 1)
-    [task] = tasks_lib.make_tasks(cfg, str(tmp_path / "run"))
+    [task] = tasks_of(cfg, str(tmp_path / "run"))
     with pytest.raises(DataError, match=r"nothing to make WLP pairs from \(links.*; it has "
                                         r"pairs for ict, bfs, crop: use e\.g\. "
                                         r"--config\.data\.tasks=ict,bfs$"):
         _ = task.train_source
     cfg.data.tasks = "ict,bfs"
-    [task] = tasks_lib.make_tasks(cfg, str(tmp_path / "run"))
+    [task] = tasks_of(cfg, str(tmp_path / "run"))
     assert [t for _, _, t in map(task.train_source.pair, range(4))] == ["ict", "bfs"] * 2

@@ -14,6 +14,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
+from conftest import tasks_of
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from test_train import preempt_at, tiny, train_rows  # noqa: E402
@@ -26,7 +27,6 @@ from dualjax.models import pses as pses_model
 from dualjax.objectives import pses
 from dualjax.runtime import sharding
 from dualjax.train import loop as train
-from dualjax.train import tasks as tasks_lib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SQUAD = os.path.join(HERE, "..", "..", "shared", "data", "squad", "dev-v1.1.json")
@@ -480,7 +480,7 @@ def test_weakly_supervised_pairs_table_from_a_query_file(tmp_path):
     queries = tmp_path / "queries.txt"
     queries.write_text("how do i learn python\n\nwhat is the capital of france\n")
     cfg = tiny(**{"data.pseudo_labels": 3, "data.pseudo_label_queries": str(queries)})
-    task = tasks_lib.make_tasks(cfg, str(tmp_path / "run"))[0]
+    task = tasks_of(cfg, str(tmp_path / "run"))[0]
     source = task.train_source
     records = [source[i] for i in range(len(source))]
     assert {r["query"].decode() for r in records} <= {"how do i learn python",

@@ -645,25 +645,30 @@ def test_max_epochs_caps_the_steps_by_the_training_items():
     """max_epochs passes over every task's pairs (a pre-training collection: its
     passages), rounded up, when that is fewer than num_train_steps; resuming computes the
     same. A workdir saved before the key existed resumes (absent = off)."""
+    import dataclasses
     import types
 
+    from dualjax.config import run
     from dualjax.train import workdir as workdir_lib
     cfg = tiny(**{"num_train_steps": 300, "global_batch_size": 64, "max_epochs": 2.0})
+    spec = run.resolve(cfg, checked=False)
+    steps = lambda spec, tasks: train.capped_steps(spec, tasks).schedule.num_train_steps
     pairs = types.SimpleNamespace(pretraining=False, train_source=[None] * 100)
     docs = types.SimpleNamespace(pretraining=True, needs_teacher=False,
                                  collection=types.SimpleNamespace(passages=[""] * 82))
-    assert train.capped_steps(cfg, [docs]).num_train_steps == 3  # ceil(2 * 82 / 64)
+    assert steps(spec, [docs]) == 3  # ceil(2 * 82 / 64)
     distill = types.SimpleNamespace(**{**vars(docs), "needs_teacher": True})
-    cfg.distill.queries_per_passage = 3  # distill: passes over 3 queries of each passage
-    assert train.capped_steps(cfg, [distill]).num_train_steps == 8  # ceil(2 * 246 / 64)
-    assert train.capped_steps(cfg, [docs]).num_train_steps == 3
-    cfg.distill.queries_per_passage = 1
-    assert train.capped_steps(cfg, [pairs, docs]).num_train_steps == 6  # ceil(2 * 182 / 64)
-    assert cfg.num_train_steps == 300  # the caller's config is left as it was
+    # distill: passes over distill.queries_per_passage=3 queries of each passage
+    three = dataclasses.replace(spec, teacher=run.TeacherSpec("t", queries_per_passage=3))
+    assert steps(three, [distill]) == 8  # ceil(2 * 246 / 64)
+    assert steps(three, [docs]) == 3
+    assert steps(spec, [pairs, docs]) == 6  # ceil(2 * 182 / 64)
+    assert spec.schedule.num_train_steps == 300  # the caller's spec is left as it was
     big = types.SimpleNamespace(pretraining=False, train_source=[None] * 100_000)
-    assert train.capped_steps(cfg, [big]) is cfg
+    assert train.capped_steps(spec, [big]) is spec
     cfg.max_epochs = 0.0
-    assert train.capped_steps(cfg, [docs]) is cfg
+    off = run.resolve(cfg, checked=False)
+    assert train.capped_steps(off, [docs]) is off
     saved = {k: v for k, v in cfg.to_dict().items() if k != "max_epochs"}
     assert workdir_lib.config_changes(saved, cfg.to_dict()) == ([], [])
     cfg.max_epochs = 2.0

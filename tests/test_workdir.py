@@ -71,13 +71,13 @@ def test_cadences_steps_and_eval_settings_may_change_and_are_recorded(tmp_path):
     run = started(tmp_path / "run", tiny())
     changed = tiny(**{"num_train_steps": 40, "eval.top_k": 50, "log_every_steps": 1,
                       "mesh.num_devices": 4})
-    workdir.check_and_write_config(str(run), changed)
+    workdir.check_and_write_config(str(run), changed.to_dict())
     assert json.loads((run / "config.json").read_text()) == changed.to_dict()
 
 
 def test_a_fresh_workdir_takes_any_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(tiny().to_dict()))  # nothing trained yet
-    workdir.check_and_write_config(str(tmp_path), tiny(**{"model.embed_dim": 8}))
+    workdir.check_and_write_config(str(tmp_path), tiny(**{"model.embed_dim": 8}).to_dict())
     assert json.loads((tmp_path / "config.json").read_text())["model"]["embed_dim"] == 8
 
 
@@ -100,7 +100,7 @@ def test_a_folder_of_other_files_is_not_taken_over(tmp_path):
     workdir.check_is_workdir(str(old))
     (tmp_path / "empty").mkdir()
     workdir.check_is_workdir(str(tmp_path / "empty"))
-    with workdir.guard(str(tmp_path / "new"), tiny()):
+    with workdir.guard(str(tmp_path / "new"), tiny().to_dict()):
         assert (tmp_path / "new" / workdir.MARKER).exists()
 
 
@@ -112,7 +112,7 @@ def test_a_second_run_on_a_workdir_is_refused(tmp_path):
             train.train_and_evaluate(tiny(), str(tmp_path))
     finally:
         lock.release()
-    with workdir.guard(str(tmp_path), tiny()):  # free again
+    with workdir.guard(str(tmp_path), tiny().to_dict()):  # free again
         pass
 
 
@@ -199,7 +199,7 @@ def test_a_torn_last_row_is_cut_back_and_a_bad_row_named(tmp_path, caplog):
 def test_rows_of_a_run_killed_before_its_first_checkpoint_are_not_repeated(tmp_path):
     cfg = tiny(**{"eval.untrained": False, "eval.baselines": "", "eval.index": "exact",
                   "num_train_steps": 5, "checkpoint_every_steps": 0})
-    workdir.check_and_write_config(str(tmp_path), cfg)  # the killed run's, written first
+    workdir.check_and_write_config(str(tmp_path), cfg.to_dict())  # the killed run's, written first
     MetricsLog(str(tmp_path)).write(5, "train", {"loss": 9.0})  # from the killed run
     train.train_and_evaluate(cfg, str(tmp_path))
     rows = MetricsLog(str(tmp_path)).read()

@@ -8,13 +8,12 @@ WORKDIR/config.json).
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import ml_collections
 
 from dualjax import losses
-from dualjax.data import sources
 from dualjax.data.builders import DatasetSpec
+from dualjax.data.pretraining import PRETRAIN
 from dualjax.errors import ConfigError
 from dualjax.eval.scoring import EvalSpec
 from dualjax.models import towers
@@ -116,11 +115,7 @@ def feature_specs(model: ml_collections.ConfigDict
 def dataset_spec(data: ml_collections.ConfigDict, seed: int) -> DatasetSpec:
     """`config.data` (or a task's) as the builders take it; DataError naming the key or
     file that cannot work."""
-    source = sources.SOURCES.named(data.name)  # (DataError naming the known ones)
-    return DatasetSpec(data.name, json.dumps(source.settings(data, seed), sort_keys=True))
-
-
-PRETRAIN = "pretrain"  # data.name of an unlabelled collection (pre-training pairs, no evaluation)
+    return DatasetSpec.of(data, seed)
 
 
 def task_configs(config: ml_collections.ConfigDict
@@ -137,7 +132,9 @@ def loss_options(loss: ml_collections.ConfigDict) -> dict:
     """The options of loss `loss.name` from `config.loss` (fields = option names; an
     option the config lacks, as a plugin's own, keeps the loss's default), for
     `losses.sharded` / `losses.reference`."""
-    return {k: loss.get(k, default) for k, default in losses.LOSSES[loss.name].options.items()}
+    known = losses.LOSSES.get(loss.name)  # (unknown: a saved run's plugin not imported
+    # here, read by export or search, which never train; validation refuses it for a run)
+    return {k: loss.get(k, default) for k, default in (known.options if known else {}).items()}
 
 
 def max_lens(model: ml_collections.ConfigDict) -> tuple[int, int]:

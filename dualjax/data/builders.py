@@ -26,7 +26,8 @@ import importlib
 import json
 import os
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -194,6 +195,13 @@ class DatasetSpec:
     settings that shape its tables (sizes, seed, file paths and digests, ...)."""
     name: str
     settings: str
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any], seed: int) -> DatasetSpec:
+        """A data group (data.name and its source's keys) as the builders take it;
+        DataError naming the key or file that cannot work."""
+        source = sources.SOURCES.named(data["name"])  # (DataError naming the known ones)
+        return cls(data["name"], json.dumps(source.settings(data, seed), sort_keys=True))
 
     def loaded_settings(self) -> dict:
         return json.loads(self.settings)

@@ -51,6 +51,7 @@ from dualjax.data.beir import document_text
 from dualjax.data.documents import Collection
 from dualjax.errors import DataError
 
+PRETRAIN = "pretrain"  # data.name of an unlabelled collection (pre-training pairs)
 TASKS = ("ict", "bfs", "wlp", "crop", "pseudo", "distill", "mlm")
 ALONE = ("mlm", "distill")  # tasks that do not mix with others
 CROP_RATIO = (0.1, 0.5)  # Contriever's span lengths, as fractions of the passage's words
@@ -67,7 +68,7 @@ class QueryWords:
     @classmethod
     def of(cls, data) -> QueryWords:
         """A data group's data.min_query_words and data.max_query_words."""
-        return cls(data.min_query_words, data.get("max_query_words", 0))
+        return cls(data["min_query_words"], data.get("max_query_words", 0))
 
     def cut(self, text: str) -> str:
         """`text`'s first `max` words, or `text` itself when it has no more or max is 0."""

@@ -1,9 +1,10 @@
 """Training and evaluation of a dual encoder, in named stages.
 
-`train_and_evaluate(config, workdir)` runs: workdir and mesh → `_prepare_input` (tables,
+`train_and_evaluate(spec, workdir)` runs (`spec`: the run resolved once,
+`config.run.resolve`): workdir and mesh → `_prepare_input` (tables,
 vocabularies, the pretrained start) → `_build` (model, optimizer, sharded state, update
 step: a `Run`) → `_training_data` (`model_data`: what a model labels or scores first) →
-`_restore` (the latest checkpoint) → evaluators (built from the config, `evaluators.py`;
+`_restore` (the latest checkpoint) → evaluators (built from its EvalSpec, `evaluators.py`;
 `selection.py`: eval.select_by and early stopping) → `_train_loop` (train rows, val
 evaluations, checkpoints, preemption) → `_final_evaluation`. Everything it writes goes
 under `workdir`.
@@ -11,10 +12,10 @@ under `workdir`.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import itertools
+import json
 import math
 import os
 import time
@@ -22,13 +23,12 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 from absl import logging
 
 from dualjax import models, objectives, pretrained
-from dualjax.config import specs
-from dualjax.config import validation as config_lib
+from dualjax.config import run as run_lib
+from dualjax.config.run import RunSpec
 from dualjax.errors import ConfigError, Preempted, PretrainedError
 from dualjax.eval import evaluators as evaluators_lib
 from dualjax.eval import scoring
@@ -50,7 +50,7 @@ Hook = Callable[[int, dict], None]  # called after every step with (step, device
 
 
 # ----------------------------------------------------------------------------- main
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+def train_and_evaluate(spec: RunSpec | Any, workdir: str,
                        hooks: Sequence[Hook] = ()) -> dict[str, dict]:
     """Trains (or resumes) and evaluates.
 
@@ -59,7 +59,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     second signal stops at once (KeyboardInterrupt), saving nothing more.
 
     Args:
-      config: the run (configs/default.py's keys); checked, then resolved into specs.
+      spec: the run, resolved (`config.run.resolve`); a config (configs/default.py's
+        keys) is resolved here first, against `workdir`.
       workdir: where the run lives: config.json, data.json, checkpoints, metrics.jsonl,
         report.md. A workdir of another run, or whose data changed, is refused.
       hooks: each called after every step with (step, its device metrics).
@@ -68,23 +69,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       {"system [index]": metrics row} of the last evaluation split (test); with several
       tasks (`config.tasks`), keyed "task: system [index]".
     """
-    try:
-        mesh = sharding.make_mesh(config.mesh.num_devices, config.mesh.get("model_axis", 1))
-    except ValueError as e:
-        raise ConfigError(f"config.{e}") from None
-    config_lib.validate(config, sharding.data_size(mesh), workdir)
-    malloc.for_tower(config.model.tower)  # before the state is allocated
-    with (workdir_lib.guard(workdir, config, tasks_lib.data_files(config)) as rebuilt,
+    if not isinstance(spec, RunSpec):
+        spec = run_lib.resolve(spec, workdir)  # (checked there)
+    mesh = sharding.make_mesh(spec.mesh.num_devices, spec.mesh.model_axis)
+    malloc.for_tower(spec.tower)  # before the state is allocated
+    with (workdir_lib.guard(workdir, spec.as_dict(), tasks_lib.data_files(spec.tasks)) as rebuilt,
           Signals() as signals,  # one run per workdir, on the data it was made from
           MetricsLog(workdir, tensorboard=True, writer=processes.is_main()) as log):
-        return _train_and_evaluate(config, workdir, mesh, hooks, signals, log, rebuilt)
+        return _train_and_evaluate(spec, workdir, mesh, hooks, signals, log, rebuilt)
 
 
 @dataclasses.dataclass
 class Run:
     """What the stages of one run share. `_build` makes it; `state` and `last_saved` move
     as it trains."""
-    config: ml_collections.ConfigDict
+    spec: RunSpec
     workdir: str
     mesh: jax.sharding.Mesh
     log: MetricsLog
@@ -106,13 +105,13 @@ class Run:
     @property
     def system(self) -> str:
         """The trained model's rows: "dual_encoder" or "pses"."""
-        return self.config.model.name
+        return self.spec.system
 
     def first_params(self) -> dict:
         """The towers the run starts from (init_from's, model.pretrained's or random)."""
-        init = jax.jit(self.init_state, static_argnums=0)(self.config.seed)["params"]
-        return warm_start.start_params(self.config, self.origin, init,
-                                       sharding.replicated(self.mesh))
+        init = jax.jit(self.init_state, static_argnums=0)(self.spec.schedule.seed)["params"]
+        return warm_start.start_params(self.spec.start.init_from, self.spec.as_dict("model"),
+                                       self.origin, init, sharding.replicated(self.mesh))
 
     def towers_of(self, systems: dict[str, Any]) -> evaluators_lib.Systems:
         """name -> params  to  name -> (encode_queries, encode_documents) with those params."""
@@ -130,23 +129,23 @@ class Run:
         self.last_saved = step
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
-                        hooks: Sequence[Hook], signals: Signals,
-                        log: MetricsLog, rebuilt: Sequence[str] = ()) -> dict[str, dict]:
-    tasks = tasks_lib.make_tasks(config, workdir)
-    prepared = processes.main_first(functools.partial(_prepare_input, config, workdir, tasks,
+def _train_and_evaluate(spec: RunSpec, workdir: str, mesh, hooks: Sequence[Hook],
+                        signals: Signals, log: MetricsLog, rebuilt: Sequence[str] = ()
+                        ) -> dict[str, dict]:
+    tasks = tasks_lib.make_tasks(spec.tasks, spec.schedule.seed)
+    prepared = processes.main_first(functools.partial(_prepare_input, spec, workdir, tasks,
                                                         rebuilt))
-    config = capped_steps(config, tasks)
-    run = _build(config, workdir, mesh, log, signals, tasks, *prepared)
-    if config.num_train_steps:
+    spec = capped_steps(spec, tasks)
+    s = spec.schedule
+    run = _build(spec, workdir, mesh, log, signals, tasks, *prepared)
+    if s.num_train_steps:
         run.data_iters = _training_data(run)
     _restore(run)
-    selection = Selection(config.eval.select_by,
-                          config.eval.early_stopping * config.eval_every_steps,
-                          config.num_train_steps, workdir, run.system)
+    selection = Selection(spec.eval.select_by, s.early_stopping * s.eval_every_steps,
+                          s.num_train_steps, workdir, run.system)
     start = int(run.state["step"])
-    finished = start >= config.num_train_steps or selection.stopped_early(start)
-    if processes.agree(finished and not config.eval.rerun):
+    finished = start >= s.num_train_steps or selection.stopped_early(start)
+    if processes.agree(finished and not s.rerun):
         done = finished_results(log, tasks, run.splits, start)
         if processes.agree(done is not None):
             print(f"{workdir} finished at step {start}; its results are in metrics.jsonl and "
@@ -154,12 +153,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
             return done or {}  # (process 0's rows; another process may not read them)
     # Evaluators (evaluators.py): each task's retrieval evaluation, then the typo sweep.
     # They get encode functions; what their val rows decide (eval.select_by) is decided here.
-    evaluators = evaluators_lib.make(specs.eval_spec(config), tasks, run.splits, run.inputs, mesh,
+    evaluators = evaluators_lib.make(spec.eval, tasks, run.splits, run.inputs, mesh,
                                      workdir, log, main=processes.is_main())
     selection.choose(evaluators)
     if processes.agree(bool(
-            selection.active and start and start < config.num_train_steps
-            and config.eval_every_steps and start % config.eval_every_steps == 0
+            selection.active and start and start < s.num_train_steps
+            and s.eval_every_steps and start % s.eval_every_steps == 0
             and not any(r["step"] == start and r["split"] == "val" for r in log.read()))):
         _validate(run, evaluators, selection, start)  # killed during the evaluation at its
         # checkpoint: it decides what's best
@@ -167,29 +166,27 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, mesh,
     return _final_evaluation(run, evaluators, selection)
 
 
-def capped_steps(config: ml_collections.ConfigDict, tasks: Sequence[tasks_lib.Task]
-                 ) -> ml_collections.ConfigDict:
-    """`config` with num_train_steps cut to `max_epochs` passes over the training items
+def capped_steps(spec: RunSpec, tasks: Sequence[tasks_lib.Task]) -> RunSpec:
+    """`spec` with num_train_steps cut to `max_epochs` passes over the training items
     (every task's pairs; a pre-training collection's passages, times
     distill.queries_per_passage for data.tasks "distill"), rounded up; as it is
     without max_epochs or when the cap is higher. Resuming computes the same cap."""
-    epochs = config.get("max_epochs", 0.0)
-    if not epochs or not config.num_train_steps:
-        return config
-    per_passage = lambda t: config.distill.queries_per_passage if t.needs_teacher else 1
+    s = spec.schedule
+    if not s.max_epochs or not s.num_train_steps:
+        return spec
+    per_passage = lambda t: (spec.teacher.queries_per_passage
+                             if t.needs_teacher and spec.teacher else 1)
     items = sum(len(t.collection.passages) * per_passage(t) if t.pretraining
                 else len(t.train_source) for t in tasks)
-    steps = max(1, math.ceil(epochs * items / config.global_batch_size))
-    if steps >= config.num_train_steps:
-        return config
-    logging.info("max_epochs=%g: %d training items at %d a step: %d steps, not %d", epochs,
-                 items, config.global_batch_size, steps, config.num_train_steps)
-    config = copy.deepcopy(config)
-    config.num_train_steps = steps
-    return config
+    steps = max(1, math.ceil(s.max_epochs * items / s.global_batch_size))
+    if steps >= s.num_train_steps:
+        return spec
+    logging.info("max_epochs=%g: %d training items at %d a step: %d steps, not %d",
+                 s.max_epochs, items, s.global_batch_size, steps, s.num_train_steps)
+    return spec.with_steps(steps)
 
 
-def _prepare_input(config: ml_collections.ConfigDict, workdir: str,
+def _prepare_input(spec: RunSpec, workdir: str,
                    tasks: Sequence[tasks_lib.Task], rebuilt: Sequence[str] = ()
                    ) -> tuple[dict[str, tuple[str, ...]], sides.Inputs,
                               pretrained.Pretrained | None]:
@@ -210,15 +207,16 @@ def _prepare_input(config: ml_collections.ConfigDict, workdir: str,
     for t in tasks:
         for split in splits[t.name]:
             t.eval_task(split)
-    if config.init_from:  # pre-trained elsewhere: its vocabularies (later, its towers)
-        warm_start.copy_vocabularies(config.init_from, workdir, config.model)
-    start = warm_start.resolve_start(config, workdir)  # model.pretrained's, recorded
-    if config.num_train_steps:
+    init_from = spec.start.init_from
+    if init_from:  # pre-trained elsewhere: its vocabularies (later, its towers)
+        warm_start.copy_vocabularies(init_from, workdir, spec.as_dict("model"))
+    start = warm_start.resolve_start(spec.start, workdir)  # model.pretrained's, recorded
+    if spec.schedule.num_train_steps:
         texts = lambda: itertools.chain.from_iterable(t.train_texts() for t in tasks)
         inputs = inputs_lib.load_inputs(
-            specs.inputs_spec(config.model), workdir, texts,
+            spec.inputs, workdir, texts,
             lambda: itertools.chain.from_iterable(t.train_fields() for t in tasks), start)
-        if rebuilt and processes.is_main() and config.model.tokenizer != "hf":  # (hf's
+        if rebuilt and processes.is_main() and spec.inputs.tokenizer != "hf":  # (hf's
             # vocabulary is not made from the data)
             unknown, total = inputs_lib.unknown_tokens(inputs.query.tokenizer, texts())
             logging.warning("data.rebuild: %d of the %d tokens (%.1f%%) of the new training "
@@ -228,33 +226,33 @@ def _prepare_input(config: ml_collections.ConfigDict, workdir: str,
         return splits, inputs, start
     tests = [t.eval_task(splits[t.name][-1]) for t in tasks]
     return splits, inputs_lib.load_inputs(
-        specs.inputs_spec(config.model), workdir,
+        spec.inputs, workdir,
         lambda: [x for e in tests for x in e.corpus + e.queries],
         lambda: [f for e in tests for f in inputs_lib.eval_fields(e)], start), start
 
 
-def _build(config, workdir, mesh, log, signals, tasks, splits, inputs, origin) -> Run:
+def _build(spec: RunSpec, workdir, mesh, log, signals, tasks, splits, inputs, origin) -> Run:
     """The model, the optimizer, the sharded state at its initialisation and the step."""
-    model = models.make_model(specs.model_spec(config.model), inputs.query.tokenizer.vocab_size,
+    model = models.make_model(spec.model, inputs.query.tokenizer.vocab_size,
                               inputs.feature_sizes(), num_tasks=len(tasks),
                               bert=origin.bert if origin else None)
-    objective = objectives.make(specs.objective_spec(config), model, mesh)
-    opt = specs.optimizer_spec(config.optimizer)
-    tx, schedule = optimizer.make_optimizer(opt, config.num_train_steps)
+    objective = objectives.make(spec.objective, model, mesh)
+    seed = spec.schedule.seed
+    tx, schedule = optimizer.make_optimizer(spec.optimizer, spec.schedule.num_train_steps)
     tx = objectives.restrict(tx, objective)  # params the objective keeps fixed get no update
-    init_state = step_lib.make_init_state(objective, tx, config.loss.log_q_buckets)
+    init_state = step_lib.make_init_state(objective, tx, spec.log_q_buckets)
     try:  # a model axis that does not divide the towers' heads: named in one line
         state_sharding = sharding.state_shardings(
-            jax.eval_shape(init_state, config.seed), mesh, config.mesh.param_sharding,
-            models.logical_axes(model, specs.max_lens(config.model)))
+            jax.eval_shape(init_state, seed), mesh, spec.mesh.param_sharding,
+            models.logical_axes(model, spec.inputs.max_lens))
     except ValueError as e:
         raise ConfigError(f"config.{e}") from None
-    state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(config.seed)
-    table_updates = opt.table_updates
+    state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(seed)
+    table_updates = spec.optimizer.table_updates
     train_step = step_lib.make_train_step(
         objective, tx, schedule, state_sharding, sharding.batch_sharding(mesh),
-        sharding.replicated(mesh), config.loss.log_q_alpha, table_updates)
-    run = Run(config, workdir, mesh, log, signals, list(tasks), splits, inputs, origin,
+        sharding.replicated(mesh), spec.log_q_alpha, table_updates)
+    run = Run(spec, workdir, mesh, log, signals, list(tasks), splits, inputs, origin,
               init_state, state_sharding, train_step, models.make_encoders(model), state)
     if table_updates == "lazy" and jax.process_count() == 1:  # else the step finds the rows
         assert objective.tables is not None, "validated: lazy updates need token tables"
@@ -266,24 +264,25 @@ def _training_data(run: Run) -> list:
     """Each task's iterator of this process's share of the training batches (data.tasks
     "pseudo": its pairs labelled by the start first; "distill": its candidates scored by
     the teacher first)."""
-    config = run.config
-    model_data.prepare(config, run.tasks, run.workdir, run.inputs, run.mesh, run.encoders,
+    spec, s = run.spec, run.spec.schedule
+    model_data.prepare(spec, run.tasks, run.workdir, run.inputs, run.mesh, run.encoders,
                        run.first_params)
-    iters = [t.train_iterator(run.inputs, config.global_batch_size, config.seed + i,
-                              config.loss.num_mixed_negatives)
+    iters = [t.train_iterator(run.inputs, s.global_batch_size, s.seed + i,
+                              spec.num_mixed_negatives)
              for i, t in enumerate(run.tasks)]
     for t in run.tasks:
         logging.info("%s%s; global batch %d over %d devices of the data axis",
                      f"Task {t.name} (weight {t.weight}): " if t.name else "",
-                     t.describe_training(config.global_batch_size),
-                     config.global_batch_size, sharding.data_size(run.mesh))
+                     t.describe_training(s.global_batch_size),
+                     s.global_batch_size, sharding.data_size(run.mesh))
     return iters
 
 
 def _restore(run: Run) -> None:
     """The latest checkpoint's state and iterator positions, if there is one; else the
     start's towers (init_from's, model.pretrained's, or the initialisation as is)."""
-    run.ckpt = checkpoints.Checkpointer(run.workdir, run.config.keep_checkpoints)
+    steps = run.spec.schedule.num_train_steps
+    run.ckpt = checkpoints.Checkpointer(run.workdir, run.spec.schedule.keep_checkpoints)
     last = run.last_saved = run.ckpt.latest_step()
     if last is not None:
         run.state, saved_data = run.ckpt.restore(last, checkpoints.abstract_like(run.state))
@@ -291,18 +290,18 @@ def _restore(run: Run) -> None:
             it.set_state(saved_data if len(run.tasks) == 1 else saved_data[t.name])
         logging.info("Resumed from %s at step %d", os.path.join(run.workdir, "checkpoints"),
                      last)
-        if last > run.config.num_train_steps:  # nothing is undone: say what is evaluated
+        if last > steps:  # nothing is undone: say what is evaluated
             logging.warning("num_train_steps=%d is below the checkpoint's step %d: nothing "
                             "more is trained, and step %d is what is evaluated (a run to "
-                            "%d steps needs a new --workdir)", run.config.num_train_steps,
-                            last, last, run.config.num_train_steps)
+                            "%d steps needs a new --workdir)", steps, last, last, steps)
         run.signals.stage = f"before training; the checkpoint of step {last} is kept"
     else:
-        run.state["params"] = warm_start.start_params(run.config, run.origin,
-                                                      run.state["params"],
-                                                      run.state_sharding["params"])
+        run.state["params"] = warm_start.start_params(
+            run.spec.start.init_from, run.spec.as_dict("model"), run.origin,
+            run.state["params"], run.state_sharding["params"])
     run.log.truncate_after(last or 0)  # rows of steps this run will do (again)
-    run.log.start_events((last or 0) + 1, run.config.to_json_best_effort(indent=2))
+    run.log.start_events((last or 0) + 1, json.dumps(
+        run.spec.as_dict(), indent=2, default=str))
 
 
 def _validate(run: Run, evaluators, selection: Selection, step: int) -> None:
@@ -313,38 +312,37 @@ def _validate(run: Run, evaluators, selection: Selection, step: int) -> None:
             selection.offer(rows, step, run.state["params"])
 
 
-def _cadence(config, step: int, patience: int) -> tuple[bool, bool, bool]:
+def _cadence(s: run_lib.Schedule, step: int, patience: int) -> tuple[bool, bool, bool]:
     """(is_eval, is_ckpt, is_log) of `step`: a val evaluation (never at the last step),
     a checkpoint (the last step, every checkpoint_every_steps, and an evaluation that may
     end training) and a train row (also every log_every_steps)."""
-    is_last = step == config.num_train_steps
-    is_eval = bool(config.eval_every_steps and step % config.eval_every_steps == 0
-                   and not is_last)
-    is_ckpt = bool(is_last or (config.checkpoint_every_steps
-                               and step % config.checkpoint_every_steps == 0)
+    is_last = step == s.num_train_steps
+    is_eval = bool(s.eval_every_steps and step % s.eval_every_steps == 0 and not is_last)
+    is_ckpt = bool(is_last or (s.checkpoint_every_steps
+                               and step % s.checkpoint_every_steps == 0)
                    or (patience and is_eval))
-    return is_eval, is_ckpt, is_ckpt or step % max(config.log_every_steps, 1) == 0
+    return is_eval, is_ckpt, is_ckpt or step % max(s.log_every_steps, 1) == 0
 
 
 def _train_loop(run: Run, evaluators, selection: Selection, hooks: Sequence[Hook]) -> None:
     """Steps from the state's to num_train_steps (or early stopping): train rows, val
     evaluations, checkpoints; a signal saves at the end of its step and raises Preempted."""
-    config, signals = run.config, run.signals
+    s, signals = run.spec.schedule, run.signals
     start = int(run.state["step"])
     weights = [t.weight for t in run.tasks]
-    trim = (jax.process_count() == 1 and config.model.name == "dual_encoder"
-            and not specs.is_mlm(config))
-    rows = TrainRows(config.num_train_steps, start, config.global_batch_size, run.log)
-    last = config.num_train_steps if not selection.stopped_early(start) else start
+    trim = (jax.process_count() == 1 and run.system == "dual_encoder"
+            and run.spec.objective.kind != "mlm")
+    rows = TrainRows(s.num_train_steps, start, s.global_batch_size, run.log)
+    last = s.num_train_steps if not selection.stopped_early(start) else start
     signals.deferring = True  # a signal now saves at the end of the step
     try:
         for step in range(start + 1, last + 1):
-            t = tasks_lib.task_at_step(step, weights, config.seed)
+            t = tasks_lib.task_at_step(step, weights, s.seed)
             local = next(run.data_iters[t])
             local["task"] = np.full(len(local["q_ids"]), t, np.int32)
             if trim:  # each process's share must keep one shape: one process only
                 local = sides.trim_padding(local)
-            is_eval, is_ckpt, is_log = _cadence(config, step, selection.patience)
+            is_eval, is_ckpt, is_log = _cadence(s, step, selection.patience)
             run.state, step_metrics = run.train_step(
                 run.state, sharding.put_global_batch(run.host_rows(local), run.mesh),
                 norms=is_log or bool(signals.received))
@@ -387,7 +385,7 @@ def _evaluate_during_training(run: Run, evaluators, selection: Selection, rows, 
     assert selection.best is not None  # it stopped early
     logging.info("eval.early_stopping: val %s has not improved on step %d for %d "
                  "evaluations; training stops at step %d", selection.metric,
-                 selection.best.step, run.config.eval.early_stopping, step)
+                 selection.best.step, run.spec.schedule.early_stopping, step)
     return True  # saved: a rerun finds it finished
 
 
@@ -395,13 +393,13 @@ def _final_evaluation(run: Run, evaluators, selection: Selection) -> dict[str, d
     """Every evaluator on the trained towers, their start (eval.untrained) and the
     baselines. The selecting task's val split comes first: when eval.select_by's best val
     step is not the last, it joins the systems from there on."""
-    config, system = run.config, run.system
+    spec, system = run.spec, run.system
     step = int(run.state["step"])  # num_train_steps, or where early stopping ended training
     run.signals.stage = (f"during the final evaluation; training is finished and saved at "
                          f"step {step}, and running again evaluates it")
     systems = {system: run.state["params"]}
-    if config.eval.untrained:  # "start": init_from's or model.pretrained's towers as is
-        name = "start" if config.init_from or run.origin else "untrained"
+    if spec.schedule.untrained:  # "start": init_from's or model.pretrained's towers as is
+        name = "start" if spec.start.init_from or run.origin else "untrained"
         try:
             systems[name] = run.first_params()
         except PretrainedError as e:  # resumed without the start's folder

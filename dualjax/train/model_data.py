@@ -9,10 +9,9 @@ import functools
 from collections.abc import Callable, Sequence
 
 import jax
-import ml_collections
 import numpy as np
 
-from dualjax.config import specs
+from dualjax.config.run import RunSpec
 from dualjax.data.pretraining import QueryWords
 from dualjax.retrieval import encoding
 from dualjax.runtime import processes
@@ -21,28 +20,28 @@ from dualjax.train import teacher, weak_labels
 from dualjax.train.tasks import Task
 
 
-def prepare(config: ml_collections.ConfigDict, tasks: Sequence[Task], workdir: str,
+def prepare(spec: RunSpec, tasks: Sequence[Task], workdir: str,
             inputs: sides.Inputs, mesh: jax.sharding.Mesh, encoders: tuple[Callable, Callable],
             first_params: Callable[[], dict]) -> None:
     """Sets each task's `pseudo_pairs` / `distill_records` where its data.tasks asks."""
-    bm25 = specs.bm25_options(config.eval)
+    bm25, seed, batch = dict(spec.eval.bm25), spec.schedule.seed, spec.eval.batch_size
     for t in tasks:
         words = QueryWords.of(t.data)
         if t.needs_pseudo_labels:
             t.pseudo_pairs = weak_labels.load_or_make(
-                workdir, t.collection, config.seed, words, t.data.pseudo_weight,
-                *_start_encoders(config, inputs, mesh, encoders, first_params),
+                workdir, t.collection, seed, words, t.data["pseudo_weight"],
+                *_start_encoders(batch, inputs, mesh, encoders, first_params),
                 main=processes.is_main(), name=t.name, bm25=bm25)
         if t.needs_teacher:
-            spec = teacher.TeacherSpec.from_config(config.distill)
+            assert spec.teacher is not None, "resolved with data.tasks 'distill'"
             t.distill_records = teacher.load_or_make(
-                workdir, t.collection, config.seed, words, spec,
-                functools.partial(teacher.encoders, config, spec, mesh), main=processes.is_main(),
-                name=t.name, bm25=bm25)
+                workdir, t.collection, seed, words, spec.teacher,
+                functools.partial(teacher.encoders, spec.model, spec.teacher, batch, mesh),
+                main=processes.is_main(), name=t.name, bm25=bm25)
 
 
-def _start_encoders(config, inputs: sides.Inputs, mesh, encoders: tuple[Callable, Callable],
-                    first_params: Callable[[], dict]
+def _start_encoders(batch_size: int, inputs: sides.Inputs, mesh,
+                    encoders: tuple[Callable, Callable], first_params: Callable[[], dict]
                     ) -> tuple[weak_labels.Encode, weak_labels.Encode]:
     """(encode queries, encode documents) with the towers the run starts from, read once
     and only when the first text is encoded (not at all when the pairs are saved)."""
@@ -53,6 +52,6 @@ def _start_encoders(config, inputs: sides.Inputs, mesh, encoders: tuple[Callable
             params.append(first_params())
         fn = functools.partial(encoders[side], params[0])
         return encoding.encode_texts(fn, texts, (inputs.query, inputs.document)[side],
-                                     config.eval.batch_size, mesh, desc="pseudo-labels")
+                                     batch_size, mesh, desc="pseudo-labels")
 
     return functools.partial(encode, 0), functools.partial(encode, 1)

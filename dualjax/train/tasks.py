@@ -11,20 +11,20 @@ its own splits; metrics rows carry a "task" field.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import itertools
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
 
-import ml_collections
 import numpy as np
 from absl import logging
 
-from dualjax.config import specs
-from dualjax.config.specs import PRETRAIN, task_configs  # noqa: F401 (tasks.PRETRAIN)
+from dualjax.config.run import TaskSpec
 from dualjax.data import builders, documents, pipeline, pretraining, sources
+from dualjax.data.pretraining import PRETRAIN
 from dualjax.retrieval.task import RetrievalTask
 from dualjax.text import features, sides
 from dualjax.train import workdir as workdir_lib
@@ -33,10 +33,11 @@ from dualjax.train import workdir as workdir_lib
 @dataclasses.dataclass
 class Task:
     """One dataset of the run: name ("" for the single task of `config.data`), its data
-    group, its sampling weight and where its TFDS tables live."""
+    group (read-only, today's keys: `config.run.TaskSpec`), its sampling weight and where
+    its TFDS tables live."""
 
     name: str
-    data: ml_collections.ConfigDict
+    data: Mapping[str, Any]
     weight: float
     seed: int
     tfds_dir: str
@@ -48,26 +49,25 @@ class Task:
 
     @property
     def pretraining(self) -> bool:
-        return self.data.name == PRETRAIN
+        return self.data["name"] == PRETRAIN
 
     @functools.cached_property
-    def eval_data(self) -> ml_collections.ConfigDict | None:
+    def eval_data(self) -> Mapping[str, Any] | None:
         """The data group its evaluation reads: its own; for a pre-training collection
         that is a BEIR folder with judgements (qrels/), that folder read as
         data.name="beir" (adapt to a collection, evaluate on its queries); else None."""
         if not self.pretraining:
             return self.data
-        path = os.path.expanduser(self.data.path)
+        path = os.path.expanduser(self.data["path"])
         if not os.path.isdir(os.path.join(path, "qrels")):
             return None
-        data = copy.deepcopy(self.data)
-        data.name = "beir"
-        return data
+        return MappingProxyType({**self.data, "name": "beir"})
 
     @functools.cached_property
     def eval_spec(self) -> builders.DatasetSpec | None:
         """`eval_data` as the builders take it (None: no evaluation)."""
-        return None if self.eval_data is None else specs.dataset_spec(self.eval_data, self.seed)
+        return (None if self.eval_data is None
+                else builders.DatasetSpec.of(self.eval_data, self.seed))
 
     def splits(self) -> tuple[str, ...]:
         """Its evaluation splits ("val", "test"); none for a pre-training collection
@@ -80,30 +80,31 @@ class Task:
         """The training pairs: a TFDS table of records, or a pre-training `PairGenerator`."""
         if self.pretraining:
             d = self.data
-            names = pretraining.parse_tasks(d.tasks)
+            names = pretraining.parse_tasks(d["tasks"])
             if ("pseudo" in names and self.pseudo_pairs is None
                     or "distill" in names and self.distill_records is None):
                 raise RuntimeError("data.tasks 'pseudo' / 'distill': the pairs are made "
                                    "(weak_labels, teacher) before the training pairs are read")
             return pretraining.PairGenerator(self.collection, names, self.seed,
-                                             d.ict_mask_rate, pretraining.QueryWords.of(d),
+                                             d["ict_mask_rate"], pretraining.QueryWords.of(d),
                                              self.pseudo_pairs, self.distill_records)
-        return builders.train_source(specs.dataset_spec(self.data, self.seed), self.tfds_dir)
+        return builders.train_source(builders.DatasetSpec.of(self.data, self.seed),
+                                     self.tfds_dir)
 
     @functools.cached_property
     def collection(self) -> documents.Collection:
         """A pre-training task's documents (articles, passages, sentences)."""
         d = self.data
-        return documents.read_collection(d.path, self.tfds_dir, d.passage_words,
-                                         d.skip_bad_lines)
+        return documents.read_collection(d["path"], self.tfds_dir, d["passage_words"],
+                                         d["skip_bad_lines"])
 
     @property
     def needs_pseudo_labels(self) -> bool:
-        return self.pretraining and "pseudo" in pretraining.parse_tasks(self.data.tasks)
+        return self.pretraining and "pseudo" in pretraining.parse_tasks(self.data["tasks"])
 
     @property
     def needs_teacher(self) -> bool:
-        return self.pretraining and "distill" in pretraining.parse_tasks(self.data.tasks)
+        return self.pretraining and "distill" in pretraining.parse_tasks(self.data["tasks"])
 
     def train_texts(self) -> Iterable[str]:
         """The texts to build a vocabulary from."""
@@ -120,28 +121,27 @@ class Task:
     def train_iterator(self, inputs: sides.Inputs, global_batch_size: int, seed: int,
                        num_mixed_negatives: int = 0):
         """An endless iterator of this process's share of each global training batch."""
+        d = self.data
         if self.pretraining:
             return pipeline.generated_iterator(self.train_source, inputs, global_batch_size,
-                                               self.data.worker_count,
-                                               self.data.prefetch_batches)
+                                               d["worker_count"], d["prefetch_batches"])
         return pipeline.train_iterator(self.train_source, inputs, global_batch_size, seed,
-                                       self.data.worker_count, num_mixed_negatives,
-                                       self.data.get("hard_negatives", 0),
-                                       self.data.prefetch_batches)
+                                       d["worker_count"], num_mixed_negatives,
+                                       d["hard_negatives"], d["prefetch_batches"])
 
     def describe_training(self, global_batch_size: int) -> str:
         """How many training pairs (or what generates them), for the log; warns when a
         global batch is larger than the training pairs (each batch repeats some)."""
         src = self.train_source
         if self.pretraining:
-            return ("pre-training pairs generated from " + self.data.path + " ("
+            return ("pre-training pairs generated from " + self.data["path"] + " ("
                     + ", ".join(f"{t.upper()}: {src.num_items(t)} items" for t in src.tasks)
                     + ")")
         if len(src) < global_batch_size:
             logging.warning("%s: a global batch of %d is larger than the %d training pairs, "
                             "so every batch holds some pairs twice (as negatives of each "
                             "other they are masked); consider a smaller global_batch_size",
-                            self.name or self.data.name, global_batch_size, len(src))
+                            self.name or self.data["name"], global_batch_size, len(src))
         return f"training pairs: {len(src)}"
 
     def eval_task(self, split: str) -> RetrievalTask:
@@ -149,7 +149,7 @@ class Task:
         if split not in self._eval:
             spec = self.eval_spec
             if spec is None:
-                raise ValueError(f"{self.name or self.data.name}: no evaluation data")
+                raise ValueError(f"{self.name or self.data['name']}: no evaluation data")
             self._eval[split] = builders.eval_task(spec, self.tfds_dir, split)
         return self._eval[split]
 
@@ -158,7 +158,7 @@ class Task:
         return {"task": self.name} if self.name else {}
 
 
-def data_files(config: ml_collections.ConfigDict) -> list[workdir_lib.DataFile]:
+def data_files(tasks: Sequence[TaskSpec]) -> list[workdir_lib.DataFile]:
     """Every input file the run's data groups read, as the workdir records them
     (`workdir.check_data`): a group's data.path (quora's and reqa_squad's default file
     when empty; for a BEIR folder, its corpus.jsonl, queries.jsonl and qrels/*.tsv) and
@@ -166,18 +166,17 @@ def data_files(config: ml_collections.ConfigDict) -> list[workdir_lib.DataFile]:
     data.path (`sources.Source.reads_path`: synthetic_paraphrase). A group's changed files are
     accepted with its own `rebuild` or the run's `data.rebuild`."""
     out = []
-    for name, data, _ in task_configs(config):
-        group = f"tasks.{name}.data" if name else "data"
-        rebuild = bool(data.get("rebuild", False) or config.data.get("rebuild", False))
-        source = sources.SOURCES.get(data.name)  # (None: a pre-training collection)
-        named = [("path", data.get("path", "") or (source.default_path if source else ""))]
-        if data.get("pseudo_labels", 0):
-            named.append(("pseudo_label_queries", data.get("pseudo_label_queries", "")))
+    for task in tasks:
+        data = task.data
+        source = sources.SOURCES.get(data["name"])  # (None: a pre-training collection)
+        named = [("path", data["path"] or (source.default_path if source else ""))]
+        if data["pseudo_labels"]:
+            named.append(("pseudo_label_queries", data["pseudo_label_queries"]))
         for key, path in named:
             if not path or (source and not source.reads_path):
                 continue
             full = os.path.abspath(os.path.expanduser(path))
-            out += [workdir_lib.DataFile(f"{group}.{key}", f, rebuild)
+            out += [workdir_lib.DataFile(f"{task.key}.{key}", f, task.rebuild)
                     for f in _files_at(full)]
     return out
 
@@ -193,10 +192,9 @@ def _files_at(path: str) -> list[str]:
             + sorted(os.path.join(qrels, n) for n in judged if n.endswith(".tsv")))
 
 
-def make_tasks(config: ml_collections.ConfigDict, workdir: str) -> list[Task]:
-    return [Task(name, data, weight, config.seed,
-                 data.get("tfds_dir") or os.path.join(workdir, "tfds"))
-            for name, data, weight in task_configs(config)]
+def make_tasks(tasks: Sequence[TaskSpec], seed: int) -> list[Task]:
+    """The run's tasks (`RunSpec.tasks`), each reading its tables where its spec says."""
+    return [Task(t.name, t.data, t.weight, seed, t.tfds_dir) for t in tasks]
 
 
 def task_at_step(step: int, weights: list[float], seed: int) -> int:

@@ -25,22 +25,21 @@ same targets and never loads the teacher again.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 from collections.abc import Callable
 
 import jax
-import ml_collections
 import numpy as np
 from absl import logging
 
 from dualjax import models, pretrained
-from dualjax.config import specs
+from dualjax.config.run import TeacherSpec
 from dualjax.data.documents import Collection
 from dualjax.data.pretraining import QueryWords
 from dualjax.errors import DataError, PretrainedError
 from dualjax.models import dual_encoder
+from dualjax.models.spec import ModelSpec, TransformerSpec
 from dualjax.retrieval import encoding
 from dualjax.runtime import sharding
 from dualjax.runtime.files import read_records, write_records
@@ -51,21 +50,7 @@ FILE = "teacher_scores.jsonl"
 Encode = Callable[[list[str]], np.ndarray]  # texts -> unit vectors [n, dim]
 
 
-@dataclasses.dataclass(frozen=True)
-class TeacherSpec:
-    """config.distill's mining settings (see configs/default.py)."""
-    teacher: str
-    weight: float = 0.5
-    negatives: int = 3
-    depth: int = 30
-    margin: float = 0.1
-    max_len: int = 0
-    queries_per_passage: int = 1
-
-    @classmethod
-    def from_config(cls, distill: ml_collections.ConfigDict) -> TeacherSpec:
-        return cls(distill.teacher, distill.teacher_weight, distill.negatives, distill.depth,
-                   distill.margin, distill.max_len, distill.queries_per_passage)
+__all__ = ["TeacherSpec", "encoders", "load_or_make", "mine", "path"]
 
 
 def mine(queries: list[str], documents: list[str], encode_queries: Encode,
@@ -158,13 +143,13 @@ def load_or_make(workdir: str, collection: Collection, seed: int, words: QueryWo
     return records
 
 
-def encoders(config: ml_collections.ConfigDict, spec: TeacherSpec, mesh: jax.sharding.Mesh
+def encoders(student: ModelSpec, spec: TeacherSpec, batch_size: int, mesh: jax.sharding.Mesh
              ) -> tuple[Encode, Encode]:
     """The teacher's (encode queries, encode documents): its start as is, in one tower
-    for both sides, at its own max length (or distill.max_len) and with its own prompts,
-    encoded in batches of eval.batch_size. PretrainedError for a teacher that is not
-    there (with the fetch to run), or whose tokenizer has pieces its table has no row
-    for."""
+    for both sides (the `student`'s model otherwise), at its own max length (or
+    distill.max_len) and with its own prompts, encoded in batches of `batch_size`
+    (eval.batch_size). PretrainedError for a teacher that is not there (with the fetch to
+    run), or whose tokenizer has pieces its table has no row for."""
     start = pretrained.resolve(spec.teacher)
     tokenizer = start.tokenizer()
     rows = start.bert.vocab_size if start.bert else None
@@ -173,22 +158,20 @@ def encoders(config: ml_collections.ConfigDict, spec: TeacherSpec, mesh: jax.sha
                               f"{tokenizer.vocab_size} pieces but its embedding table "
                               f"{rows} rows ({start.folder})")
     bert = start.kind == "bert"
-    max_len = spec.max_len or start.max_seq_length or config.model.max_len
-    model_config = copy.deepcopy(config.model)
-    model_config.update(pretrained=spec.teacher, tower="bert" if bert else "bow",
-                        query_tower="", doc_tower="", shared_towers=True, tokenizer="hf",
-                        max_len=max_len, query_max_len=0, doc_max_len=0,
-                        query_features="", doc_features="", query_prompt="",
-                        document_prompt="")
-    if not bert:
-        model_config.update(embed_dim=start.dim, output_dim=start.dim)
-    model = models.make_model(specs.model_spec(model_config), tokenizer.vocab_size,
-                              bert=start.bert)
+    max_len = spec.max_len or start.max_seq_length or spec.default_max_len
+    tower = "bert" if bert else "bow"
+    model_spec = dataclasses.replace(
+        student, query_tower=tower, doc_tower=tower, shared_towers=True, cnn_windows=(),
+        cnn_filters=ModelSpec.cnn_filters, transformer=TransformerSpec(), tower_options=(),
+        embed_dim=student.embed_dim if bert else start.dim,
+        output_dim=student.output_dim if bert else start.dim)
+    model = models.make_model(model_spec, tokenizer.vocab_size, bert=start.bert)
     params = dual_encoder.init_params(model, jax.random.PRNGKey(0), 8)
     params = jax.device_put(warm_start.pretrained_params(start, jax.device_get(params)),
                             sharding.replicated(mesh))  # once, not with every batch
     fns = models.make_encoders(model)
-    prompts = specs.prompts(model_config, start.prompts)
+    own = start.prompts or {}
+    prompts = (own.get("query", ""), own.get("document", ""))
 
     for side, prompt in zip(("query", "document"), prompts, strict=True):
         try:
@@ -200,6 +183,6 @@ def encoders(config: ml_collections.ConfigDict, spec: TeacherSpec, mesh: jax.sha
     def encode(side: int, texts: list[str]) -> np.ndarray:
         inputs = sides.Side(tokenizer, max_len, prompt=prompts[side])
         return encoding.encode_texts(lambda x: fns[side](params, x), texts, inputs,
-                                     config.eval.batch_size, mesh, desc="teacher")
+                                     batch_size, mesh, desc="teacher")
 
     return (lambda texts: encode(0, texts)), (lambda texts: encode(1, texts))

@@ -22,10 +22,10 @@ import shutil
 from typing import Any
 
 import jax
-import ml_collections
 from absl import logging
 
 from dualjax import pretrained
+from dualjax.config.run import StartSpec
 from dualjax.errors import ConfigError
 from dualjax.models.dual_encoder import SIMILARITY_PARAMS, token_tables
 from dualjax.objectives import PRETRAINING_HEADS
@@ -51,11 +51,11 @@ def _saved_model(init_from: str) -> dict:
         return {}
 
 
-def copy_vocabularies(init_from: str, workdir: str,
-                      model: ml_collections.ConfigDict | None = None) -> None:
+def copy_vocabularies(init_from: str, workdir: str, model: dict | None = None) -> None:
     """Copies init_from's vocab.json (and features.json, pretrained.json) into `workdir`,
     unless `workdir` has its own already (a resumed run); ConfigError if `model` asks for
-    another vocabulary than the one init_from's was built with (VOCABULARY_SETTINGS)."""
+    another vocabulary than the one init_from's was built with (VOCABULARY_SETTINGS;
+    `model`: this run's config.model as given, plain)."""
     if not os.path.isdir(init_from):
         raise ConfigError(f"config.init_from={init_from!r}: no such workdir")
     if not os.path.exists(os.path.join(init_from, "vocab.json")):
@@ -78,7 +78,7 @@ def copy_vocabularies(init_from: str, workdir: str,
             logging.info("init_from: using %s", source)
 
 
-def _model_differences(init_from: str, model: ml_collections.ConfigDict) -> list[str]:
+def _model_differences(init_from: str, model: dict) -> list[str]:
     """"model.KEY: OLD (init_from) vs NEW (this run)" for each tower setting that differs."""
     saved = _saved_model(init_from)
 
@@ -91,7 +91,7 @@ def _model_differences(init_from: str, model: ml_collections.ConfigDict) -> list
                 out[prefix + k] = v
         return out
 
-    old, new = flat(saved), flat(model.to_dict())
+    old, new = flat(saved), flat(model)
     return [f"{k}: {old.get(k)!r} (init_from) vs {new.get(k)!r} (this run)"
             for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
 
@@ -101,10 +101,11 @@ def _shapes(tree: Any) -> dict[str, tuple]:
             for path, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def tower_params(init_from: str, params: dict, model: ml_collections.ConfigDict,
+def tower_params(init_from: str, params: dict, model: dict,
                  sharding: jax.sharding.Sharding) -> dict:
     """`params` (this run's initial parameters) with the towers of init_from's latest
-    checkpoint, placed with `sharding`; ConfigError if the towers differ."""
+    checkpoint, placed with `sharding`; ConfigError if the towers differ (naming the
+    settings of `model`, this run's config.model, that differ from init_from's)."""
     try:
         step, saved = checkpoints.latest_params(init_from)
     except FileNotFoundError as e:
@@ -131,19 +132,18 @@ def tower_params(init_from: str, params: dict, model: ml_collections.ConfigDict,
     return jax.device_put(out, sharding)
 
 
-def resolve_start(config: ml_collections.ConfigDict, workdir: str
-                  ) -> pretrained.Pretrained | None:
+def resolve_start(spec: StartSpec, workdir: str) -> pretrained.Pretrained | None:
     """The pretrained start the towers are built from: WORKDIR/pretrained.json when the
     run has one (resumed, or copied from init_from by `copy_vocabularies`, which runs
     first), else model.pretrained resolved and recorded there; None without one."""
     start = pretrained.load(workdir)
-    name = config.model.get("pretrained", "")
+    name = spec.pretrained
     if start is None and name:
-        start = pretrained.resolve(name, config.model.get("pretrained_pooling", ""))
+        start = pretrained.resolve(name, spec.pretrained_pooling)
         pretrained.save(workdir, start)
     elif start is not None and name and (pretrained.sources.canonical(start.source)
                                          != pretrained.sources.canonical(name)):
-        where = "config.init_from's run" if config.init_from else "this workdir"
+        where = "config.init_from's run" if spec.init_from else "this workdir"
         raise ConfigError(f"config.model.pretrained={name!r}, but {where} started from "
                           f"{start.source!r} ({pretrained.RECORD})")
     return start
@@ -179,12 +179,13 @@ def pretrained_params(start: pretrained.Pretrained, params: dict) -> dict:
     return out
 
 
-def start_params(config: ml_collections.ConfigDict, start: pretrained.Pretrained | None,
+def start_params(init_from: str, model: dict, start: pretrained.Pretrained | None,
                  params: dict, sharding: jax.sharding.Sharding) -> dict:
-    """The run's first parameters from its initialisation `params`: init_from's towers,
-    else the pretrained start's weights, else `params` as they are."""
-    if config.init_from:
-        return tower_params(config.init_from, params, config.model, sharding)
+    """The run's first parameters from its initialisation `params`: `init_from`'s towers
+    (`model`: this run's config.model, plain, to name what differs), else the pretrained
+    start's weights, else `params` as they are."""
+    if init_from:
+        return tower_params(init_from, params, model, sharding)
     if start is not None:
         return jax.device_put(pretrained_params(start, jax.device_get(params)), sharding)
     return params

@@ -33,7 +33,6 @@ import shutil
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import ml_collections
 from absl import logging
 
 from dualjax.config.keys import flatten
@@ -88,7 +87,7 @@ DERIVED = (
 )
 
 
-def start_over(workdir: str, config: ml_collections.ConfigDict) -> list[str]:
+def start_over(workdir: str, config: dict) -> list[str]:
     """In a workdir without a checkpoint, whose saved config differs from `config` in
     keys that shape the run (a run refused or stopped before it trained): removes what
     that run made from the changed keys (`DERIVED`), so that this run makes it again
@@ -101,7 +100,7 @@ def start_over(workdir: str, config: ml_collections.ConfigDict) -> list[str]:
             saved = json.load(f)
     except (OSError, ValueError):
         return []  # (check_and_write_config names the unreadable file)
-    refused, _ = config_changes(saved, config.to_dict())
+    refused, _ = config_changes(saved, config)
     keys = [change.split(":")[0] for change in refused]
     for names, groups in DERIVED:
         if not any(key == g or key.startswith(g) for key in keys for g in groups):
@@ -115,13 +114,13 @@ def start_over(workdir: str, config: ml_collections.ConfigDict) -> list[str]:
     return refused
 
 
-def check_and_write_config(workdir: str, config: ml_collections.ConfigDict,
+def check_and_write_config(workdir: str, config: dict,
                            write: bool = True) -> None:
     """Refuses a config that differs from the workdir's in keys that shape the run (when
     the workdir holds a checkpoint: before, `start_over`); writes config.json (with
     `write`)."""
     path = os.path.join(workdir, "config.json")
-    current = config.to_dict()
+    current = config
     if os.path.exists(path) and has_checkpoint(workdir):
         try:
             with open(path) as f:
@@ -165,7 +164,7 @@ def check_is_workdir(workdir: str) -> None:
 
 
 @contextlib.contextmanager
-def guard(workdir: str, config: ml_collections.ConfigDict,
+def guard(workdir: str, config: dict,
           data_files: Sequence[DataFile] = ()) -> Iterator[list[str]]:
     """Creates and locks the workdir, checks its config and the identity of its input
     files (`data_files`, `check_data`), then writes both; releases the lock however the
