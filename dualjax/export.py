@@ -11,43 +11,36 @@ does, with PyTorch.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import sys
 from collections.abc import Sequence
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 from absl import flags
-from flax import serialization
 
 from dualjax import cli
 from dualjax.eval.metrics_log import setup_logging
-from dualjax.runtime.files import (
-    OUTPUT_MARKERS,
-    atomic_write,
-    check_output,
-    file_digests,
-    staged_output,
-)
-from dualjax.serve import st_folder
-from dualjax.serve.bundle import FORMAT, SIDES, Encoder, bundle_id
+from dualjax.serve import exporting
+from dualjax.serve.bundle import Encoder
+from dualjax.serve.exporting import FORMATS, PLATFORMS, ST_MARKER, check_platforms
 from dualjax.train import trained as trained_lib
 
-PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # what jax.export lowers for
-# A bundle never lies inside another bundle or an index, whose --overwrite would delete
-# it (inside the workdir it came from is fine: runs/NAME/export).
-NOT_INSIDE = ("bundle", "corpus index", "sentence-transformers folder")
-FORMATS = ("bundle", "sentence-transformers")
-ST_MARKER = OUTPUT_MARKERS["sentence-transformers folder"]  # records the folder's files
+__all__ = ["FORMATS", "PLATFORMS", "ST_MARKER", "check_platforms", "export",
+           "export_sentence_transformers"]
+
+
+def _loader(workdir: str):
+    """`workdir`'s latest checkpoint as `serve.exporting` writes it (read when called)."""
+    def load() -> exporting.Exported:
+        t = trained_lib.load_trained(workdir)
+        return exporting.Exported(t.model, t.inputs, t.params, t.step, t.spec.system)
+    return load
 
 
 def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "tpu"),
            overwrite: bool = False) -> Encoder:
-    """Writes the bundle of `workdir`'s latest checkpoint to `out`. Written beside `out`,
-    then renamed: a failure leaves `out` as it was and nothing else behind.
+    """Writes the bundle of `workdir`'s latest checkpoint to `out`
+    (`serve.exporting.write_bundle`). Written beside `out`, then renamed: a failure
+    leaves `out` as it was and nothing else behind.
 
     Args:
       workdir: a training run's workdir with at least one checkpoint.
@@ -59,28 +52,13 @@ def export(workdir: str, out: str, platforms: Sequence[str] = ("cpu", "cuda", "t
     Returns:
       The bundle, loaded from `out`.
     """
-    check_platforms(platforms)
-    with staged_output(out) as stage:  # one writer: a second export into `out` is refused
-        check_output(out, "encoder.json", "bundle", inputs=[workdir], overwrite=overwrite,
-                     not_inside=NOT_INSIDE)
-        trained = trained_lib.load_trained(workdir)
-        params = jax.device_get(trained.params)
-        _write_bundle(stage(), workdir, trained, params, platforms)
-    return Encoder.load(out)
-
-
-def check_platforms(platforms: Sequence[str]) -> None:
-    """ValueError naming a platform jax.export does not lower for."""
-    unknown = sorted(set(platforms) - set(PLATFORMS)) or ([] if platforms else ["(none)"])
-    if unknown:
-        raise ValueError(f"--platforms: {', '.join(unknown)} is not one of jax's: "
-                         f"{', '.join(PLATFORMS)}")
+    return exporting.write_bundle(workdir, out, _loader(workdir), platforms, overwrite)
 
 
 def export_sentence_transformers(workdir: str, out: str, overwrite: bool = False) -> dict:
     """Writes `workdir`'s latest checkpoint as a sentence-transformers folder at `out`
-    (`serve/st_folder.py`): `SentenceTransformer(out)` gives the bundle's vectors. Written
-    beside `out`, then renamed, as `export`.
+    (`serve.exporting.write_st_folder`): `SentenceTransformer(out)` gives the bundle's
+    vectors.
 
     Args:
       workdir: a training run with a BERT-family tower (model.pretrained) on each side.
@@ -91,58 +69,7 @@ def export_sentence_transformers(workdir: str, out: str, overwrite: bool = False
       sha256. ValueError, before anything is written, for a model sentence-transformers
       cannot represent, naming the part.
     """
-    with staged_output(out) as stage:
-        check_output(out, ST_MARKER, "sentence-transformers folder", inputs=[workdir],
-                     overwrite=overwrite, not_inside=NOT_INSIDE)
-        trained = trained_lib.load_trained(workdir)
-        why = st_folder.refusal(trained.model.spec, trained.inputs, trained.model.bert)
-        if why:
-            raise ValueError(f"--format=sentence-transformers: {why}")
-        tmp = stage()
-        names = st_folder.write(tmp, trained.model.spec, trained.inputs,
-                                jax.device_get(trained.params), trained.model.bert)
-        record = {"format": "sentence-transformers", "workdir": os.path.abspath(workdir),
-                  "step": trained.step, "files": file_digests(tmp, sorted(names))}
-        atomic_write(os.path.join(tmp, ST_MARKER), json.dumps(record, indent=1) + "\n")
-    return record
-
-
-def _write_bundle(tmp: str, workdir: str, trained, params, platforms) -> None:
-    model, inputs = trained.model, trained.inputs
-    dims = {}
-    for side, method in zip(SIDES, ("encode_queries", "encode_documents"), strict=True):
-        s = getattr(inputs, side)
-
-        def encode(params, ids, mask, cats=None, method=method):
-            return model.apply({"params": params}, ids, mask, cats, method=method)
-
-        # Batch size and length symbolic: a batch of short texts runs at its own length.
-        batch, length = jax.export.symbolic_shape(
-            "b, l", constraints=(f"l <= {s.max_len}", "l >= 1"))
-        args = [jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params),
-                jax.ShapeDtypeStruct((batch, length), jnp.int32),
-                jax.ShapeDtypeStruct((batch, length), jnp.bool_)]
-        if s.features:
-            args.append(jax.ShapeDtypeStruct((batch, len(s.features.fields)), jnp.int32))
-        exported = jax.export.export(jax.jit(encode), platforms=tuple(platforms))(*args)
-        dims[side] = exported.out_avals[0].shape[-1]
-        with open(os.path.join(tmp, f"{side}.jax_export"), "wb") as f:
-            f.write(exported.serialize())
-    with open(os.path.join(tmp, "params.msgpack"), "wb") as f:
-        f.write(serialization.msgpack_serialize(jax.tree.map(np.asarray, params)))
-    for name in ("vocab.json", "features.json"):
-        if os.path.exists(os.path.join(workdir, name)):
-            shutil.copyfile(os.path.join(workdir, name), os.path.join(tmp, name))
-    files = file_digests(tmp, sorted(os.listdir(tmp)))  # checked by Encoder.load
-    meta = {"format": FORMAT, "id": bundle_id(files), "files": files,
-            "model": trained.spec.system,
-            "step": trained.step,
-            "workdir": os.path.abspath(workdir), "dim": dims["query"],
-            "max_len": {side: getattr(inputs, side).max_len for side in SIDES},
-            "prompts": {side: getattr(inputs, side).prompt for side in SIDES},
-            "length": "symbolic",  # texts are encoded at their batch's length bucket
-            "platforms": list(platforms), "jax": jax.__version__}
-    atomic_write(os.path.join(tmp, "encoder.json"), json.dumps(meta, indent=1) + "\n")
+    return exporting.write_st_folder(workdir, out, _loader(workdir), overwrite)
 
 
 def main(argv: list[str]) -> None:

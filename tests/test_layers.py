@@ -175,13 +175,12 @@ def test_the_guard_sees_an_import(tmp_path, monkeypatch, line, where, offends):
 def test_a_saved_config_without_newer_keys_still_makes_its_model_spec():
     """A workdir's config.json from before the cnn tower, dtype, per-side towers, PSES or
     the Transformer preset: the spec of its bow_mlp model is read all the same."""
-    import ml_collections
     from conftest import load_config
 
-    from dualjax.config import specs
+    from dualjax.config import run, specs
     model = load_config("tiny").model.to_dict()
     for key in ("cnn_filters", "cnn_windows", "dtype", "query_tower", "doc_tower",
                 "shared_embedding", "pses", "transformer", "name"):
         del model[key]
-    spec = specs.model_spec(ml_collections.ConfigDict(model))
+    spec = specs.model_spec(run.upgrade({"model": model}).model)
     assert (spec.query_tower, spec.doc_tower, spec.dtype) == ("bow_mlp", "bow_mlp", "float32")

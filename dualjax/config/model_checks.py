@@ -64,7 +64,7 @@ def _check_prompts(config: ml_collections.ConfigDict, start, workdir: str) -> No
         tok = tokenizer or _tokenizer_of(m, prompt)
         if tok is None:
             continue
-        where = (f"config.model.{key}" if m.get(key, "") else
+        where = (f"config.model.{key}" if m[key] else
                  f"the {key.split('_')[0]} prompt of model.pretrained={m.pretrained!r} (set "
                  f"config.model.{key} to replace it)")
         try:
@@ -83,7 +83,7 @@ def _known_tokenizer(config: ml_collections.ConfigDict, start, workdir: str):
     from dualjax import pretrained
     if start is not None:
         return start.tokenizer()
-    path = config.model.get("tokenizer_path", "")
+    path = config.model.tokenizer_path
     return pretrained.read_tokenizer(path) if path else None
 
 
@@ -94,15 +94,14 @@ def _tokenizer_of(model: ml_collections.ConfigDict, prompt: str):
         return None
     return tokenizers.build_tokenizer(model.tokenizer, [prompt], vocab_size=model.vocab_size,
                                       num_oov_buckets=model.num_oov_buckets,
-                                      trigram_vocab_size=model.get("trigram_vocab_size",
-                                                                   40_000))
+                                      trigram_vocab_size=model.trigram_vocab_size)
 
 
 def _check_model_axis(config: ml_collections.ConfigDict, bert) -> None:
     """mesh.model_axis divides every transformer / BERT weight's heads and MLP columns,
     checked on the towers' abstract shapes (nothing is computed): the sharded state
     found it after the data and the vocabulary were written."""
-    m = config.mesh.get("model_axis", 1)
+    m = config.mesh.model_axis
     used = specs.tower_names(config.model)
     if m <= 1 or config.model.name != "dual_encoder" or not {"transformer", "bert"} & set(used):
         return
@@ -122,7 +121,7 @@ def _check_towers(model: ml_collections.ConfigDict) -> None:
     for key in ("tower", "query_tower", "doc_tower"):
         if key == "tower" or model[key]:
             one_of(f"model.{key}", model[key], dual_encoder.tower_kinds())
-    one_of("model.dtype", model.get("dtype", "float32"), towers.DTYPES)
+    one_of("model.dtype", model.dtype, towers.DTYPES)
     for key in ("query_tower", "doc_tower", "shared_embedding"):
         if model[key] and model.shared_towers:
             raise ConfigError(f"config.model.{key}={model[key]!r} needs two towers: set "
@@ -135,7 +134,7 @@ def _check_towers(model: ml_collections.ConfigDict) -> None:
             for key, length in zip(("query_max_len", "doc_max_len"), specs.max_lens(model),
                                    strict=True):
                 if length > max_positions:
-                    key = key if model.get(key, 0) else "max_len"  # the key that set it
+                    key = key if model[key] else "max_len"  # the key that set it
                     raise ValueError(f"model.{key}={length} is longer than "
                                      f"model.transformer.max_positions={max_positions}")
     except ValueError as e:
@@ -161,25 +160,25 @@ def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = ""):
     start (None without one)."""
     from dualjax import pretrained  # reads the folder; needs safetensors for a table
     m = config.model
-    name, tok = m.get("pretrained", ""), m.tokenizer
+    name, tok = m.pretrained, m.tokenizer
     used = specs.tower_names(m)
     if not name:
         if "bert" in used and not config.init_from:
             raise ConfigError("config.model.tower='bert' takes its sizes and weights from "
                               "model.pretrained (e.g. all-MiniLM-L6-v2, all-mpnet-base-v2 or a "
                               "Hugging Face BERT or MPNet folder)")
-        if tok == "hf" and not m.get("tokenizer_path", "") and not config.init_from:
+        if tok == "hf" and not m.tokenizer_path and not config.init_from:
             raise ConfigError("config.model.tokenizer='hf' reads model.tokenizer_path (a "
                               "tokenizer.json) or model.pretrained's tokenizer: set one")
         return pretrained.load(config.init_from) if config.init_from else None
     try:
-        start = pretrained.resolve(name, m.get("pretrained_pooling", ""))
+        start = pretrained.resolve(name, m.pretrained_pooling)
     except (PretrainedError, ImportError) as e:
         start = _recorded_start(workdir, name)
         if start is None:
             raise ConfigError(f"config.{e}" if str(e).startswith("model.") else str(e)
                               ) from None
-    if tok != "hf" or m.get("tokenizer_path", ""):
+    if tok != "hf" or m.tokenizer_path:
         raise ConfigError(f"config.model.pretrained={name!r} reads its own tokenizer: set "
                           "--config.model.tokenizer=hf and leave model.tokenizer_path empty")
     if m.name != "dual_encoder":
@@ -196,7 +195,7 @@ def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = ""):
                               "table already; set it to False")
         for key, length in zip(("query_max_len", "doc_max_len"), specs.max_lens(m), strict=True):
             if length > start.bert.max_length:
-                key = key if m.get(key, 0) else "max_len"
+                key = key if m[key] else "max_len"
                 raise ConfigError(f"config.model.{key}={length} is longer than {name}'s "
                                   f"{start.bert.max_length} positions")
     else:

@@ -56,7 +56,6 @@ ABSENT: dict[str, Any] = {
     "model.feature_dim": 32,
     "model.pretrained": "",
     "model.pretrained_pooling": "",
-    "model.tokenizer_path": "",
     "model.trigram_vocab_size": InputsSpec.trigram_vocab_size,
     "model.feature_vocab_size": InputsSpec.feature_vocab_size,
     "model.feature_buckets": InputsSpec.feature_buckets,
@@ -77,6 +76,9 @@ ABSENT: dict[str, Any] = {
     "eval.dims": "",
     "eval.evaluators": "",
     **{f"eval.bm25_{k}": v for k, v in baselines.bm25_defaults().items()},
+    **{f"model.{k}": getattr(InputsSpec, k) for k in (
+        "tokenizer", "tokenizer_path", "vocab_size", "num_oov_buckets")},
+    **{f"optimizer.{f.name}": f.default for f in dataclasses.fields(OptimizerSpec)},
 }
 # The same for every data group (config.data, config.tasks.<name>.data).
 ABSENT_DATA: dict[str, Any] = {

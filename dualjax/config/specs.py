@@ -1,5 +1,6 @@
-"""The config resolved into what the lower layers take: plain values and small frozen
-dataclasses, computed here once. The data builders, the models, the losses, the
+"""The builders `config.run.resolve` calls: each part of the config (upgraded first, so
+every key is there: `config.run.upgrade`) as what a lower layer takes, plain values and
+small frozen dataclasses. The data builders, the models, the losses, the
 objectives, the indexes and the evaluation never read a ConfigDict (tests/test_layers.py
 guards it); the ConfigDict stays the user's interface (config files, --config.KEY=VALUE,
 WORKDIR/config.json).
@@ -28,13 +29,13 @@ from dualjax.text.sides import InputsSpec
 def tower_names(model: ml_collections.ConfigDict) -> tuple[str, str]:
     """(query tower, document tower): model.query_tower / model.doc_tower where set, else
     model.tower."""
-    return model.get("query_tower", "") or model.tower, model.get("doc_tower", "") or model.tower
+    return model.query_tower or model.tower, model.doc_tower or model.tower
 
 
 def model_spec(model: ml_collections.ConfigDict) -> ModelSpec:
-    """`config.model` (or a workdir's saved one: keys added since default) as the models
-    take it. The cnn and Transformer settings are read, and checked (ValueError naming
-    the key), only when a side uses that tower."""
+    """`config.model` (upgraded: `config.run.upgrade`) as the models take it. The cnn
+    and Transformer settings are read, and checked (ValueError naming the key), only
+    when a side uses that tower."""
     used = tower_names(model)
     t = model.get("transformer")
     transformer = TransformerSpec()
@@ -43,15 +44,15 @@ def model_spec(model: ml_collections.ConfigDict) -> ModelSpec:
             f.name: t[f.name] for f in dataclasses.fields(TransformerSpec)})
     p = model.get("pses")
     return ModelSpec(
-        name=model.get("name", "dual_encoder"), query_tower=used[0], doc_tower=used[1],
+        name=model.name, query_tower=used[0], doc_tower=used[1],
         shared_towers=bool(model.shared_towers),
-        shared_embedding=bool(model.get("shared_embedding", False)),
+        shared_embedding=bool(model.shared_embedding),
         embed_dim=model.embed_dim, hidden_dim=model.hidden_dim, output_dim=model.output_dim,
         embed_init_std=model.embed_init_std,
         cnn_windows=towers.parse_windows(model.cnn_windows) if "cnn" in used else (),
         # (read only for a cnn: a workdir saved before the cnn tower has no such key)
         cnn_filters=model.cnn_filters if "cnn" in used else ModelSpec.cnn_filters,
-        dtype=model.get("dtype", "float32"),
+        dtype=model.dtype,
         transformer=transformer, similarity=model.similarity, temperature=model.temperature,
         init_scale=model.init_scale, init_bias=model.init_bias,
         pses=PsesSpec() if p is None else PsesSpec(**{
@@ -75,17 +76,15 @@ def _plain(group):
 
 
 def optimizer_spec(optimizer: ml_collections.ConfigDict) -> OptimizerSpec:
-    """`config.optimizer` as the train step takes it (a key a saved config from before it
-    lacks: its default)."""
-    return OptimizerSpec(**{f.name: optimizer.get(f.name, f.default)
-                            for f in dataclasses.fields(OptimizerSpec)})
+    """`config.optimizer` as the train step takes it."""
+    return OptimizerSpec(**{f.name: optimizer[f.name] for f in dataclasses.fields(OptimizerSpec)})
 
 
 def inputs_spec(model: ml_collections.ConfigDict) -> InputsSpec:
-    """`config.model`'s inputs part (a key an old saved config lacks: its default)."""
+    """`config.model`'s inputs part."""
     keys = ("tokenizer", "tokenizer_path", "vocab_size", "num_oov_buckets",
             "trigram_vocab_size", "feature_vocab_size", "feature_buckets")
-    return InputsSpec(**{k: model.get(k, getattr(InputsSpec, k)) for k in keys},
+    return InputsSpec(**{k: model[k] for k in keys},
                       features=feature_specs(model), max_lens=max_lens(model),
                       prompts=prompts(model))
 
@@ -95,8 +94,8 @@ def prompts(model: ml_collections.ConfigDict, start_prompts: dict[str, str] | No
     """(query prompt, document prompt): model.query_prompt / document_prompt where set,
     else the pretrained start's (`Pretrained.prompts`), else ""."""
     start_prompts = start_prompts or {}
-    return (model.get("query_prompt", "") or start_prompts.get("query", ""),
-            model.get("document_prompt", "") or start_prompts.get("document", ""))
+    return (model.query_prompt or start_prompts.get("query", ""),
+            model.document_prompt or start_prompts.get("document", ""))
 
 
 def feature_specs(model: ml_collections.ConfigDict
@@ -104,7 +103,7 @@ def feature_specs(model: ml_collections.ConfigDict
     """(query, document) categorical fields as ((name, embedding size), ...); ConfigError
     for a spec that does not parse."""
     try:
-        query, doc = (features.parse_spec(model.get(key, ""), model.get("feature_dim", 32),
+        query, doc = (features.parse_spec(model[key], model.feature_dim,
                                           f"config.model.{key}")
                       for key in ("query_features", "doc_features"))
         return query, doc
@@ -122,10 +121,9 @@ def task_configs(config: ml_collections.ConfigDict
                  ) -> list[tuple[str, ml_collections.ConfigDict, float]]:
     """(name, data group, weight) per task: `config.tasks` in name order (ConfigDict keeps
     its keys sorted), else ("", config.data, 1.0)."""
-    tasks = config.get("tasks") or {}
-    if not tasks:
+    if not config.tasks:
         return [("", config.data, 1.0)]
-    return [(name, t.data, float(t.get("weight", 1.0))) for name, t in tasks.items()]
+    return [(name, t.data, float(t.weight)) for name, t in config.tasks.items()]
 
 
 def loss_options(loss: ml_collections.ConfigDict) -> dict:
@@ -140,15 +138,13 @@ def loss_options(loss: ml_collections.ConfigDict) -> dict:
 def max_lens(model: ml_collections.ConfigDict) -> tuple[int, int]:
     """(query, document) max lengths in tokens: model.query_max_len / doc_max_len where
     set (> 0), else model.max_len (Chang et al. 2020: 64 and 288)."""
-    return (model.get("query_max_len", 0) or model.max_len,
-            model.get("doc_max_len", 0) or model.max_len)
+    return model.query_max_len or model.max_len, model.doc_max_len or model.max_len
 
 
 def bm25_options(eval_cfg: ml_collections.ConfigDict) -> dict:
     """The run's BM25 settings as `baselines.rank`'s options (eval.bm25_k1, bm25_b,
-    bm25_stemmer; a config from before they existed: the defaults, the field's BM25)."""
-    defaults = baselines.bm25_defaults()
-    return {key: eval_cfg.get(f"bm25_{key}", value) for key, value in defaults.items()}
+    bm25_stemmer)."""
+    return {key: eval_cfg[f"bm25_{key}"] for key in baselines.bm25_defaults()}
 
 
 def baseline_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
@@ -209,8 +205,8 @@ def objective_spec(config: ml_collections.ConfigDict) -> ObjectiveSpec:
         column_block=loss.column_block, remove_query_hits=loss.remove_query_hits,
         remove_cluster_hits=loss.remove_cluster_hits,
         max_len=d_len if kind == "mlm" else max(q_len, d_len),
-        encode_chunks=config.get("train", {}).get("encode_chunks", 0),
-        matryoshka_dims=dims(loss.get("matryoshka_dims", ""), "loss.matryoshka_dims"),
+        encode_chunks=config.train.encode_chunks,
+        matryoshka_dims=dims(loss.matryoshka_dims, "loss.matryoshka_dims"),
         **distill_options(config),
         pses=PsesLoss() if pses is None else PsesLoss(**{
             f.name: pses[f.name] for f in dataclasses.fields(PsesLoss)}))
@@ -232,22 +228,19 @@ def distill_options(config: ml_collections.ConfigDict) -> dict:
 
 
 def eval_spec(config: ml_collections.ConfigDict) -> EvalSpec:
-    """`config.eval` (and model.name) as the evaluation takes it; keys a saved config from
-    before them lacks take their defaults. ConfigError for eval.typo_probs that do not
-    parse."""
+    """`config.eval` (and model.name) as the evaluation takes it. ConfigError for
+    eval.typo_probs that do not parse."""
     e = config.eval
     return EvalSpec(
         batch_size=e.batch_size, top_k=e.top_k, index=e.index,
         index_settings={"query_chunk": e.query_chunk, "corpus_chunk": e.corpus_chunk,
                         "scann": _plain(e.get("scann")), "hnsw": _plain(e.get("hnsw"))},
-        bm25=bm25_options(e), baselines=baseline_names(config), hybrid=e.get("hybrid", ""),
-        hybrid_rrf_k=e.get("hybrid_rrf_k", EvalSpec.hybrid_rrf_k),
-        hybrid_weight=e.get("hybrid_weight", EvalSpec.hybrid_weight),
-        select_by=e.get("select_by", ""), typo_probs=typo_probs(config),
-        typo_seed=e.get("typo_seed", 0), system=config.model.name,
-        dims=dims(e.get("dims", ""), "eval.dims"),
-        evaluators=tuple((name, _plain(e.get(name)) or {})
-                         for name in evaluator_names(e.get("evaluators", ""))))
+        bm25=bm25_options(e), baselines=baseline_names(config), hybrid=e.hybrid,
+        hybrid_rrf_k=e.hybrid_rrf_k, hybrid_weight=e.hybrid_weight, select_by=e.select_by,
+        typo_probs=typo_probs(config), typo_seed=e.typo_seed, system=config.model.name,
+        dims=dims(e.dims, "eval.dims"),
+        evaluators=tuple((name, _plain(e.get(name)) or {})  # (a plugin's group, if any)
+                         for name in evaluator_names(e.evaluators)))
 
 
 def evaluator_names(text: str) -> list[str]:

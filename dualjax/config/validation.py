@@ -79,12 +79,12 @@ def _check_dims(config: ml_collections.ConfigDict, width: int | None) -> None:
     """loss.matryoshka_dims and eval.dims: prefixes of the model's vectors, each below
     their `width` (the jitted loss or the final evaluation found it, after the data,
     the vocabulary and all the steps)."""
-    trained = specs.dims(config.loss.get("matryoshka_dims", ""), "loss.matryoshka_dims")
+    trained = specs.dims(config.loss.matryoshka_dims, "loss.matryoshka_dims")
     if trained and (config.model.name == "pses" or specs.is_mlm(config)):
         raise ConfigError("config.loss.matryoshka_dims: the Matryoshka loss is the dual "
                           "encoder's in-batch loss on prefixes; model.name='pses' and MLM "
                           "pre-training have none")
-    evaluated = specs.dims(config.eval.get("dims", ""), "eval.dims")
+    evaluated = specs.dims(config.eval.dims, "eval.dims")
     for key, dims in (("loss.matryoshka_dims", trained), ("eval.dims", evaluated)):
         if width is not None and dims and dims[-1] >= width:
             raise ConfigError(f"config.{key}={config[key.split('.')[0]][key.split('.')[1]]!r}:"
@@ -117,7 +117,7 @@ def _check_pretraining(config: ml_collections.ConfigDict, task_list) -> bool:
                               f"(model.tower={config.model.tower!r}); MLM predicts tokens "
                               "from its token states")
     if any(d.name == specs.PRETRAIN and "pseudo" in pretraining.parse_tasks(d.tasks)
-           for _, d, _ in task_list) and not (config.model.get("pretrained", "")
+           for _, d, _ in task_list) and not (config.model.pretrained
                                               or config.init_from):
         raise ConfigError("config.data.tasks 'pseudo' labels queries with the run's start: set "
                           "model.pretrained or config.init_from")
@@ -131,18 +131,18 @@ def _check_pses_data(config: ml_collections.ConfigDict, task_list, pretraining: 
     """model.name="pses": its settings, and the negatives it draws (the batch's only)."""
     if config.model.name == "pses":
         check_pses(config, pretraining)
-        if any(d.get("hard_negatives", 0) for _, d, _ in task_list):
+        if any(d.hard_negatives for _, d, _ in task_list):
             raise ConfigError("config.data.hard_negatives: model.name='pses' draws its "
                               "negatives from the batch; set data.hard_negatives=0")
 
 
 def _check_optimizer(config: ml_collections.ConfigDict, task_list) -> None:
     """config.mesh's sharding and config.optimizer."""
-    one_of("mesh.param_sharding", config.mesh.get("param_sharding", "replicated"),
+    one_of("mesh.param_sharding", config.mesh.param_sharding,
             sharding.PARAM_SHARDINGS)
     one_of("optimizer.name", config.optimizer.name, OPTIMIZERS)
     one_of("optimizer.decay", config.optimizer.decay, DECAYS)
-    table_updates = config.optimizer.get("table_updates", "dense")
+    table_updates = config.optimizer.table_updates
     one_of("optimizer.table_updates", table_updates, TABLE_UPDATES)
     if table_updates == "lazy" and (config.model.name == "pses" or any(
             d.name == specs.PRETRAIN and "mlm" in d.tasks for _, d, _ in task_list)):
@@ -154,7 +154,7 @@ def _check_optimizer(config: ml_collections.ConfigDict, task_list) -> None:
 def _check_eval(config: ml_collections.ConfigDict) -> None:
     """config.eval: the index, baselines, best-step selection, hybrid search, typos."""
     one_of("eval.index", config.eval.index, searchers.SEARCHERS)
-    for name in specs.evaluator_names(config.eval.get("evaluators", "")):
+    for name in specs.evaluator_names(config.eval.evaluators):
         one_of("eval.evaluators", name, evaluators.EVALUATORS)
     for kind in searchers.SEARCHERS.values():  # each searcher's own settings
         try:
@@ -169,7 +169,7 @@ def _check_eval(config: ml_collections.ConfigDict) -> None:
                           f"(--config.eval.index={others})")
     for name in specs.baseline_names(config):
         one_of("eval.baselines", name, baselines.BASELINES)
-    if config.eval.get("select_by", ""):
+    if config.eval.select_by:
         names = [k for k in metrics.retrieval_metrics(np.zeros((1, 1), int), [{0}])
                  if k != "num_queries"]
         one_of("eval.select_by", config.eval.select_by, names)
@@ -189,9 +189,9 @@ def _check_eval(config: ml_collections.ConfigDict) -> None:
     for key in ("bm25_k1", "bm25_b"):
         if key in config.eval:
             positive(config, f"eval.{key}", allow_zero=True)
-    if config.eval.get("bm25_b", 0.0) > 1:
+    if config.eval.bm25_b > 1:
         raise ConfigError(f"config.eval.bm25_b={config.eval.bm25_b} must be between 0 and 1")
-    if config.eval.get("hybrid", ""):
+    if config.eval.hybrid:
         one_of("eval.hybrid", config.eval.hybrid,
                 [n for n in baselines.BASELINES if n != "identity"])
         positive(config, "eval.hybrid_rrf_k", allow_zero=True)
@@ -224,11 +224,11 @@ def _check_batch(config: ml_collections.ConfigDict, task_list, num_devices: int)
     if mixed < 0 or mixed % num_devices:
         raise ConfigError(f"config.loss.num_mixed_negatives={mixed} must be a multiple of the "
                           f"{num_devices} devices of the mesh (0: off)")
-    if (any(d.get("pseudo_labels", 0) for _, d, _ in task_list)
+    if (any(d.pseudo_labels for _, d, _ in task_list)
             and any(specs.feature_specs(config.model))):
         raise ConfigError("config.data.pseudo_labels: pseudo-labelled pairs carry no categorical "
                           "fields; unset model.query_features / model.doc_features")
-    if any(d.get("hard_negatives", 0) for _, d, _ in task_list):
+    if any(d.hard_negatives for _, d, _ in task_list):
         if config.loss.log_q_buckets:
             raise ConfigError("config.data.hard_negatives does not combine with "
                               "loss.log_q_buckets (the logQ correction of in-batch sampling); "
@@ -241,7 +241,7 @@ def _check_batch(config: ml_collections.ConfigDict, task_list, num_devices: int)
         raise ConfigError("config.loss.log_q_buckets (logQ correction) does not combine with "
                           "loss.num_mixed_negatives: the uniform draws have another sampling "
                           "probability; set one of them to 0")
-    chunks = config.get("train", {}).get("encode_chunks", 0)
+    chunks = config.train.encode_chunks
     if type(chunks) is not int or chunks < 0 or chunks > 1 and any(
             n % (chunks * num_devices) for n in (config.global_batch_size, mixed)):
         raise ConfigError(f"config.train.encode_chunks={chunks!r} must split "
@@ -322,32 +322,32 @@ def _check_data(data: ml_collections.ConfigDict, key: str) -> None:
         if not 0 <= data.ict_mask_rate <= 1:
             raise ConfigError(f"config.{key}.ict_mask_rate={data.ict_mask_rate} must be "
                               "between 0 and 1")
-        cut = data.get("max_query_words", 0)
+        cut = data.max_query_words
         if cut and not (cut > 0 and cut >= data.min_query_words):
             raise ConfigError(f"config.{key}.max_query_words={cut} must be 0 (queries whole) "
                               f"or at least {key}.min_query_words ({data.min_query_words})")
-        if not 0 <= data.get("pseudo_weight", 0.5) <= 1:
+        if not 0 <= data.pseudo_weight <= 1:
             raise ConfigError(f"config.{key}.pseudo_weight={data.pseudo_weight} must be "
                               "between 0 and 1")
         for option in ("hard_negatives", "pseudo_labels"):
-            if data.get(option, 0):
+            if data[option]:
                 raise ConfigError(f"config.{key}.{option}: pre-training pairs are generated, "
                                   "there are no training queries to mine for; set it to 0")
         return
     if data.name == "pairs" and not data.path:
         raise ConfigError(f"config.{key}.path must name a TSV or JSONL pairs file when "
                           f"config.{key}.name='pairs'")
-    one_of(f"{key}.candidate_unit", data.get("candidate_unit", "sentence"), reqa.UNITS)
-    if data.get("pseudo_labels", 0) < 0:
+    one_of(f"{key}.candidate_unit", data.candidate_unit, reqa.UNITS)
+    if data.pseudo_labels < 0:
         raise ConfigError(f"config.{key}.pseudo_labels={data.pseudo_labels} must be >= 0")
-    if data.get("pseudo_label_queries", "") and not data.get("pseudo_labels", 0):
+    if data.pseudo_label_queries and not data.pseudo_labels:
         raise ConfigError(f"config.{key}.pseudo_label_queries is read only with "
                           f"config.{key}.pseudo_labels > 0 (the top k documents to label)")
-    if data.get("pseudo_labels", 0) and data.get("hard_negatives", 0):
+    if data.pseudo_labels and data.hard_negatives:
         raise ConfigError(f"config.{key}.pseudo_labels and config.{key}.hard_negatives: BM25's "
                           "top documents are the pseudo-positives, so they cannot also be "
                           "mined as negatives; set one of them to 0")
-    if data.get("hard_negatives", 0) < 0:
+    if data.hard_negatives < 0:
         raise ConfigError(f"config.{key}.hard_negatives={data.hard_negatives} must be >= 0")
     if data.name == "reqa_squad" and data.split_by == "question":
         train, val = data.train_fraction, data.val_fraction
