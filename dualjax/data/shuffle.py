@@ -2,10 +2,11 @@
 
 The records at positions [start, start + count) of the endless stream are those of
 grain's `MapDataset.range(n).shuffle(seed).repeat()`, which dualjax used to read one at a
-time (12 ms a batch of 1,024 in Python, more than the bag-of-words step leaves to the
-input thread): epoch e visits record `index_shuffle(i, n - 1, seed + e)` at its i-th
-position, where `index_shuffle` is grain's cycle-walking Simon cipher (four rounds, keys
-from `std::seed_seq{seed}`), here computed for a whole batch at once with numpy. The
+time in Python, slower than the bag-of-words step leaves to the input thread
+(BENCHMARKS.md, "Figures behind design choices"): epoch e visits record
+`index_shuffle(i, n - 1, seed + e)` at its i-th position, where `index_shuffle` is
+grain's cycle-walking Simon cipher (four rounds, keys from `std::seed_seq{seed}`), here
+computed for a whole batch at once with numpy. The
 batches, and so the data position a checkpoint stores, are the ones grain's would be
 (tests/test_data_pipeline.py checks against `grain.experimental.index_shuffle`).
 """

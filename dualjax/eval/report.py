@@ -20,7 +20,8 @@ from dualjax.runtime.files import atomic_write
 
 def _pyplot():
     """matplotlib's pyplot, drawing to files only (never a window); imported at the first
-    plot, not by every command that imports the evaluation (0.3 s)."""
+    plot, not by every command that imports the evaluation (its import time:
+    BENCHMARKS.md, "Figures behind design choices")."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -67,8 +68,8 @@ def plot_recall(path: str, ranked: dict[str, Ranking],
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title(title)
     ax.legend(fontsize=8)
-    # Fixed margins: tight_layout draws the log axis twice more, 40% of the plot's time,
-    # paid by every evaluation's report.
+    # Fixed margins: tight_layout draws the log axis twice more, paid by every
+    # evaluation's report (BENCHMARKS.md, "Figures behind design choices").
     fig.subplots_adjust(left=0.09, right=0.98, bottom=0.11, top=0.93)
     fig.savefig(path, dpi=120)
     plt.close(fig)

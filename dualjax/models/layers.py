@@ -68,8 +68,8 @@ def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray,
     from the forward pass to the backward one: only the output and each query's
     log-sum-exp, from which the backward pass computes the probabilities again (the
     recomputation of FlashAttention, Dao et al. 2022, without its tiling). Saving the
-    probabilities of every layer instead held 8.6 GiB at MiniLM's 64 x 256 tokens, more
-    than the rest of the step (BENCHMARKS.md, "Adapting MiniLM")."""
+    probabilities of every layer instead held more memory than the rest of the step
+    (BENCHMARKS.md, "Figures behind design choices")."""
     probs = jax.nn.softmax(_logits(q, k, mask, bias), axis=2).astype(v.dtype)
     return jnp.einsum("bnst,bsnh->btnh", probs, v)
 

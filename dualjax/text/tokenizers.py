@@ -330,7 +330,7 @@ def gives_tokens(tokenizer: Tokenizer, text: str) -> bool:
     every such text, so it is skipped (an index, an evaluation corpus) or refused."""
     # An ASCII letter or digit is a token in every form of `normalize`, a piece of every
     # sentencepiece model and at worst an hf tokenizer's unknown token: most texts are
-    # answered here, not tokenised twice (0.1 s for 196k Wikipedia paragraphs, not 13 s).
+    # answered here, not tokenised twice (BENCHMARKS.md, "Figures behind design choices").
     hf = hasattr(tokenizer, "content_ids")  # hf: [CLS] and [SEP] are always there
     content = cast(_ContentTokenizer, tokenizer)  # read only where `hf`
     if _ASCII_ALNUM.search(text) and not (hf and content.drop_unknown):

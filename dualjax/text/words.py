@@ -63,9 +63,9 @@ def separators(keep: str = "") -> _Separators:
 
 # Data preparation normalises one text in several places (the pairs file, its clusters,
 # the splits, the batches' text ids), and a collection repeats its documents (SQuAD: each
-# paragraph with each of its questions): 515k calls for 42k pairs, 14 s of 48. Each
-# result is kept for the next time the same string comes: a bounded cache of strings the
-# caller holds anyway.
+# paragraph with each of its questions), so most calls repeat one (the count and its cost:
+# BENCHMARKS.md, "Figures behind design choices"). Each result is kept for the next time
+# the same string comes: a bounded cache of strings the caller holds anyway.
 @functools.lru_cache(maxsize=1 << 17)
 def normalize(text: str, form: str = "unicode") -> str:
     """Canonical form of `text` used before splitting into words.
@@ -98,9 +98,9 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
 
     Split by `sentencex` (Wikimedia's rule-based segmenter, maintained on PyPI); chosen
     over pysbd, blingfire, syntok, sentence-splitter, spaCy's sentencizer and punkt
-    because on SQuAD v1.1 dev it cuts the fewest answers in two (27 of 34,726), keeps
-    chemical formulas ("O\n2") whole and splits the 196k Wikispeedia paragraphs in
-    about 2 s. A piece without letters, or only bracketed markers ("[citation
+    because on SQuAD v1.1 dev it cuts the fewest answers in two, keeps chemical formulas
+    ("O\n2") whole and is fast on whole collections (the figures: BENCHMARKS.md,
+    "Figures behind design choices"). A piece without letters, or only bracketed markers ("[citation
     needed]"), is joined to the sentence before it.
     """
     import sentencex  # here: only sentence-level readers need it

@@ -117,7 +117,8 @@ def touched(params: dict, batch: Mapping[str, jax.Array], tables: Mapping[Path, 
 def gather(x: jax.Array, ids: jax.Array) -> jax.Array:
     """x[ids] ([U, ...]). An id past x's end (the padding) reads x's last row: the loss
     never reads those rows, and `scatter` drops them. (mode="fill" would give zeros, but
-    its bounds mask makes the gather 1.6x slower on one core.)"""
+    its bounds mask makes the gather slower: BENCHMARKS.md, "Figures behind design
+    choices".)"""
     return x.at[ids].get(mode="clip", indices_are_sorted=True, unique_indices=True)
 
 

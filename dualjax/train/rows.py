@@ -43,9 +43,10 @@ class TrainRows:
 
     def add(self, step: int, metrics: dict) -> None:
         """Keeps the step's metrics. Dispatch is asynchronous: steps the host queues ahead
-        keep a fast device busy (the quick start's 2 ms steps ran 8% slower one at a
-        time), but a signal's checkpoint waits for all of them (a preemption notice is
-        ~30 s; 50 queued MiniLM steps on 2 CPU cores are 7 minutes). So the host waits
+        keep a fast device busy (short steps run slower one at a time), but a signal's
+        checkpoint waits for all of them, and a preemption notice is short against many
+        queued slow steps (the figures: BENCHMARKS.md, "Figures behind design choices").
+        So the host waits
         once `ahead` steps are queued: those that take AHEAD_SECONDS at the step time
         measured at the last train row, 1 before the first (compilation)."""
         if len(self.pending) >= self.ahead:
