@@ -52,7 +52,7 @@ def texts(lengths, total_len, seed=0, pad_ids="zero"):
 @functools.lru_cache
 def _build(kind, overrides):
     cfg = model_cfg(kind, **dict(overrides))
-    tower = towers.TOWERS[cfg.tower](model_spec(cfg), VOCAB, "tower")
+    tower = towers.build(cfg.tower, model_spec(cfg), VOCAB, "tower")
     if kind == "transformer_mean":  # the same params as with [CLS] pooling
         params = _build("transformer_cls", overrides)[2]
     else:

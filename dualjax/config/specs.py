@@ -59,7 +59,7 @@ def model_spec(model: ml_collections.ConfigDict) -> ModelSpec:
             f.name: p[f.name] for f in dataclasses.fields(PsesSpec)}),
         tower_options=tuple((kind, _frozen(model.get(kind)))
                             for kind in sorted(set(used))
-                            if kind not in towers.BUILT_IN and kind != "bert"
+                            if kind not in towers.BUILT_IN
                             and model.get(kind) is not None))
 
 

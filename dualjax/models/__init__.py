@@ -29,7 +29,7 @@ def vector_dim(spec: ModelSpec, bert=None) -> int:
     if spec.name == "pses":
         return spec.pses.shared_dim + (spec.pses.specific_dim if spec.pses.score == "concat"
                                        else 0)
-    if spec.query_tower == "bert":
+    if towers.TOWERS[spec.query_tower].from_pretrained:  # the start's width
         return bert.hidden_size
     return towers.output_dim(spec, spec.query_tower)
 

@@ -31,7 +31,9 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
+from dualjax.models import towers
 from dualjax.models.layers import SelfAttention, _axes, _layer_norm, feed_forward
+from dualjax.models.spec import ModelSpec
 from dualjax.models.towers import _own_or_shared, masked_mean
 
 POOLINGS = ("mean", "cls")
@@ -183,3 +185,14 @@ def _log_thresholds(num_buckets: int, max_distance: int) -> np.ndarray:
                           * np.float32(half - max_exact)).astype(np.int64)
     bucket = np.minimum(bucket, half - 1)
     return np.array([n[np.argmax(bucket >= b)] for b in range(max_exact + 1, half)], np.int32)
+
+
+def _bert(spec: ModelSpec, vocab_size: int, name: str, embed: nn.Module | None = None, *,
+          architecture: BertConfig) -> nn.Module:
+    """model.tower="bert": a BERT-family encoder of the pretrained start's sizes
+    (`architecture`; its weights replace the initialisation, `train.warm_start`)."""
+    del vocab_size  # the start's own (architecture.vocab_size)
+    return BertTower(architecture, towers.compute_dtype(spec), embed, name=name)
+
+
+towers.register("bert", _bert, from_pretrained=True)

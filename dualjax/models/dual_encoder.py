@@ -16,15 +16,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dualjax.models import bert as _bert  # noqa: F401 (registers the "bert" tower)
 from dualjax.models import towers
-from dualjax.models.bert import BertConfig, BertTower
+from dualjax.models.bert import BertConfig
 from dualjax.models.spec import ModelSpec
 from dualjax.models.towers import TOWERS
 
 
 def tower_kinds() -> tuple[str, ...]:
-    """model.tower names: the registered towers, and "bert" (its sizes: a BertConfig)."""
-    return (*TOWERS, "bert")
+    """model.tower names: the registered towers ("bert" among them)."""
+    return tuple(TOWERS)
 
 
 SIMILARITIES = ("cosine_affine", "cosine_temperature", "cosine_learned_temperature")
@@ -87,12 +88,7 @@ class DualEncoder(nn.Module):
     bert: BertConfig | None = None  # the "bert" tower's sizes (model.pretrained's)
 
     def _tower(self, kind: str, name: str, embed: nn.Module | None = None) -> nn.Module:
-        if kind != "bert":
-            return TOWERS[kind](self.spec, self.vocab_size, name, embed,
-                                **self.spec.options_of(kind))
-        if self.bert is None:  # config_lib says so earlier, naming the keys
-            raise ValueError("model.tower='bert' takes its sizes from model.pretrained")
-        return BertTower(self.bert, towers.compute_dtype(self.spec), embed, name=name)
+        return towers.build(kind, self.spec, self.vocab_size, name, embed, self.bert)
 
     def setup(self):
         cfg = self.spec

@@ -24,7 +24,6 @@ import jax.numpy as jnp
 from dualjax.models import towers
 from dualjax.models.dual_encoder import l2_normalize, scale_and_bias, similarity_params
 from dualjax.models.spec import ModelSpec
-from dualjax.models.towers import TOWERS
 
 SCORES = ("concat", "shared")
 PAIRWISE = ("hinge", "in_batch")  # loss.pses.pairwise: the matching loss
@@ -75,14 +74,11 @@ class Pses(nn.Module):
         cfg, p = self.spec, self.spec.pses
         q_tower, d_tower = cfg.towers
         if cfg.shared_towers:
-            self.query_trunk = TOWERS[q_tower](cfg, self.vocab_size, "trunk",
-                                               **cfg.options_of(q_tower))
+            self.query_trunk = towers.build(q_tower, cfg, self.vocab_size, "trunk")
             self.doc_trunk = self.query_trunk
         else:
-            self.query_trunk = TOWERS[q_tower](cfg, self.vocab_size, "query_trunk",
-                                               **cfg.options_of(q_tower))
-            self.doc_trunk = TOWERS[d_tower](cfg, self.vocab_size, "doc_trunk",
-                                             **cfg.options_of(d_tower))
+            self.query_trunk = towers.build(q_tower, cfg, self.vocab_size, "query_trunk")
+            self.doc_trunk = towers.build(d_tower, cfg, self.vocab_size, "doc_trunk")
         x_dims = towers.output_dim(cfg, q_tower), towers.output_dim(cfg, d_tower)
         self.shared = Mlp(p.hidden_layers, p.hidden_dim, p.shared_dim, name="shared")
         self.query_specific = Mlp(p.hidden_layers, p.hidden_dim, p.specific_dim,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -354,23 +354,50 @@ def _transformer(spec: ModelSpec, vocab_size: int, name: str,
 
 # name -> factory(spec, vocab_size, name, embed=None, **options) -> the tower module.
 TowerFactory = Callable[..., nn.Module]
-TOWERS: Registry[TowerFactory] = Registry(
+
+
+class Tower(NamedTuple):
+    """A registered tower: its factory, and whether it is built from a pretrained
+    start's architecture (model.pretrained: its sizes, then its weights), which the
+    factory then gets as `architecture=` (a `BertConfig` for "bert")."""
+    make: TowerFactory
+    from_pretrained: bool = False
+
+
+TOWERS: Registry[Tower] = Registry(
     "tower", lambda name, known: ValueError(f"model.tower={name!r} is not one of: {known}"))
 for _name, _factory in (("bow", _bow), ("bow_mlp", _bow_mlp), ("cnn", _cnn),
                         ("transformer", _transformer)):
-    TOWERS.add(_name, _factory)
-BUILT_IN = tuple(TOWERS)  # dualjax's own, whose settings are ModelSpec's fields
+    TOWERS.add(_name, Tower(_factory))
+# dualjax's own, whose settings are ModelSpec's fields or a pretrained start's ("bert":
+# models/bert.py registers it)
+BUILT_IN = (*TOWERS, "bert")
 
 
-def register(name: str, factory: TowerFactory) -> TowerFactory:
+def register(name: str, factory: TowerFactory, from_pretrained: bool = False
+             ) -> TowerFactory:
     """Adds tower `name` (ValueError if the name is taken); returns `factory`.
 
     factory(spec, vocab_size, name, embed=None, **options) -> a Flax module whose
     __call__(ids [b, len] int32, mask [b, len] bool, extra=None) gives the text vectors
     [b, spec.output_dim] (the model normalises them); `embed`: the token table the two
     sides share (model.shared_embedding), else None; `options`: the config group
-    model.<name>, when the config has one (`ModelSpec.options_of`). docs/design.md
-    walks through one; tests/test_plugins.py registers one from a test file."""
-    if name == "bert":  # (dual_encoder's BertTower: its sizes come from model.pretrained)
-        raise ValueError("a tower named 'bert' is registered already")
-    return TOWERS.add(name, factory)
+    model.<name>, when the config has one (`ModelSpec.options_of`), and with
+    `from_pretrained` the start's architecture (`architecture=`, model.pretrained's).
+    docs/design.md walks through one; tests/test_plugins.py registers one from a test
+    file."""
+    TOWERS.add(name, Tower(factory, from_pretrained))
+    return factory
+
+
+def build(kind: str, spec: ModelSpec, vocab_size: int, name: str,
+          embed: nn.Module | None = None, architecture: Any = None) -> nn.Module:
+    """Tower `kind`'s module, with its settings (`spec.options_of`) and, for a tower built
+    from a pretrained start, the start's `architecture` (ValueError without one)."""
+    tower = TOWERS[kind]
+    extra = {}
+    if tower.from_pretrained:
+        if architecture is None:  # the config checks say so earlier, naming the keys
+            raise ValueError(f"model.tower={kind!r} takes its sizes from model.pretrained")
+        extra = {"architecture": architecture}
+    return tower.make(spec, vocab_size, name, embed, **spec.options_of(kind), **extra)
