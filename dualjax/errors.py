@@ -13,7 +13,7 @@ Every one but the last two is a `DualjaxError`: `except DualjaxError` catches wh
 dualjax raises on purpose and nothing else. Terminated and PeerStopped derive from
 BaseException (as KeyboardInterrupt does), so that no `except Exception` swallows them.
 Import them from here (`from dualjax.errors import ConfigError`), never through the
-module that raises them: tests/test_layers.py checks it.
+module that raises them: tests/project/test_layers.py checks it.
 """
 
 

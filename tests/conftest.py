@@ -26,7 +26,10 @@ import signal  # noqa: E402
 import ml_collections  # noqa: E402
 import pytest  # noqa: E402
 
-CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
+TESTS = pathlib.Path(__file__).resolve().parent  # tests/: one folder per stage package
+REPO = TESTS.parent
+FIXTURES = TESTS / "fixtures"
+CONFIGS = REPO / "configs"
 
 
 def load_config(name: str) -> ml_collections.ConfigDict:

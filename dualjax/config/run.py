@@ -1,7 +1,7 @@
 """The run resolved once: `resolve(config, workdir) -> RunSpec`, a frozen tree of what
 each stage takes (the model, its inputs, the objective, the optimizer, the evaluation,
 the tasks' data, the teacher, the mesh and the schedule). The training loop and every
-stage below it take the spec and never read the ConfigDict (tests/test_layers.py).
+stage below it take the spec and never read the ConfigDict (tests/project/test_layers.py).
 
 `upgrade` brings a config, a user's or a workdir's saved config.json from an older
 dualjax, to today's keys: a key it lacks gets the value that meant "as before the key

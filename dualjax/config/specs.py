@@ -1,7 +1,7 @@
 """The builders `config.run.resolve` calls: each part of the config (upgraded first, so
 every key is there: `config.run.upgrade`) as what a lower layer takes, plain values and
 small frozen dataclasses. The data builders, the models, the losses, the
-objectives, the indexes and the evaluation never read a ConfigDict (tests/test_layers.py
+objectives, the indexes and the evaluation never read a ConfigDict (tests/project/test_layers.py
 guards it); the ConfigDict stays the user's interface (config files, --config.KEY=VALUE,
 WORKDIR/config.json).
 """

@@ -8,7 +8,7 @@ time in Python, slower than the bag-of-words step leaves to the input thread
 grain's cycle-walking Simon cipher (four rounds, keys from `std::seed_seq{seed}`), here
 computed for a whole batch at once with numpy. The
 batches, and so the data position a checkpoint stores, are the ones grain's would be
-(tests/test_data_pipeline.py checks against `grain.experimental.index_shuffle`).
+(tests/data/test_data_pipeline.py checks against `grain.experimental.index_shuffle`).
 """
 
 from __future__ import annotations

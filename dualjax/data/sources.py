@@ -16,7 +16,7 @@ synthetic.py ("synthetic_paraphrase", the embedded default), pairs_file.py ("pai
 builders.py writes what `load` returns as TFDS tables (array_record) once per settings:
 the settings are the tables' identity (their digest is in the tables' names), so they
 hold everything that shapes the data (file digests, sizes, the seed) and nothing else.
-tests/test_plugins.py registers one from a test file.
+tests/project/test_plugins.py registers one from a test file.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ An evaluator of your own is one module that registers a factory under its name:
 
 `config.eval.evaluators = "mine"` then runs it on every task with evaluation splits,
 after the task's retrieval evaluation, with `config.eval.mine` (a group, if the config
-has one) as its options. tests/test_plugins.py registers one from a test file.
+has one) as its options. tests/project/test_plugins.py registers one from a test file.
 """
 
 from __future__ import annotations

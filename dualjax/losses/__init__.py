@@ -51,7 +51,7 @@ the rest); the last block is padded with columns that count for nothing, and
 `jax.checkpoint` on each block makes the backward pass recompute its scores, so no
 device holds more than [b, w] of them. With column_block=0 the one block is all C
 columns. Every loss streams, the symmetric softmax's second direction (each local
-document against all B queries) included. tests/test_losses.py shows both forms give
+document against all B queries) included. tests/losses/test_losses.py shows both forms give
 the reference's loss, p@1 and gradients on 8 devices.
 
 `metrics["in_batch_p@1"]` is the fraction of rows whose positive scores strictly above

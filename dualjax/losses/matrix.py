@@ -1,7 +1,7 @@
 """The matrix M [B, C] of the global batch, whole on one device: its columns, its
 positive and negative masks, and the helpers the losses' reference forms share (each
 loss's own reference form is in its module; `streaming.py` computes the same per device
-on a mesh, and tests/test_losses.py holds the two equal).
+on a mesh, and tests/losses/test_losses.py holds the two equal).
 """
 from __future__ import annotations
 

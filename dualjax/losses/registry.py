@@ -20,7 +20,7 @@ dualjax are `in_batch_softmax.py`, `in_batch_sigmoid.py`, `in_batch_triplet_hard
 
 The config then names it (`config.loss.name = "my_loss"`), and each option is read
 from `config.loss.<option>` when the config has that key, else its default here.
-docs/design.md walks through one; tests/test_plugins.py registers one from a test file.
+docs/design.md walks through one; tests/project/test_plugins.py registers one from a test file.
 """
 from __future__ import annotations
 

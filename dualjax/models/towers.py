@@ -384,7 +384,7 @@ def register(name: str, factory: TowerFactory, from_pretrained: bool = False
     sides share (model.shared_embedding), else None; `options`: the config group
     model.<name>, when the config has one (`ModelSpec.options_of`), and with
     `from_pretrained` the start's architecture (`architecture=`, model.pretrained's).
-    docs/design.md walks through one; tests/test_plugins.py registers one from a test
+    docs/design.md walks through one; tests/project/test_plugins.py registers one from a test
     file."""
     TOWERS.add(name, Tower(factory, from_pretrained))
     return factory

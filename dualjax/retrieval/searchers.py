@@ -19,7 +19,7 @@ hnsw_index.py ("hnsw"), built over the corpus once and saved beside it:
 
 `ann.make_index(name, ...)` then builds it, or loads the one saved under the same
 fingerprint (the corpus' bytes and every build setting), for evaluation and for
-`dualjax.index`. tests/test_plugins.py registers one from a test file.
+`dualjax.index`. tests/project/test_plugins.py registers one from a test file.
 """
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """notebooks/colab_tpu.ipynb runs top to bottom on CPU (the tiny config, a few steps), so
 it cannot rot. It starts in another working directory than the checkout's."""
-import pathlib
 
+import conftest
 import nbformat
 import pytest
 from conftest import COMPILE_FLAGS
 from nbclient import NotebookClient
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = conftest.REPO
 
 
 @pytest.mark.slow

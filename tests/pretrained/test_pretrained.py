@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 
+import conftest
 import jax
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from dualjax.runtime.files import read_records
 from dualjax.text import sides
 from dualjax.train import warm_start
 
-FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "pretrained"
+FIXTURES = conftest.FIXTURES / "pretrained"
 TINY = str(FIXTURES / "tiny_bert")
 TINY_MPNET = str(FIXTURES / "tiny_mpnet")
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import load_config
-from test_pretraining import ARTICLES
+from helpers import ARTICLES
 
 from dualjax import objectives
 from dualjax.config import validation as config_lib

@@ -6,10 +6,10 @@ import itertools
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
+import conftest
 import numpy as np
 import pytest
 from conftest import COMPILE_FLAGS
@@ -17,7 +17,7 @@ from conftest import COMPILE_FLAGS
 from dualjax.retrieval import ann
 from dualjax.retrieval.sharded import ShardedSearcher, merge_top_k
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = str(conftest.REPO)
 
 
 def unit(n, dim, seed):
@@ -61,23 +61,7 @@ def test_a_sharded_search_answers_as_one_index_over_the_corpus(kind):
     assert sharded.settings == parts[0].settings
 
 
-WORDS = "bike car rice swim python guitar garden train river bread coffee paint".split()
-
-
-def write_corpus(path, n):
-    rng = np.random.default_rng(0)
-    with open(path, "w") as f:
-        for i in range(n):
-            words = rng.choice(WORDS, size=int(rng.integers(2, 30)))
-            f.write(f"d{i}\thow do i {' '.join(words)}\n" if i % 97 else "\n")  # blank lines
-    return path
-
-
-def free_port() -> int:
-    """A port nothing listens on, for the coordinator."""
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
+from helpers import WORDS, free_port, write_corpus  # noqa: E402  (shared with test_peers)
 
 
 def index_command(bundle, corpus, out, processes=1, extra=()):

@@ -9,6 +9,7 @@ import pathlib
 import subprocess
 import sys
 
+import conftest
 import jax
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from dualjax import export, pretrained
 from dualjax.models import dual_encoder
 from dualjax.models.bert import BertTower
 
-FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "pretrained"
+FIXTURES = conftest.FIXTURES / "pretrained"
 TINY = str(FIXTURES / "tiny_bert")
 TEXTS = ["what is the capital of france", "paris is the capital and largest city of france",
          "a cat sat on the mat", "dual encoders embed queries and documents apart",

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import conftest
 import pytest
 from conftest import load_config
 
@@ -291,7 +292,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_earlier_ones_resume(tmp
 def test_a_signal_while_the_command_starts_is_one_line_and_exit_143(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "dualjax.main", f"--workdir={tmp_path / 'w'}",
                              "--config=configs/tiny.py"], stderr=subprocess.PIPE, text=True,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                            cwd=str(conftest.REPO))
     time.sleep(0.5)  # importing jax takes longer: the signal lands among the imports
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)

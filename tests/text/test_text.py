@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import conftest
 import numpy as np
 import pytest
 
@@ -124,7 +125,7 @@ print(json.dumps(tok.token_ids(sys.argv[1])))
 @pytest.mark.slow
 def test_oov_bucket_stable_across_processes():
     text = "zebra quux xylophone flibbertigibbet a"
-    repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo_root = str(conftest.REPO)
     results = []
     for seed in ("0", "1", "12345"):
         env = dict(os.environ, PYTHONHASHSEED=seed,

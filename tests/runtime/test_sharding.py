@@ -7,6 +7,7 @@ import json
 import os
 import signal
 
+import conftest
 import jax
 import numpy as np
 import optax
@@ -199,7 +200,7 @@ def tiny_bert_with_mlp(folder, mlp: int):
     import shutil
 
     from safetensors.numpy import load_file, save_file
-    source = os.path.join(os.path.dirname(__file__), "fixtures", "pretrained", "tiny_bert")
+    source = os.path.join(conftest.FIXTURES, "pretrained", "tiny_bert")
     shutil.copytree(source, folder)
     config = json.loads((folder / "config.json").read_text())
     old, config["intermediate_size"] = config["intermediate_size"], mlp

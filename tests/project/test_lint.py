@@ -9,7 +9,9 @@ import subprocess
 import sys
 import tokenize
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+import conftest
+
+ROOT = conftest.REPO
 
 
 def ruff(*args: str) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import load_config
-from test_pretraining import ARTICLES
+from helpers import ARTICLES
 
 from dualjax.config import validation as config_lib
 from dualjax.config.specs import model_spec

@@ -12,7 +12,8 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from conftest import CONFIGS, load_config
+from conftest import CONFIGS
+from helpers import preempt_at, tiny, train_rows
 
 from dualjax import errors, models
 from dualjax.config import validation as config_lib
@@ -24,22 +25,9 @@ from dualjax.train import tasks
 from dualjax.train.rows import AHEAD_SECONDS, TrainRows, steps_ahead
 
 
-def tiny(**overrides):
-    cfg = load_config("tiny")
-    cfg.eval.untrained = False
-    cfg.eval.baselines = ""
-    cfg.update_from_flattened_dict(overrides)
-    return cfg
-
-
 def final_params(workdir, step):
     path = os.path.join(workdir, "checkpoints", str(step), "state")
     return ocp.PyTreeCheckpointer().restore(path)["params"]
-
-
-def train_rows(workdir):
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [r for r in map(json.loads, f) if r["split"] == "train"]
 
 
 def first_train_losses(tmp_path, key, values, **overrides):
@@ -52,15 +40,6 @@ def first_train_losses(tmp_path, key, values, **overrides):
                                  str(workdir))
         out[value] = train_rows(workdir)[0]["loss"]
     return out
-
-
-def preempt_at(stop: int, sig: int = signal.SIGTERM):
-    """A hook that sends this process `sig` after step `stop` (SIGTERM: a TPU VM
-    preemption; SIGINT: Ctrl-C)."""
-    def hook(step, _):
-        if step == stop:
-            os.kill(os.getpid(), sig)
-    return hook
 
 
 @pytest.mark.slow

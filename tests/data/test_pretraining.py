@@ -13,28 +13,7 @@ from dualjax.text import words as text
 
 WIKISPEEDIA = "/work/shared/data/wikispeedia/articles.jsonl"
 
-# Three articles in the Wikispeedia layout. Sentences are long enough to be queries
-# (>= 5 words) except "Short caption here." (3 words).
-ARTICLES = [
-    {"id": "Moon", "title": "Moon", "links": ["Earth"], "paragraphs": [
-        {"section": None, "text": "Short caption here."},
-        {"section": None, "text": "The Moon is the only natural satellite of Earth. "
-                                  "It orbits the planet once every month or so."},
-        {"section": "Orbit", "text": "The orbit of the Moon is slightly elliptical in shape. "
-                                     "Its distance from the planet varies over time."},
-        {"section": "Tides", "text": "Tides on Earth are mostly raised by the Moon today."},
-    ]},
-    {"id": "Earth", "title": "Earth", "links": ["Moon", "Sun"], "paragraphs": [
-        {"section": None, "text": "Earth is the third planet from the Sun in the system. "
-                                  "It is the only world known to harbour life so far."},
-        {"section": "Life", "text": "Life appeared on the planet about four billion years ago. "
-                                    "Oceans cover most of its rocky surface today."},
-    ]},
-    {"id": "Sun", "title": "Sun", "links": [], "paragraphs": [
-        {"section": None, "text": "The Sun is the star at the centre of the system. "
-                                  "It is a nearly perfect ball of hot plasma gas."},
-    ]},
-]
+from helpers import ARTICLES  # noqa: E402  (shared with test_mlm, test_warm_start)
 
 
 @pytest.fixture

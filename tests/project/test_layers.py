@@ -5,9 +5,10 @@ resolves it at the top, once."""
 import ast
 import pathlib
 
+import conftest
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent / "dualjax"
+ROOT = conftest.REPO / "dualjax"
 # Bottom first. A package may import the packages of the layers below its own, never
 # one of its own layer or above: serve/ never reaches the training loop, eval/ never
 # train/, the lower stages never config/.
@@ -104,8 +105,8 @@ def misrouted_errors(paths) -> list[str]:
 def test_exceptions_come_from_dualjax_errors_only():
     """One home for every exception: none is imported through the module that raises it
     (re-exports made main.py import five exceptions from five places)."""
-    tests = pathlib.Path(__file__).resolve().parent
-    paths = [*ROOT.rglob("*.py"), *tests.glob("*.py"), *(ROOT.parent / "scripts").rglob("*.py")]
+    tests = conftest.TESTS
+    paths = [*ROOT.rglob("*.py"), *tests.rglob("*.py"), *(ROOT.parent / "scripts").rglob("*.py")]
     assert len(error_names()) >= 10
     assert misrouted_errors(paths) == []
     errors = __import__("dualjax.errors").errors
@@ -184,3 +185,14 @@ def test_a_saved_config_without_newer_keys_still_makes_its_model_spec():
         del model[key]
     spec = specs.model_spec(run.upgrade({"model": model}).model)
     assert (spec.query_tower, spec.doc_tower, spec.dtype) == ("bow_mlp", "bow_mlp", "float32")
+
+
+def test_the_tests_mirror_the_stage_packages():
+    """tests/<package>/ holds the tests of dualjax/<package>/; tests/project/ those of the
+    whole package; no test module lies loose at the top or in a folder of no package."""
+    tests = conftest.TESTS
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and any(p.glob("test_*.py"))}
+    assert folders - packages == {"project"}
+    assert list(tests.glob("test_*.py")) == []
+    assert len(folders) >= 10

@@ -4,6 +4,7 @@ student learns a tiny MPNet teacher's scores."""
 import json
 import pathlib
 
+import conftest
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,7 +20,7 @@ from dualjax.runtime import sharding
 from dualjax.runtime.files import read_records, write_records
 from dualjax.train import teacher
 
-FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "pretrained"
+FIXTURES = conftest.FIXTURES / "pretrained"
 
 
 # --- the losses ---------------------------------------------------------------------------

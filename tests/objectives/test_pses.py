@@ -7,6 +7,7 @@ queries)."""
 import dataclasses
 import os
 
+import conftest
 import flax
 import jax
 import jax.numpy as jnp
@@ -15,9 +16,9 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 from conftest import tasks_of
+from helpers import preempt_at, tiny, train_rows  # noqa: E402
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_train import preempt_at, tiny, train_rows  # noqa: E402
 
 from dualjax import errors, models, objectives
 from dualjax.config import validation as config_lib
@@ -28,7 +29,7 @@ from dualjax.objectives import pses
 from dualjax.runtime import sharding
 from dualjax.train import loop as train
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = str(conftest.TESTS)
 SQUAD = os.path.join(HERE, "..", "..", "shared", "data", "squad", "dev-v1.1.json")
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import conftest
 import jax
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ OVERRIDES = {
     "model.similarity": "cosine_temperature",
     "eval.untrained": False, "eval.baselines": "", "eval.index": "exact",
 }
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = str(conftest.REPO)
 
 
 def launch(workdir: str) -> list[subprocess.Popen]:

@@ -17,10 +17,11 @@ import runpy
 import shlex
 import tomllib
 
+import conftest
 import ml_collections
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = conftest.REPO
 README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 PAGES = ["data", "training", "evaluation", "pretraining", "pretrained", "pses", "scale",

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import conftest
 import numpy as np
 import pytest
 from conftest import load_config
@@ -427,7 +428,7 @@ def test_a_changed_bundle_or_index_is_refused_naming_the_file(bundle, tmp_path):
 
 def _serving_drill():
     import importlib.util
-    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "serving_drill.py")
+    path = os.path.join(conftest.REPO, "scripts", "serving_drill.py")
     spec = importlib.util.spec_from_file_location("serving_drill", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["serving_drill"] = module  # (its dataclasses look their module up)
@@ -575,7 +576,7 @@ def test_a_task_the_run_does_not_have_is_refused_saying_what_it_has(workdir):
 def test_a_beir_run_is_searched_by_its_document_ids(tmp_path):
     """search --workdir over a run trained on a BEIR folder prints each hit's corpus id
     (the folder's _id), not its row number."""
-    from test_beir import CORPUS, _folder
+    from helpers import CORPUS, _folder
     cfg = load_config("tiny")
     cfg.data.update(name="beir", path=_folder(tmp_path), ignore_identical_ids=False)
     cfg.update(num_train_steps=2, checkpoint_every_steps=2, global_batch_size=8)

@@ -6,9 +6,10 @@ import importlib.util
 import json
 import os
 
+import conftest
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(conftest.REPO)
 
 
 @pytest.mark.slow

@@ -3,8 +3,8 @@ Devanagari; a text that gives no token (emoji, "?!") is refused in training data
 file:line, skipped in an index and left out of an evaluation's dense search, never
 given a vector shared with other such texts."""
 import itertools
-import pathlib
 
+import conftest
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,7 +30,7 @@ SCRIPTS = {
     "english": "the university library is very large",
 }
 NO_TOKEN = ("🙂🎉👍", "?!", "")
-TINY_BERT = pathlib.Path(__file__).parent / "fixtures" / "pretrained" / "tiny_bert"
+TINY_BERT = conftest.FIXTURES / "pretrained" / "tiny_bert"
 
 
 @pytest.mark.parametrize("kind", tokenizers.TOKENIZERS)

@@ -5,9 +5,10 @@ import shutil
 import subprocess
 import sys
 
+import conftest
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = conftest.REPO
 pytestmark = pytest.mark.slow
 
 

@@ -3,52 +3,11 @@ import json
 
 import numpy as np
 import pytest
+from helpers import CORPUS, EXPECTED_CORPUS, FILES, HEADER, QUERIES, _folder  # noqa: E402,F401
 
 from dualjax.data import beir
 from dualjax.data.beir import load_beir
 from dualjax.errors import DataError
-
-CORPUS = [
-    {"_id": "d1", "title": "Jax", "text": "Jax is a library."},
-    {"_id": "d2", "title": "", "text": "Flax builds on jax."},
-    {"_id": "q3", "text": "How do I learn jax?"},  # no title; the id of query q3
-    {"_id": "d4", "title": None, "text": "Optax has optimizers.", "metadata": {"url": "x"}},
-    {"_id": "d5", "title": "Orbax", "text": "Checkpoints."},
-]
-QUERIES = [
-    {"_id": "q1", "text": "what is jax"},
-    {"_id": "q2", "text": "what is flax", "metadata": {}},
-    {"_id": "q3", "text": "How do I learn jax?"},
-    {"_id": "q4", "text": "unjudged query"},
-    {"_id": "q5", "text": "train query"},
-]
-HEADER = "query-id\tcorpus-id\tscore\n"
-FILES = {
-    "corpus.jsonl": "".join(json.dumps(d) + "\n" for d in CORPUS),
-    "queries.jsonl": "".join(json.dumps(q) + "\n" for q in QUERIES),
-    # Lines 2..7: q3's own document is judged relevant (kept in the qrels, as BEIR does).
-    "qrels/test.tsv": HEADER + "q2\td2\t1\nq1\td1\t2\nq1\td4\t0\nq3\tq3\t1\nq3\td1\t1\nq1\td5\t1\n",
-    # q3 has only itself; q4 only a 0 score, so it is skipped.
-    "qrels/dev.tsv": HEADER + "q3\tq3\t1\nq4\td4\t0\nq1\td2\t1\n",
-    "qrels/train.tsv": HEADER + "q5\td5\t1\nq5\td1\t0\nq2\td2\t1\n",
-}
-EXPECTED_CORPUS = ["Jax. Jax is a library.", "Flax builds on jax.", "How do I learn jax?",
-                   "Optax has optimizers.", "Orbax. Checkpoints."]
-
-
-def _folder(tmp_path, changes: dict | None = None) -> str:
-    """A BEIR folder of FILES with `changes` (path: content, or None to leave
-    the file out)."""
-    files = {**FILES, **(changes or {})}
-    for name, content in files.items():
-        if content is None:
-            continue
-        path = tmp_path / "beir" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, str):
-            content = content.encode("utf-8")
-        path.write_bytes(content)
-    return str(tmp_path / "beir")
 
 
 def _load(folder, skip=False):

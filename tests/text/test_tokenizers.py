@@ -9,6 +9,7 @@ import subprocess
 import sys
 import zlib
 
+import conftest
 import numpy as np
 import pytest
 
@@ -26,7 +27,7 @@ from dualjax.text.tokenizers import (
 from dualjax.text.words import WordTokenizer, build_word_tokenizer
 
 KINDS = tokenizers.TOKENIZERS
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = str(conftest.REPO)
 
 
 def _corpus(n: int = 300, seed: int = 0) -> list[str]:

@@ -10,7 +10,8 @@ import sys
 import time
 
 import pytest
-from test_corpus_index import REPO, free_port, write_corpus
+from conftest import REPO
+from helpers import free_port, write_corpus
 
 from dualjax import cli
 from dualjax.errors import UsageError

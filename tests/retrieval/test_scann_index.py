@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 
+import conftest
 import ml_collections
 import numpy as np
 import pytest
@@ -349,11 +350,10 @@ def test_make_index_without_directory_and_exact():
 
 # --- an install without ScaNN (issue 32): its wheels are for Linux only ----------------
 def test_scann_is_a_dependency_on_linux_only():
-    import pathlib
     import tomllib
 
     from packaging.requirements import Requirement
-    pyproject = pathlib.Path(__file__).parent.parent / "pyproject.toml"
+    pyproject = conftest.REPO / "pyproject.toml"
     project = tomllib.loads(pyproject.read_text())["project"]
     (scann,) = [Requirement(r) for r in project["dependencies"] if r.startswith("scann")]
     assert scann.marker.evaluate({"sys_platform": "linux"})
