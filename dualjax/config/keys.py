@@ -1,5 +1,5 @@
 """What each config key means, for `python -m dualjax.main --config=FILE --keys` and
-docs/config.md (scripts/make_config_doc.py): the comments beside the `c.KEY = VALUE`
+docs/config.md (scripts/docs/make_config_doc.py): the comments beside the `c.KEY = VALUE`
 lines of configs/default.py and of retrieval/scann_index.py's ScaNN defaults."""
 
 from __future__ import annotations

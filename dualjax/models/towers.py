@@ -114,7 +114,7 @@ def bag_sum(table: jnp.ndarray, ids: jnp.ndarray, mask: jnp.ndarray,
     at a time (a loop of [batch, dim] gathers), and its gradient w.r.t. the table is a
     loop of [batch, dim] scatter-adds into it: XLA on CPU would otherwise write the
     [batch, len, dim] token vectors in the forward pass and their broadcast cotangent in
-    the backward pass (scripts/bench_train.py: 5,000-word tables, the whole step 2x
+    the backward pass (scripts/bench/bench_train.py: 5,000-word tables, the whole step 2x
     faster)."""
     return _bag_sum(table, ids, mask, dtype)
 

@@ -2,7 +2,7 @@
 (`make_train_step` -> `TrainStep`; the optimizer: `objectives.optimizer`), with the
 check that stops a run whose loss, gradient or params stop being finite.
 
-`train.py` runs these in its loop; the benchmarks (scripts/bench_train.py,
+`train.py` runs these in its loop; the benchmarks (scripts/bench/bench_train.py,
 bench_scale.py) time the same step alone.
 """
 

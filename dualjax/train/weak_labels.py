@@ -8,7 +8,7 @@ query's own passage is left out of the candidates, so a pair is never the query 
 text it was cut from; among the others, the label is the first of the start's dense
 ranking fused with BM25's (score interpolation at `weight`, `hybrid.fuse_scores`).
 Training on these pairs carries the hybrid's ranking into the dense towers
-(scripts/adapt_sweep.py measured it against ICT and crops on the shared collections;
+(scripts/bench/adapt_sweep.py measured it against ICT and crops on the shared collections;
 BENCHMARKS.md).
 
 The pairs are made once, by the main process, with the start's parameters, and kept in

@@ -1,5 +1,5 @@
 """Pretrained starts: the hf tokenizer, the BERT tower and the static tables reproduce the
-reference libraries' vectors (fixtures made by scripts/make_pretrained_fixtures.py with
+reference libraries' vectors (fixtures made by scripts/fixtures/make_pretrained_fixtures.py with
 sentence-transformers, transformers and wordllama; no torch here), and a run starting
 from them trains, resumes, warm-starts and exports.
 
@@ -241,7 +241,7 @@ def test_a_run_from_the_tiny_mpnet_trains_its_relative_bias_and_exports(tmp_path
     try:
         import sentence_transformers as st
     except ImportError:
-        return  # scripts/check_st_export.py runs this check where it is installed
+        return  # scripts/bench/check_st_export.py runs this check where it is installed
     model = st.SentenceTransformer(str(out), device="cpu")
     np.testing.assert_allclose(model.encode_document(texts), want, atol=1e-5)
 

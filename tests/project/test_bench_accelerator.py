@@ -1,4 +1,4 @@
-"""scripts/bench_accelerator.py at toy size, so that it never rots: it writes its
+"""scripts/bench/bench_accelerator.py at toy size, so that it never rots: it writes its
 random-weight BERT folder and data, trains as a user does, exports, indexes, and prints
 its table and JSON with the figures it names."""
 
@@ -15,7 +15,7 @@ ROOT = str(conftest.REPO)
 @pytest.mark.slow
 def test_the_accelerator_bench_runs_at_toy_size(tmp_path):
     spec = importlib.util.spec_from_file_location(
-        "bench_accelerator", os.path.join(ROOT, "scripts", "bench_accelerator.py"))
+        "bench_accelerator", os.path.join(ROOT, "scripts", "bench", "bench_accelerator.py"))
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "bench"

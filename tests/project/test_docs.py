@@ -5,7 +5,7 @@ inline `code` span) names a command that exists and only flags it defines; a
 `--config=FILE` names a config file and every `--config.KEY=VALUE` a key of that config
 (an inline one alone: a key of configs/default.py); a `pip install` extra is one
 pyproject defines; every relative link reaches a file (and a heading, for `#anchor`s);
-docs/config.md is what scripts/make_config_doc.py writes; the README stays a first visit.
+docs/config.md is what scripts/docs/make_config_doc.py writes; the README stays a first visit.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def test_every_documented_command_names_a_real_command_flags_and_config_keys():
 def test_inline_commands_and_overrides_are_real():
     problems = []
     for doc, span in inline_spans():
-        line = f"python {span}" if re.match(r"scripts/\w+\.py --", span) else span
+        line = f"python {span}" if re.match(r"scripts/[\w/]+\.py --", span) else span
         commands = invocations(line)
         problems += [f"{doc}: {p}\n    `{span}`" for target, args in commands
                      for p in command_problems(target, args, complete=False)]
@@ -213,9 +213,9 @@ def test_the_check_catches_a_bad_flag_a_missing_key_and_a_missing_command():
     assert command_problems("dualjax.nothing", []) == ["no module dualjax.nothing"]
     assert command_problems("dualjax.main", ["--config=configs/none.py"]) == [
         "--config=configs/none.py: no such file"]
-    assert command_problems("scripts/drill.py", ["--serving", "--out=x"]) == []
-    assert command_problems("scripts/drill.py", ["--servings"]) == [
-        "--servings: scripts/drill.py defines no such flag"]
+    assert command_problems("scripts/drills/drill.py", ["--serving", "--out=x"]) == []
+    assert command_problems("scripts/drills/drill.py", ["--servings"]) == [
+        "--servings: scripts/drills/drill.py defines no such flag"]
     # A command inside a quoted argument (gcloud ... --command="...") is found too.
     [(target, args)] = invocations(
         'gcloud ssh N --command="cd dualjax && .venv/bin/python -m dualjax.main '
@@ -288,13 +288,13 @@ def test_readme_is_a_first_visit():
 
 @pytest.fixture(scope="module")
 def make_config_doc():
-    return runpy.run_path(str(ROOT / "scripts" / "make_config_doc.py"))
+    return runpy.run_path(str(ROOT / "scripts" / "docs" / "make_config_doc.py"))
 
 
 def test_config_reference_is_generated_from_the_config_comments(make_config_doc):
     expected = make_config_doc["render"]()
     assert (ROOT / "docs" / "config.md").read_text() == expected, (
-        "docs/config.md is stale: run .venv/bin/python scripts/make_config_doc.py")
+        "docs/config.md is stale: run .venv/bin/python scripts/docs/make_config_doc.py")
     # Every key of configs/default.py is in it, with its comment.
     for key in ("loss.column_block", "train.encode_chunks", "eval.scann.soar_lambda",
                 "mesh.param_sharding", "init_from", "data.tasks", "eval.select_by"):

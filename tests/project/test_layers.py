@@ -196,3 +196,32 @@ def test_the_tests_mirror_the_stage_packages():
     assert folders - packages == {"project"}
     assert list(tests.glob("test_*.py")) == []
     assert len(folders) >= 10
+
+
+def script_imports(scripts: pathlib.Path) -> list[str]:
+    """"script imports other" for each script importing another script's module: the
+    scripts share through scripts/common.py; only the drill runner composes the drills,
+    and the fixture makers share their readers, each within its own folder."""
+    stems = {p.stem: p.parent.name for p in scripts.rglob("*.py") if p.parent != scripts}
+    out = []
+    for path in sorted(scripts.rglob("*.py")):
+        for top in sorted({name.split(".")[0] for name in imports(path)}):
+            if top in stems and top != path.stem and not (
+                    stems[top] == path.parent.name in ("drills", "fixtures")):
+                out.append(f"{path.relative_to(scripts)} imports {top}")
+    return out
+
+
+def test_scripts_are_split_by_kind_and_share_through_common_only():
+    scripts = conftest.REPO / "scripts"
+    assert {p.name for p in scripts.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
+        "bench", "drills", "fixtures", "docs"}
+    assert sorted(p.name for p in scripts.glob("*.py")) == ["common.py"]
+    assert script_imports(scripts) == []
+
+
+def test_the_scripts_guard_sees_a_script_importing_another(tmp_path):
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "a.py").write_text("from b import helper\nimport common\n")
+    (tmp_path / "bench" / "b.py").write_text("")
+    assert script_imports(tmp_path) == ["bench/a.py imports b"]

@@ -428,7 +428,7 @@ def test_a_changed_bundle_or_index_is_refused_naming_the_file(bundle, tmp_path):
 
 def _serving_drill():
     import importlib.util
-    path = os.path.join(conftest.REPO, "scripts", "serving_drill.py")
+    path = os.path.join(conftest.REPO, "scripts", "drills", "serving_drill.py")
     spec = importlib.util.spec_from_file_location("serving_drill", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["serving_drill"] = module  # (its dataclasses look their module up)
@@ -437,7 +437,7 @@ def _serving_drill():
 
 
 # What happens in the commands' main(), one case per command and kind of refusal: the
-# rest of the drill's cases are tested in-process (scripts/drill.py --serving runs all).
+# rest of the drill's cases are tested in-process (scripts/drills/drill.py --serving runs all).
 DRILLED = ("index --out=<its BEIR corpus folder>", "index --kind=hnsw without faiss",
            "search --k=0 (exact)", "--queries_file not UTF-8", "export --platforms=bogus",
            "dualjax-index --help", "search --query=''", "the huge document, printed cut")
@@ -445,7 +445,7 @@ DRILLED = ("index --out=<its BEIR corpus folder>", "index --kind=hnsw without fa
 
 @pytest.mark.slow
 def test_the_serving_drill_refuses_in_one_line_or_answers_correctly(workdir, bundle, tmp_path):
-    """scripts/drill.py --serving's cases for the commands' flags and output, run as a
+    """scripts/drills/drill.py --serving's cases for the commands' flags and output, run as a
     user runs them: exit 1 with one line naming the flag or file, or the right answer;
     no input changed and nothing left behind."""
     import dualjax

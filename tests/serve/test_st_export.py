@@ -2,7 +2,7 @@
 as a sentence-transformers folder. Without torch, the folder's files and tensor names
 are checked and its weights read back through dualjax's own Hugging Face loader
 (`pretrained.resolve`) give the run's vectors; with sentence-transformers installed,
-`SentenceTransformer(DIR)` gives them too (scripts/check_st_export.py records it)."""
+`SentenceTransformer(DIR)` gives them too (scripts/bench/check_st_export.py records it)."""
 import json
 import os
 import pathlib
@@ -118,7 +118,7 @@ def test_what_sentence_transformers_cannot_compute_is_refused_before_writing(tmp
 def test_sentence_transformers_loads_the_folder_with_the_runs_vectors(tmp_path):
     st = pytest.importorskip("sentence_transformers",
                              reason="sentence-transformers is not installed (torch): "
-                                    "scripts/check_st_export.py runs this check")
+                                    "scripts/bench/check_st_export.py runs this check")
     workdir = _run(tmp_path, shared_towers=False, query_max_len=12, doc_max_len=24,
                    query_prompt="query: ", document_prompt="passage: ")
     out = str(tmp_path / "st")
@@ -192,7 +192,7 @@ def test_a_static_tower_that_drops_unknown_pieces_is_refused(tmp_path):
 def test_sentence_transformers_loads_a_static_folder_with_the_models_vectors(tmp_path):
     st = pytest.importorskip("sentence_transformers",
                              reason="sentence-transformers is not installed (torch): "
-                                    "scripts/check_st_export.py runs this check")
+                                    "scripts/bench/check_st_export.py runs this check")
     from dualjax.serve import st_folder
     model, inputs, params = _static_model(tmp_path, (8, 24))
     out = str(tmp_path / "st")

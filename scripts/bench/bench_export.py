@@ -1,6 +1,6 @@
 """Encoding throughput of an exported encoder against the training-time towers.
 
-    python scripts/bench_export.py --workdir=runs/default [--repeats=3] [--batch_size=256]
+    python scripts/bench/bench_export.py --workdir=runs/default [--repeats=3] [--batch_size=256]
 
 Exports the workdir (`dualjax.export`, cpu) to a temporary folder, then encodes the test
 split's corpus of its dataset as documents, alternating the training-time encoder

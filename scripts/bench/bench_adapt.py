@@ -1,11 +1,11 @@
 """Adapting MiniLM: peak memory and pairs/s of `configs/adapt.py`'s training step, beside
 sentence-transformers' own training step on the same kind of batch.
 
-    python scripts/bench_adapt.py --collection=DOCS.jsonl [--steps=12] [--vs-st | --st-only]
+    python scripts/bench/bench_adapt.py --collection=DOCS.jsonl [--steps=12] [--vs-st | --st-only]
         [--st_bf16]
         [--st_python=PYTHON] [--flags=train.encode_chunks=0,...] [--json=FILE]
-    python scripts/bench_adapt.py --steps-only [--chunks=0,4,8,16] [--q_len=64 --d_len=256]
-    python scripts/bench_adapt.py --write-wiki5k=wiki5k.jsonl
+    python scripts/bench/bench_adapt.py --steps-only [--chunks=0,4,8,16] [--q_len=64 --d_len=256]
+    python scripts/bench/bench_adapt.py --write-wiki5k=wiki5k.jsonl
 
 --write-wiki5k: the issue's collection, written from ../shared/data/wikispeedia: every
 paragraph of 150-300 words, shuffled with seed 0, the first 5,000, as {"_id", "title",
@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SKIP = 4  # first steps left out of pairs/s: each new (query, document) length compiles
 
 
@@ -165,7 +165,7 @@ STEP_WORKER = r'''
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[1] + "/scripts"); sys.path.insert(0, sys.argv[1])
 import jax, numpy as np
-from bench_train import MINILM, default_config
+from common import MINILM_SIZES as MINILM, default_config
 from dualjax import losses, objectives
 from dualjax.runtime import sharding
 from dualjax.config import specs

@@ -1,6 +1,7 @@
 """Quora-QPR quality: the dual encoder against BM25 and TF-IDF on the Quora cluster split.
 
-    python scripts/bench_quora.py --workdir=runs/quora_gillick [--config=configs/quora_gillick.py]
+    python scripts/bench/bench_quora.py --workdir=runs/quora_gillick
+        [--config=configs/quora_gillick.py]
         [-- --config.num_train_steps=...]
 
 Trains and evaluates with `python -m dualjax.main` (unless the workdir already holds a

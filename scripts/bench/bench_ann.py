@@ -37,7 +37,7 @@ whether ScaNN's is at least as fast as every other method's. --json writes every
 --plot writes the frontiers (recall on x, queries/s on a log y) as a PNG, by default
 next to --json.
 
-    python scripts/bench_ann.py --workdir=/tmp/run [--split=test] [--k=10] [--threads=2]
+    python scripts/bench/bench_ann.py --workdir=/tmp/run [--split=test] [--k=10] [--threads=2]
         [--max_queries=N] [--repeats=2] [--json=out.json] [--plot=frontier.png]
         [--methods=exact,scann,hnsw,ivfpq] [--scann_variants=default,leaves,...]
 
@@ -170,7 +170,9 @@ if __name__ == "__main__":
 import faiss  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
-from bench_train import cpu_model  # noqa: E402  (this folder is on sys.path when run)
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # common.py
+from common import cpu_model  # noqa: E402
 
 from dualjax import models  # noqa: E402
 from dualjax.data import builders  # noqa: E402
@@ -180,7 +182,7 @@ from dualjax.runtime import sharding  # noqa: E402
 from dualjax.train.trained import load_trained  # noqa: E402
 
 # ----------------------------------------------------------------------------- embeddings
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclasses.dataclass

@@ -1,6 +1,6 @@
 """Pre-training for retrieval (Chang et al. 2020) on our data: Table 3 and Table 5 shapes.
 
-    python scripts/bench_pretrain.py --out=runs/bench_pretrain [--suite=table3]
+    python scripts/bench/bench_pretrain.py --out=runs/bench_pretrain [--suite=table3]
         [--pretrain_steps=1000] [--finetune_steps=500] [--towers=bow_mlp,transformer]
         [--fractions=0.01,0.05,0.8] [--transformer_tasks="mlm;ict;ict,bfs,wlp"]
         [--json=out.json]
@@ -39,7 +39,8 @@ import subprocess
 import sys
 import time
 
-from bench_variants import read_rows, slug  # scripts/ is on the path of a script
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # common.py
+from common import read_rows, slug  # noqa: E402
 
 from dualjax.config.keys import flatten
 

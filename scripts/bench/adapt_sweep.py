@@ -1,6 +1,6 @@
 """Choose an adaptation recipe for a pretrained start: variants x collections in one process.
 
-    python scripts/adapt_sweep.py [--collections=../shared/data/npl,...]
+    python scripts/bench/adapt_sweep.py [--collections=../shared/data/npl,...]
         [--variants=asis,crop,ict,ict+crop,pseudo] [--steps=300] [--batch=64]
         [--lr=1e-5] [--json=FILE]
 

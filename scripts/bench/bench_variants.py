@@ -1,9 +1,9 @@
 """Same task, same budget, one thing changed: the loss, the batch size or the tower.
 
-    python scripts/bench_variants.py --suite=losses --out=runs/bench_losses [--steps=400]
-    python scripts/bench_variants.py --suite=batch --out=runs/bench_batch [--steps=150]
-    python scripts/bench_variants.py --suite=towers --out=runs/bench_towers [--steps=600]
-    python scripts/bench_variants.py --suite=hits --out=runs/bench_hits [--steps=400]
+    python scripts/bench/bench_variants.py --suite=losses --out=runs/bench_losses [--steps=400]
+    python scripts/bench/bench_variants.py --suite=batch --out=runs/bench_batch [--steps=150]
+    python scripts/bench/bench_variants.py --suite=towers --out=runs/bench_towers [--steps=600]
+    python scripts/bench/bench_variants.py --suite=hits --out=runs/bench_hits [--steps=400]
         [--only="LABEL;LABEL"] [--tfds_dir=DIR] [--json=out.json]
 
 Each variant is one `python -m dualjax.main` run (own workdir under --out, a shared
@@ -35,7 +35,6 @@ Suites:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -44,6 +43,9 @@ import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # common.py
+from common import read_rows, slug  # noqa: E402
 
 KEYS = ("map@100", "success@1", "success@10", "mrr@10", "recall@10", "recall@100")
 GILLICK = "configs/quora_gillick.py"
@@ -116,23 +118,6 @@ def hits_suite() -> list[tuple[str, dict]]:
 SUITES = {"losses": (losses_suite, 400, 1), "batch": (batch_suite, 150, 8),
           "towers": (towers_suite, 600, 1), "hits": (hits_suite, 400, 1)}
 # name -> (variants, default steps, devices)
-
-
-def slug(label: str) -> str:
-    """A folder name for `label`; a long one is cut and ends in a hash of the whole, so
-    labels that differ only at their end (a train fraction) keep their own folders."""
-    s = "".join(c if c.isalnum() else "_" for c in label).strip("_")
-    if len(s) <= 60:
-        return s
-    return s[:51] + "_" + hashlib.sha1(label.encode()).hexdigest()[:8]
-
-
-def read_rows(workdir: str) -> list[dict]:
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def summarize(rows: list[dict], steps: int) -> dict | None:

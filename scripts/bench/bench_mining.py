@@ -1,7 +1,7 @@
 """BM25 hard-negative mining (`dualjax.data.mining.mine_hard_negatives`) on the Quora
 training pairs: this tree's implementation against the one of a git revision.
 
-    python scripts/bench_mining.py [--k=1] [--seed=0] [--limit=N] [--rounds=1]
+    python scripts/bench/bench_mining.py [--k=1] [--seed=0] [--limit=N] [--rounds=1]
         [--selection_rounds=3] [--old_rev=HEAD]
 
 The training pairs are those the `quora` dataset trains on (configs/quora_gillick.py:
@@ -38,7 +38,7 @@ from types import ModuleType
 import numpy as np
 from absl import logging as absl_logging
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from dualjax.config import specs  # noqa: E402

@@ -1,4 +1,4 @@
-"""Issue 43's cases for the serving drill (`python scripts/drill.py --serving`): the
+"""Issue 43's cases for the serving drill (`python scripts/drills/drill.py --serving`): the
 processes of a multi-process index must agree, signals and dead peers in multi-process
 commands, config checks before anything is written, prompts that leave room for the
 text, run files trec_eval can read, files a run made checked whole, and messages. Each
@@ -342,5 +342,5 @@ def cases() -> list[Case]:
     ]
 
 
-if __name__ == "__main__":  # (run through scripts/drill.py --serving)
-    sys.exit("run: python scripts/drill.py --serving --out=DIR [--only=RE]")
+if __name__ == "__main__":  # (run through scripts/drills/drill.py --serving)
+    sys.exit("run: python scripts/drills/drill.py --serving --out=DIR [--only=RE]")

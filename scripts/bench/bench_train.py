@@ -12,10 +12,10 @@ with `sharding.put_global_batch` before the clock starts. `--input` measures the
 pipeline (grain over the synthetic TFDS dataset, word tokenizer) separately, so the
 two can be compared.
 
-    python scripts/bench_train.py                 # 1 and 8 devices, batch 1024 x 32
-    python scripts/bench_train.py --input --json bench.json
-    python scripts/bench_train.py --devices=8 --param-sharding=replicated,fsdp
-    python scripts/bench_train.py --vs-torch      # dualjax vs PyTorch, alternating
+    python scripts/bench/bench_train.py                 # 1 and 8 devices, batch 1024 x 32
+    python scripts/bench/bench_train.py --input --json bench.json
+    python scripts/bench/bench_train.py --devices=8 --param-sharding=replicated,fsdp
+    python scripts/bench/bench_train.py --vs-torch      # dualjax vs PyTorch, alternating
 
 `--vs-torch` (needs `pip install -e .[bench]`, which pins torch) times, instead of the
 device-count table, dualjax's step and PyTorch steps of the same work on one CPU device
@@ -44,7 +44,6 @@ import os
 import platform
 import re
 import resource
-import runpy
 import statistics
 import subprocess
 import sys
@@ -53,27 +52,12 @@ import time
 from typing import Any
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # common.py
+from common import MINILM_SIZES as MINILM  # noqa: E402
+from common import REPO, cpu_model, default_config  # noqa: E402,F401
 
 
 # ----------------------------------------------------------------------------- helpers
-def default_config():
-    """configs/default.py's get_config(), loaded by path as dualjax.main does."""
-    return runpy.run_path(os.path.join(REPO, "configs", "default.py"))["get_config"]()
-
-
-def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo, else platform.processor(), else '?'."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
 def percentile(values: list[float], q: float) -> float:
     """Linear-interpolated q-th percentile (0 <= q <= 100) of `values`."""
     xs = sorted(values)
@@ -115,10 +99,6 @@ COMPARE_WORKLOADS: dict[str, dict[str, Any]] = {
         "B-4x256": {"tower": "transformer", "num_layers": 4, "width": 256},
         "MiniLM": {"tower": "bert", "batch": 64},
 }
-# all-MiniLM-L6-v2's sizes (its config.json): the "MiniLM" workload, one tower for queries
-# and documents on both sides (as sentence-transformers trains it), random weights.
-MINILM = {"vocab_size": 30522, "hidden_size": 384, "num_layers": 6, "num_heads": 12,
-          "intermediate_size": 1536, "max_positions": 512}
 COMPARE_HEADS = 4  # attention heads of the Transformer workloads (dualjax's default)
 COMPARE_LR = 3e-3  # constant Adam learning rate on both sides (configs/default.py's peak)
 

@@ -1,7 +1,7 @@
 """Hybrid search (eval.hybrid=bm25: reciprocal rank fusion, and score interpolation with
 its weight chosen on val) against the dual encoder and BM25 alone, on trained workdirs.
 
-    python scripts/bench_hybrid.py --out=runs/bench_hybrid NAME=WORKDIR [NAME=WORKDIR ...]
+    python scripts/bench/bench_hybrid.py --out=runs/bench_hybrid NAME=WORKDIR [NAME=WORKDIR ...]
 
 Each WORKDIR is a finished run; its towers are evaluated again, on its own dataset and
 split, with no training (init_from, num_train_steps=0) in OUT/NAME, with eval.hybrid=bm25
@@ -25,7 +25,7 @@ from dualjax.train import checkpoints
 from dualjax.train import loop as train
 
 KEYS = ("map@100", "ndcg@10", "recall@10", "recall@100")
-DEFAULT = pathlib.Path(__file__).resolve().parent.parent / "configs" / "default.py"
+DEFAULT = pathlib.Path(__file__).resolve().parents[2] / "configs" / "default.py"
 
 
 def hybrid_config(workdir: str) -> ml_collections.ConfigDict:

@@ -1,4 +1,4 @@
-"""Issue 30's cases for the serving drill (`python scripts/drill.py --serving`): text in
+"""Issue 30's cases for the serving drill (`python scripts/drills/drill.py --serving`): text in
 every script, a metric's cutoff, data changed under a workdir, folders that are not a
 run's, every file of an index, races and signals, one-line errors, and the smaller
 items. Each is run as a user runs it, a new process per case, and counts as in

@@ -2,11 +2,11 @@
 device jax finds, beside sentence-transformers on the same device and data when torch and
 sentence-transformers are installed, in one table and one JSON file.
 
-    python scripts/bench_accelerator.py --out=runs/bench_acc \
+    python scripts/bench/bench_accelerator.py --out=runs/bench_acc \
         [--squad=../shared/data/squad/dev-v1.1.json] [--tokenizer=all-MiniLM-L6-v2]
         [--shapes=minilm,bertbase] [--batch=8192] [--chunks=16] [--steps=12]
         [--docs=200000] [--parts=train,encode,static,peer] [--json=FILE]
-    python scripts/bench_accelerator.py --toy --out=DIR   # minutes on a CPU (the suite's)
+    python scripts/bench/bench_accelerator.py --toy --out=DIR   # minutes on a CPU (the suite's)
 
 What it does, as a user would (`python -m dualjax.main`, `dualjax.export`,
 `dualjax.index`):
@@ -44,7 +44,7 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
 SHAPES = {"minilm": dict(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536),

@@ -1,6 +1,6 @@
 """PSES (Li & Jia 2018) against the single-space dual encoder and BM25: Table 2's shape.
 
-    python scripts/bench_pses.py --out=runs/bench_pses [--seeds=0,1,2]
+    python scripts/bench/bench_pses.py --out=runs/bench_pses [--seeds=0,1,2]
         [--weak_steps=500] [--tune_steps=200] [--systems=one_space,pses,...]
         [--nn_s_alone] [--shared_score] [--json=out.json]
 
@@ -27,7 +27,7 @@ loss.pses.trainable=shared (NN_s and the similarity train, every other param is 
 --shared_score evaluates every fine-tuned PSES-family workdir once more with
 model.pses.score=shared (queries and paragraphs searched by z_s alone instead of
 [z_s; z_specific]): an evaluation-only run of the same params (init_from=that workdir,
-num_train_steps=0, as scripts/bench_hybrid.py does), so both scorings are reported side
+num_train_steps=0, as scripts/bench/bench_hybrid.py does), so both scorings are reported side
 by side.
 """
 from __future__ import annotations
@@ -41,7 +41,8 @@ import subprocess
 import sys
 import time
 
-from bench_variants import read_rows, slug  # scripts/ is on the path of a script
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # common.py
+from common import read_rows, slug  # noqa: E402
 
 SQUAD = "../shared/data/squad/dev-v1.1.json"
 METRICS = ("map@100", "p@20", "ndcg@20")

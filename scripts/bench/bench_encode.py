@@ -2,9 +2,9 @@
 `python -m dualjax.index` runs) against sentence-transformers' `encode`, on the same CPU
 threads, the same texts (title + text of a BEIR corpus), max length and batch size.
 
-    python scripts/bench_encode.py --corpus=../shared/data/npl [--model=all-MiniLM-L6-v2]
+    python scripts/bench/bench_encode.py --corpus=../shared/data/npl [--model=all-MiniLM-L6-v2]
         [--batch_size=32] [--max_len=256] [--limit=0] [--repeats=1] [--json=FILE]
-    python scripts/bench_encode.py --matmuls   # the matmul rates alone, XLA vs PyTorch
+    python scripts/bench/bench_encode.py --matmuls   # the matmul rates alone, XLA vs PyTorch
 
 Both sides sort the texts by length (sentence-transformers by characters, longest first;
 dualjax too) and cut each batch's padding (dualjax to a power-of-two length bucket). The
@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
 

@@ -1,4 +1,4 @@
-"""The serving drill (`python scripts/drill.py --serving`): a fresh export and index of a
+"""The serving drill (`python scripts/drills/drill.py --serving`): a fresh export and index of a
 trained tiny run, then every case of issue 21 run as a user would run it, each reported
 as refused in one line or answered correctly.
 
@@ -24,7 +24,7 @@ from concurrent import futures
 
 import numpy as np
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 WORDS = ("bike car rice bread engine wheel oven pasta chain brake tyre flour garden "
          "window paint roof").split()
 BIG = 1_000_000  # characters of the drill's one huge document

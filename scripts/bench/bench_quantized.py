@@ -4,7 +4,7 @@ on the shared BEIR collections; the corpus vectors kept as float32, int8 or bina
 float query. Prints index size, queries/s (search alone, one run, one process) and
 nDCG@10 / recall@100 as BENCHMARKS.md's "Quantized indexes" section has them.
 
-    python scripts/bench_quantized.py [--out=runs/bench_quantized]
+    python scripts/bench/bench_quantized.py [--out=runs/bench_quantized]
 
 The vectors come from a bundle of the start (an evaluation-only run, exported), so they
 are what `dualjax.index` would store; they are cached under --out.
@@ -19,10 +19,10 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # common.py
 
-from bench_matryoshka import MINILM  # noqa: E402
-from bench_zero_shot import SHARED, dualjax_run, load_task  # noqa: E402
+from common import MINILM_START as MINILM  # noqa: E402
+from common import SHARED, dualjax_run, load_task  # noqa: E402
 
 K = 100
 

@@ -1,7 +1,7 @@
 """Indexing a large corpus with bounded memory: documents/s and peak resident memory of
 `python -m dualjax.index` at growing corpus sizes, so that the growth per document shows.
 
-    python scripts/bench_index_scale.py --work=runs/bench_index_scale \
+    python scripts/bench/bench_index_scale.py --work=runs/bench_index_scale \
         [--sizes=1000000,5000000] [--simulate=20000000] [--kind=exact] [--json=FILE]
 
 The encoder is the tiny config's 16-d bundle (a few training steps, exported once under
@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 WORDS = ("bike car rice bread engine wheel oven pasta chain brake tyre flour garden window "
          "paint roof river coffee guitar python swim train music school phone garden lamp "
@@ -127,7 +127,7 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
     if args.simulate:
         n, out = args.simulate, os.path.join(args.work, f"index_sim_{args.simulate}")
-        code = SIMULATE.format(repo=REPO, scripts=os.path.join(REPO, "scripts"),
+        code = SIMULATE.format(repo=REPO, scripts=os.path.join(REPO, "scripts", "bench"),
                                bundle=bundle, n=n, out=out, kind=args.kind)
         seconds, rss, tail = measured([sys.executable, "-c", code])
         rows.append({"documents": n, "how": "simulated (no corpus file)",

@@ -2,13 +2,13 @@
 two runs started at once on one workdir. Counts what BENCHMARKS.md's RELIABILITY section
 reports.
 
-    python scripts/drill.py --out=runs/drill [--kills=20] [--terms=5] [--concurrent=5]
+    python scripts/drills/drill.py --out=runs/drill [--kills=20] [--terms=5] [--concurrent=5]
         [--full_disk] [--seed=0] [--json=out.json]
-    python scripts/drill.py --serving --out=runs/drill_serving [--json=out.json] [--only=RE]
-    python scripts/drill.py --tour --out=runs/drill_tour [--json=out.json]
+    python scripts/drills/drill.py --serving --out=runs/drill_serving [--json=out.json] [--only=RE]
+    python scripts/drills/drill.py --tour --out=runs/drill_tour [--json=out.json]
 
---serving runs the serving drill instead (scripts/serving_drill.py, issue 30's cases in
-scripts/odd_input_drill.py and issue 43's in scripts/round3_drill.py): export, index,
+--serving runs the serving drill instead (scripts/drills/serving_drill.py, issue 30's cases in
+scripts/drills/odd_input_drill.py and issue 43's in scripts/drills/round3_drill.py): export, index,
 search and training given odd input, damaged files, races, signals and processes that
 disagree or die, each case refused in one line or answered correctly (--only: the cases
 whose name matches RE).
@@ -47,7 +47,7 @@ import time
 import jax
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from dualjax.eval.metrics_log import row_key  # noqa: E402
 from dualjax.train import checkpoints  # noqa: E402
 
@@ -164,7 +164,7 @@ def main() -> None:
     p.add_argument("--json", default="")
     p.add_argument("--serving", action="store_true", help="the serving drill instead")
     p.add_argument("--tour", action="store_true", help="the README's quick start and tour, "
-                   "in order, from a fresh clone (scripts/tour_drill.py) instead")
+                   "in order, from a fresh clone (scripts/drills/tour_drill.py) instead")
     p.add_argument("--only", default="", help="--serving: the cases whose name matches")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
