@@ -158,67 +158,93 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
     `spec.select_by` (else map@100); the row says it as "hybrid_weight". Returns (rows
     {"system", "index", metrics...}, {label: its `Ranking`}).
     """
+    split = Split.of(task, spec, inputs.document.tokenizer)
     enc: dict[str, Any] = dict(batch_size=spec.batch_size, mesh=mesh)
-    k = min(spec.top_k, len(task.corpus))
-    dense = DenseCorpus.of(task, inputs.document.tokenizer, k)
-    rows: list[dict] = []
-    ranked: dict[str, Ranking] = {}
-    scored: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-
-    def add(system: str, kind: str, ranking: tuple[np.ndarray, np.ndarray], **extra) -> dict:
-        ids, scores = ranking
-        row = {"system": system, "index": kind,
-               **metrics.retrieval_metrics(ids, task.relevant, grades=task.grades), **extra}
-        rows.append(row)
-        ranked[f"{system} [{kind}]"] = Ranking(np.asarray(ids), np.asarray(scores))
-        return row
-
     for system, (encode_queries, encode_documents) in towers.items():
-        corpus = encode_texts(encode_documents, dense.texts, inputs.document,
-                              desc=f"{system}: corpus", fields=dense.fields, **enc)
+        corpus = encode_texts(encode_documents, split.dense.texts, inputs.document,
+                              desc=f"{system}: corpus", fields=split.dense.fields, **enc)
         queries = encode_texts(encode_queries, task.queries, inputs.query,
                                desc=f"{system}: queries", fields=task.query_fields, **enc)
-        exact_index, _ = ann.make_index("exact", corpus, spec.index_settings, dense.k)
-        scored[system] = dense.ranking(exact_index.search(queries, dense.k, dense.exclude))
-        exact = add(system, "exact", scored[system])
-        for m in spec.dims if system in ann_systems else ():  # Matryoshka prefixes, exactly
-            if m >= corpus.shape[1]:
-                raise ValueError(f"eval.dims: {m} is not below {system}'s "
-                                 f"{corpus.shape[1]} dimensions")
-            cut = np.asarray(losses.prefix(corpus, m))
-            found = ann.make_index("exact", cut, spec.index_settings, dense.k)[0].search(
-                np.asarray(losses.prefix(queries, m)), dense.k, dense.exclude)
-            add(f"{system}@{m}", "exact", dense.ranking(found))
-        if spec.index != "exact" and system in ann_systems:
-            _approximate(add, system, corpus, queries, (exact, scored[system][0]), spec,
-                         dense, index_dir, index_extra)
-    exclude = task.query_corpus_index
-    lexical = spec.hybrid
-    for name in dict.fromkeys(list(baselines) + ([lexical] if lexical else [])):
-        scores, ids = baselines_lib.rank_texts(
-            name, task.corpus, task.queries, k, exclude,
-            **baselines_lib.options_for(name, dict(spec.bm25)))
-        scored[name] = (ids, scores)
-        if name in baselines:
-            add(name, "exact", scored[name])
-    if lexical:  # each tower's exact ranking fused with the lexical one
-        for system in towers if hybrid_systems is None else hybrid_systems:
-            _hybrid(add, system, lexical, scored, task, spec, k, hybrid_weights)
-    return rows, ranked
+        exact = _exact(split, system, corpus, queries)
+        if system in ann_systems:
+            _prefixes(split, system, corpus, queries)
+            if spec.index != "exact":
+                _approximate(split, system, corpus, queries, exact, index_dir, index_extra)
+    _lexical(split, baselines)
+    if spec.hybrid:
+        _hybrids(split, list(towers) if hybrid_systems is None else hybrid_systems,
+                 hybrid_weights)
+    return split.rows, split.ranked
 
 
-def _approximate(add, system: str, corpus: np.ndarray, queries: np.ndarray,
-                 exact: tuple[dict, np.ndarray], spec: EvalSpec, dense: DenseCorpus,
-                 index_dir: str | None, index_extra: str) -> None:
+@dataclasses.dataclass
+class Split:
+    """One split's evaluation as its jobs share it: the task, the spec, the documents the
+    towers search (`dense`), k, the rows and rankings so far, and each system's exact
+    ranking (`scored`: (ids, scores), what the hybrids fuse). The jobs, in the order their
+    rows come: per tower its exact search (`_exact`), its Matryoshka prefixes
+    (`_prefixes`) and its approximate index (`_approximate`); then the lexical baselines
+    (`_lexical`); then each tower fused with the lexical system (`_hybrids`)."""
+    task: RetrievalTask
+    spec: EvalSpec
+    dense: DenseCorpus
+    k: int
+    rows: list[dict] = dataclasses.field(default_factory=list)
+    ranked: dict[str, Ranking] = dataclasses.field(default_factory=dict)
+    scored: dict[str, tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, task: RetrievalTask, spec: EvalSpec, tokenizer) -> Split:
+        k = min(spec.top_k, len(task.corpus))
+        return cls(task, spec, DenseCorpus.of(task, tokenizer, k), k)
+
+    def add(self, system: str, kind: str, ranking: tuple[np.ndarray, np.ndarray],
+            **extra) -> dict:
+        """The row of `system` ranked by searcher `kind` (its metrics on the task)."""
+        ids, scores = ranking
+        row = {"system": system, "index": kind,
+               **metrics.retrieval_metrics(ids, self.task.relevant, grades=self.task.grades),
+               **extra}
+        self.rows.append(row)
+        self.ranked[f"{system} [{kind}]"] = Ranking(np.asarray(ids), np.asarray(scores))
+        return row
+
+    def search(self, kind: str, corpus: np.ndarray, queries: np.ndarray, **index_args
+               ) -> tuple[tuple[np.ndarray, np.ndarray], dict]:
+        """(ids, scores) over the whole corpus of `queries` searched in `corpus` (the dense
+        documents' vectors) with searcher `kind`, and the searcher's info."""
+        index, info = ann.make_index(kind, corpus, self.spec.index_settings, self.dense.k,
+                                     **index_args)
+        return self.dense.ranking(index.search(queries, self.dense.k, self.dense.exclude)), info
+
+
+def _exact(split: Split, system: str, corpus: np.ndarray, queries: np.ndarray) -> dict:
+    """`system`'s row searched exactly; its ranking is kept for the hybrids."""
+    split.scored[system], _ = split.search("exact", corpus, queries)
+    return split.add(system, "exact", split.scored[system])
+
+
+def _prefixes(split: Split, system: str, corpus: np.ndarray, queries: np.ndarray) -> None:
+    """`system@m` rows: the first m dimensions of its vectors (eval.dims, Matryoshka),
+    searched exactly."""
+    for m in split.spec.dims:
+        if m >= corpus.shape[1]:
+            raise ValueError(f"eval.dims: {m} is not below {system}'s "
+                             f"{corpus.shape[1]} dimensions")
+        found, _ = split.search("exact", np.asarray(losses.prefix(corpus, m)),
+                                np.asarray(losses.prefix(queries, m)))
+        split.add(f"{system}@{m}", "exact", found)
+
+
+def _approximate(split: Split, system: str, corpus: np.ndarray, queries: np.ndarray,
+                 exact_row: dict, index_dir: str | None, index_extra: str) -> None:
     """`system`'s row searched with spec.index ("scann" or "hnsw") beside its exact one:
     the overlap of their top 10, the MAP@100 it loses, and the index's time to be ready."""
-    kind = spec.index
-    ann_index, info = ann.make_index(kind, corpus, spec.index_settings, dense.k,
-                                     directory=index_dir, extra=index_extra)
-    ann_ids, ann_scores = dense.ranking(ann_index.search(queries, dense.k, dense.exclude))
-    exact_row, exact_ids = exact
-    row = add(system, kind, (ann_ids, ann_scores),
-              **{"ann_recall@10": ann_recall(ann_ids, exact_ids)})
+    kind = split.spec.index
+    (ann_ids, ann_scores), info = split.search(kind, corpus, queries, directory=index_dir,
+                                               extra=index_extra)
+    row = split.add(system, kind, (ann_ids, ann_scores),
+                    **{"ann_recall@10": ann_recall(ann_ids, split.scored[system][0])})
     row["map@100_gap"] = exact_row["map@100"] - row["map@100"]
     row["index_seconds"] = info["build_seconds"]
     row["index_built"] = info["built"]
@@ -226,22 +252,38 @@ def _approximate(add, system: str, corpus: np.ndarray, queries: np.ndarray,
                  info["settings"], info["build_seconds"], info["bytes_on_disk"] / 2**20)
 
 
-def _hybrid(add, system: str, lexical: str, scored: dict, task: RetrievalTask, spec: EvalSpec,
-            k: int, weights: dict[str, float] | None) -> None:
-    """`system`'s exact ranking fused with `lexical`'s: by reciprocal rank fusion, and by
-    score interpolation at weights[system] (None: the weight best here)."""
-    ids, scores = scored[lexical]
-    add(f"{system}+{lexical}", "exact",
-        hybrid.fuse(scored[system], (ids, scores), k, rrf_k=spec.hybrid_rrf_k))
-    if weights is None:
-        weight, _ = hybrid.choose_weight(scored[system], (ids, scores), task.relevant, k,
-                                         spec.select_by or "map@100",
-                                         grades=task.grades)
-    else:
-        weight = weights.get(system, spec.hybrid_weight)
-    add(f"{system}+{lexical}_interp", "exact",
-        hybrid.fuse(scored[system], (ids, scores), k, weight),
-        hybrid_weight=weight)
+def _lexical(split: Split, baselines: Sequence[str]) -> None:
+    """The lexical `baselines`' rows over the whole corpus; the ranking of eval.hybrid's
+    lexical system is kept for the hybrids (a row only if it is a baseline too)."""
+    lexical = split.spec.hybrid
+    task = split.task
+    for name in dict.fromkeys(list(baselines) + ([lexical] if lexical else [])):
+        scores, ids = baselines_lib.rank_texts(
+            name, task.corpus, task.queries, split.k, task.query_corpus_index,
+            **baselines_lib.options_for(name, dict(split.spec.bm25)))
+        split.scored[name] = (ids, scores)
+        if name in baselines:
+            split.add(name, "exact", split.scored[name])
+
+
+def _hybrids(split: Split, systems: Sequence[str], weights: dict[str, float] | None) -> None:
+    """Each of `systems`' exact ranking fused with eval.hybrid's lexical one: by
+    reciprocal rank fusion, and by score interpolation at weights[system] (None: the
+    weight best on this split)."""
+    spec, lexical, task, k = split.spec, split.spec.hybrid, split.task, split.k
+    for system in systems:
+        ids, scores = split.scored[lexical]
+        split.add(f"{system}+{lexical}", "exact",
+                  hybrid.fuse(split.scored[system], (ids, scores), k, rrf_k=spec.hybrid_rrf_k))
+        if weights is None:
+            weight, _ = hybrid.choose_weight(split.scored[system], (ids, scores),
+                                             task.relevant, k, spec.select_by or "map@100",
+                                             grades=task.grades)
+        else:
+            weight = weights.get(system, spec.hybrid_weight)
+        split.add(f"{system}+{lexical}_interp", "exact",
+                  hybrid.fuse(split.scored[system], (ids, scores), k, weight),
+                  hybrid_weight=weight)
 
 
 def typo_sweep(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]],

@@ -34,7 +34,7 @@ def fused(dense: tuple[np.ndarray, np.ndarray], corpus: Sequence[str], queries: 
 class Searcher:
     """A corpus, an index over its embeddings and the query encoder that matches them."""
     corpus: Sequence[str]                           # a list, or a CorpusIndex's texts (on disk)
-    index: Any                                      # ann.ExactIndex / ScannIndex / CorpusIndex
+    searcher: Any                                   # a retrieval searcher, or a CorpusIndex
     encode_queries: Callable[[Sequence[str]], np.ndarray]  # texts -> unit vectors [n, dim]
     tokenizer: tokenizers.Tokenizer                 # the query side's
     k: int = 10
@@ -49,7 +49,7 @@ class Searcher:
         gives the model no token (`tokenizers.gives_tokens`: "?!", emoji) has no answer:
         its vector would be the towers' bias alone."""
         k = min(self.k, len(self.corpus))
-        scores, ids = self.index.search(self.encode_queries(queries), k)
+        scores, ids = self.searcher.search(self.encode_queries(queries), k)
         if hybrid:
             scores, ids = fused((scores, ids), self.corpus, queries, k, hybrid, weight)
         return [[(float(s), int(i)) for s, i in zip(row_s, row_i, strict=True) if i >= 0]

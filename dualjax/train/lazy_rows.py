@@ -128,7 +128,8 @@ def scatter(x: jax.Array, ids: jax.Array, rows: jax.Array) -> jax.Array:
 
 
 @contextlib.contextmanager
-def reading(rows: Mapping[Path, jax.Array], index: Mapping[Path, tuple[jax.Array, jax.Array]]):
+def reading(rows: Mapping[Path, jax.Array],
+            touched_rows: Mapping[Path, tuple[jax.Array, jax.Array]]):
     """Within: every TokenTable in `rows` reads its gathered rows (ids mapped to their
     positions) instead of its table."""
 
@@ -137,7 +138,7 @@ def reading(rows: Mapping[Path, jax.Array], index: Mapping[Path, tuple[jax.Array
         if (context.method_name == "source" and isinstance(context.module, TokenTable)
                 and path in rows):
             (ids,) = args
-            return rows[path], index[path][1][ids]
+            return rows[path], touched_rows[path][1][ids]
         return next_fun(*args, **kwargs)
 
     with nn.intercept_methods(intercept):
@@ -146,55 +147,56 @@ def reading(rows: Mapping[Path, jax.Array], index: Mapping[Path, tuple[jax.Array
 
 def value_and_grad(loss: Callable, params: dict, batch: dict, rng: jax.Array, extras: dict,
                    tables: Mapping[Path, tuple[str, ...]]):
-    """((loss, aux), row grads, index): the loss and the gradient w.r.t. the params, with
+    """((loss, aux), row grads, touched_rows): the loss and the gradient w.r.t. the params, with
     each table's gradient [U, dim] over its touched rows (the table leaves of the params
-    tree replaced by them), and `touched`'s index."""
-    index = touched(params, batch, tables)
-    rows = {p: gather(_get(params, p)["embedding"], ids) for p, (ids, _) in index.items()}
+    tree replaced by them), and `touched`'s rows."""
+    touched_rows = touched(params, batch, tables)
+    rows = {p: gather(_get(params, p)["embedding"], ids) for p, (ids, _) in touched_rows.items()}
 
     def with_rows(params, rows):
-        with reading(rows, index):
+        with reading(rows, touched_rows):
             return loss(params, batch, rng, extras)
 
     (value, aux), (grads, row_grads) = jax.value_and_grad(with_rows, argnums=(0, 1),
                                                           has_aux=True)(params, rows)
     for path, g in row_grads.items():  # the tables' own gradients are zero: never read
         grads = _set(grads, path + ("embedding",), g)
-    return (value, aux), grads, index
+    return (value, aux), grads, touched_rows
 
 
 def update(tx: optax.GradientTransformation, grads: dict, opt_state: Any, params: dict,
-           index: Mapping[Path, tuple[jax.Array, jax.Array]]) -> tuple[dict, Any]:
+           touched_rows: Mapping[Path, tuple[jax.Array, jax.Array]]) -> tuple[dict, Any]:
     """(new params, new optimizer state): `tx` on the touched rows of each table and its
     slots (`grads` from `value_and_grad`), and on every other param as usual."""
-    slot = _slots(opt_state, params, index)
+    slot = _slots(opt_state, params, touched_rows)
     row_params = params
-    for path, (ids, _) in index.items():
+    for path, (ids, _) in touched_rows.items():
         row_params = _set(row_params, path + ("embedding",),
                           gather(_get(params, path)["embedding"], ids))
     row_state = jax.tree_util.tree_map_with_path(
-        lambda kp, x: gather(x, index[slot[kp]][0]) if kp in slot else x, opt_state)
+        lambda kp, x: gather(x, touched_rows[slot[kp]][0]) if kp in slot else x, opt_state)
     updates, row_state = tx.update(grads, row_state, row_params)
     row_params = optax.apply_updates(row_params, updates)
     new_params = row_params
-    for path, (ids, _) in index.items():
+    for path, (ids, _) in touched_rows.items():
         new_params = _set(new_params, path + ("embedding",),
                           scatter(_get(params, path)["embedding"], ids,
                                   _get(row_params, path)["embedding"]))
     old = dict(jax.tree_util.tree_flatten_with_path(opt_state)[0])
     new_state = jax.tree_util.tree_map_with_path(
-        lambda kp, x: scatter(old[kp], index[slot[kp]][0], x) if kp in slot else x, row_state)
+        lambda kp, x: scatter(old[kp], touched_rows[slot[kp]][0], x) if kp in slot else x,
+        row_state)
     return new_params, new_state
 
 
-def _slots(opt_state: Any, params: dict, index: Mapping[Path, Any]) -> dict:
+def _slots(opt_state: Any, params: dict, touched_rows: Mapping[Path, Any]) -> dict:
     """{key path of an optimizer-state leaf: table path} for the leaves that are a
     table's slot: their key path ends with the table's param path, and their shape is
     the table's."""
     slots = {}
     for kp, x in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
         keys = tuple(getattr(k, "key", None) for k in kp)
-        for path in index:
+        for path in touched_rows:
             full = path + ("embedding",)
             if keys[-len(full):] == full and x.shape == _get(params, full).shape:
                 slots[kp] = path

@@ -37,9 +37,8 @@ from dualjax.objectives import optimizer
 from dualjax.runtime import malloc, processes, sharding
 from dualjax.runtime.signals import Signals
 from dualjax.text import sides
-from dualjax.train import checkpoints, model_data, teacher, warm_start, weak_labels
+from dualjax.train import checkpoints, lazy_rows, model_data, teacher, warm_start, weak_labels
 from dualjax.train import inputs as inputs_lib
-from dualjax.train import lazy_rows as tables
 from dualjax.train import step as step_lib
 from dualjax.train import tasks as tasks_lib
 from dualjax.train import workdir as workdir_lib
@@ -100,7 +99,7 @@ class Run:
     data_iters: list = dataclasses.field(default_factory=list)  # one per task
     ckpt: checkpoints.Checkpointer | None = None
     last_saved: int | None = None
-    host_rows: Callable[[dict], dict] = dict  # lazy updates: tables.BatchRows
+    host_rows: Callable[[dict], dict] = dict  # lazy updates: lazy_rows.BatchRows
 
     @property
     def system(self) -> str:
@@ -113,7 +112,7 @@ class Run:
         return warm_start.start_params(self.spec.start.init_from, self.spec.as_dict("model"),
                                        self.origin, init, sharding.replicated(self.mesh))
 
-    def towers_of(self, systems: dict[str, Any]) -> evaluators_lib.Systems:
+    def systems_of(self, systems: dict[str, Any]) -> evaluators_lib.Systems:
         """name -> params  to  name -> (encode_queries, encode_documents) with those params."""
         queries, documents = self.encoders
         return {name: (functools.partial(queries, p), functools.partial(documents, p))
@@ -256,7 +255,7 @@ def _build(spec: RunSpec, workdir, mesh, log, signals, tasks, splits, inputs, or
               init_state, state_sharding, train_step, models.make_encoders(model), state)
     if table_updates == "lazy" and jax.process_count() == 1:  # else the step finds the rows
         assert objective.tables is not None, "validated: lazy updates need token tables"
-        run.host_rows = tables.BatchRows(objective.tables(state["params"]), state["params"])
+        run.host_rows = lazy_rows.BatchRows(objective.tables(state["params"]), state["params"])
     return run
 
 
@@ -307,7 +306,7 @@ def _restore(run: Run) -> None:
 def _validate(run: Run, evaluators, selection: Selection, step: int) -> None:
     """Every task's val split, on the trained towers (the typo sweep waits for the end)."""
     for ev in evaluators:
-        rows = ev.run(run.towers_of({run.system: run.state["params"]}), step).get("val")
+        rows = ev.run(run.systems_of({run.system: run.state["params"]}), step).get("val")
         if selection.best and ev is selection.evaluator:
             selection.offer(rows, step, run.state["params"])
 
@@ -408,11 +407,11 @@ def _final_evaluation(run: Run, evaluators, selection: Selection) -> dict[str, d
     out = {}
     for ev in evaluators:
         if not ev.results:  # the typo sweep, a registered evaluator: written, not returned
-            ev.run(run.towers_of(systems), step, final=True)
+            ev.run(run.systems_of(systems), step, final=True)
             continue
         results = {}
         if ev is selection.evaluator:
-            results = ev.run(run.towers_of(systems), step, final=True, splits=("val",))
+            results = ev.run(run.systems_of(systems), step, final=True, splits=("val",))
             if selection.best:
                 selection.offer(results["val"], step, run.state["params"])
                 best = selection.best.step
@@ -420,7 +419,7 @@ def _final_evaluation(run: Run, evaluators, selection: Selection) -> dict[str, d
                     systems[f"{system}_best"] = jax.device_put(selection.best.params(),
                                                                sharding.replicated(run.mesh))
                     row_fields = {f"{system}_best": {"selected_step": best}}
-        results.update(ev.run(run.towers_of(systems), step, final=True, row_fields=row_fields,
+        results.update(ev.run(run.systems_of(systems), step, final=True, row_fields=row_fields,
                               splits=[s for s in ev.splits if s not in results]))
         out.update(labelled(ev.task, results[ev.splits[-1]]))
     return out

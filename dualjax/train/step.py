@@ -20,7 +20,7 @@ import optax
 from dualjax import objectives
 from dualjax.errors import NonFiniteLossError  # noqa: F401 (raised here)
 from dualjax.losses import frequency
-from dualjax.train import lazy_rows as tables
+from dualjax.train import lazy_rows
 
 State = dict[str, Any]  # {"params", "opt_state", "step", "rng"[, "critic", "frequency"]}
 
@@ -77,11 +77,11 @@ def make_train_step(objective: objectives.Objective, tx, schedule, state_shardin
 
         if table_updates == "lazy":
             assert objective.tables is not None, "validated: lazy updates need token tables"
-            (loss, aux), grads, index = tables.value_and_grad(
+            (loss, aux), grads, touched_rows = lazy_rows.value_and_grad(
                 objective.loss, state["params"], batch, rng, extras,
                 objective.tables(state["params"]))
-            params, opt_state = tables.update(tx, grads, state["opt_state"],
-                                              state["params"], index)
+            params, opt_state = lazy_rows.update(tx, grads, state["opt_state"],
+                                                 state["params"], touched_rows)
         else:
             (loss, aux), grads = jax.value_and_grad(objective.loss, has_aux=True)(
                 state["params"], batch, rng, extras)

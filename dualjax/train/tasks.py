@@ -64,7 +64,7 @@ class Task:
         return MappingProxyType({**self.data, "name": "beir"})
 
     @functools.cached_property
-    def eval_spec(self) -> builders.DatasetSpec | None:
+    def eval_dataset(self) -> builders.DatasetSpec | None:
         """`eval_data` as the builders take it (None: no evaluation)."""
         return (None if self.eval_data is None
                 else builders.DatasetSpec.of(self.eval_data, self.seed))
@@ -72,7 +72,7 @@ class Task:
     def splits(self) -> tuple[str, ...]:
         """Its evaluation splits ("val", "test"); none for a pre-training collection
         without judgements."""
-        spec = self.eval_spec
+        spec = self.eval_dataset
         return () if spec is None else builders.eval_splits(spec, self.tfds_dir)
 
     @functools.cached_property
@@ -147,7 +147,7 @@ class Task:
     def eval_task(self, split: str) -> RetrievalTask:
         """The retrieval task of a split, read once."""
         if split not in self._eval:
-            spec = self.eval_spec
+            spec = self.eval_dataset
             if spec is None:
                 raise ValueError(f"{self.name or self.data['name']}: no evaluation data")
             self._eval[split] = builders.eval_task(spec, self.tfds_dir, split)

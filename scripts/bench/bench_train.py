@@ -157,7 +157,7 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
     from dualjax.models import dual_encoder
     from dualjax.objectives.optimizer import make_optimizer
     from dualjax.runtime import sharding
-    from dualjax.train import lazy_rows as tables
+    from dualjax.train import lazy_rows
     from dualjax.train import step as step_lib
 
     (devices,) = args.devices
@@ -201,13 +201,13 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
     device_bytes = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(state))
 
     # A few distinct batches, placed on the mesh before any timing. With lazy updates the
-    # host lists each table's rows as the training loop does (tables.BatchRows), and that
+    # host lists each table's rows as the training loop does (lazy_rows.BatchRows), and that
     # listing (with placing the batch) is inside each timed step; the lists' lengths are
     # set on every batch first, so no timed step compiles.
     rng = np.random.default_rng(0)
     batches = [random_batch(rng, args.batch, args.seq_len, args.vocab) for _ in range(4)]
     if args.table_updates == "lazy":
-        host_rows = tables.BatchRows(objective.tables(state["params"]), state["params"])
+        host_rows = lazy_rows.BatchRows(objective.tables(state["params"]), state["params"])
         for b in batches:
             host_rows(b)
         place = lambda b: sharding.put_global_batch(host_rows(b), mesh)  # noqa: E731

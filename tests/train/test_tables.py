@@ -1,4 +1,4 @@
-"""optimizer.table_updates="lazy" (dualjax/train/lazy_rows.py): a step updates only the token-table
+"""optimizer.table_updates="lazy" (dualjax/train/lazy_rows.py): a step updates only the token
 rows its batch reads, with every other param and the step count as dense Adam has them."""
 
 import jax
@@ -15,7 +15,7 @@ from dualjax.models import dual_encoder
 from dualjax.objectives import in_batch as de_objective
 from dualjax.objectives.optimizer import make_optimizer
 from dualjax.runtime import sharding
-from dualjax.train import lazy_rows as tables
+from dualjax.train import lazy_rows
 from dualjax.train import step as step_lib
 
 # Tables of 4,096 x 8, twice sharding.FSDP_MIN_SIZE elements: "fsdp" splits their rows over
@@ -91,9 +91,9 @@ def test_lazy_adam_moves_only_the_rows_a_batch_reads_and_is_adam_on_them():
     # Step 2 (same params, so the same gradient): the rows batch 2 reads, and every other
     # param, as Adam has them; the unread rows and their moments as step 1 left them,
     # where Adam moves them on.
-    index = jax.tree.map(np.asarray, tables.touched(lazy1["params"], b2,
+    index = jax.tree.map(np.asarray, lazy_rows.touched(lazy1["params"], b2,
                                                     objective.tables(lazy1["params"])))
-    slots = tables._slots(lazy2["opt_state"], lazy2["params"], index)
+    slots = lazy_rows._slots(lazy2["opt_state"], lazy2["params"], index)
     table_params = {keys + ("embedding",) for keys in index}
     slot_paths = {kp: path for kp, path in slots.items()}
     moved = 0
@@ -144,15 +144,15 @@ def test_table_updates_key_is_checked():
 
 
 def test_row_count_ladder():
-    sizes = [tables.row_count(n, 50_000) // tables.CHUNK
+    sizes = [lazy_rows.row_count(n, 50_000) // lazy_rows.CHUNK
              for n in (0, 1024, 1025, 2049, 6145, 14_600, 16_384, 16_615, 33_000, 40_000,
                        50_000)]
     # steps of one CHUNK up to 16, then of two up to 32, then four...; 49 x 1,024: the
     # table, rounded up
     assert sizes == [1, 1, 2, 3, 7, 15, 16, 18, 36, 40, 49]
     for n in range(1, 50_000, 97):  # past 8 x CHUNK, at most 1/8 more than n
-        assert n <= tables.row_count(n, 50_000) <= max(8 * tables.CHUNK, -(-n * 9 // 8))
-    assert tables.row_count(5000, 4096) == 4096
+        assert n <= lazy_rows.row_count(n, 50_000) <= max(8 * lazy_rows.CHUNK, -(-n * 9 // 8))
+    assert lazy_rows.row_count(5000, 4096) == 4096
 
 
 @pytest.mark.slow
@@ -164,16 +164,16 @@ def test_rows_listed_by_the_host_give_the_same_steps():
     host = [batch(1, place=False), batch(2, place=False)]
     objective, found = run("lazy", [batch(1), batch(2)])
     state_params = found[0]["params"]
-    rows = tables.BatchRows(objective.tables(state_params), state_params)
+    rows = lazy_rows.BatchRows(objective.tables(state_params), state_params)
     listed = [rows(b) for b in host]
     mesh = sharding.make_mesh()
     _, given = run("lazy", [sharding.put_global_batch(b, mesh) for b in listed])
     for x, y in zip(jax.tree.leaves(given), jax.tree.leaves(found), strict=True):
         np.testing.assert_array_equal(x, y)
-    field = tables.rows_field(("query_tower", "bow", "embed"))
+    field = lazy_rows.rows_field(("query_tower", "bow", "embed"))
     ids = listed[0][field]
     read = np.unique(host[0]["q_ids"])
-    assert ids.shape == (tables.CHUNK,)
+    assert ids.shape == (lazy_rows.CHUNK,)
     np.testing.assert_array_equal(ids[:len(read)], read)
     assert (ids[len(read):] == VOCAB).all()
     assert listed[1][field].shape == ids.shape
