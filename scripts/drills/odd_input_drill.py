@@ -135,7 +135,11 @@ print(*sum(said, []), sep="\\n")
 
 
 def _one_refused(s: Setup, stdout: str) -> bool:
-    return "codes: [0, 1] lines: [0, 1]" in stdout and "in use" in stdout
+    """One run builds, the other is refused in one line: by the first's lock while it
+    builds ("in use"), or, when the first has finished before the second looks (a quiet
+    machine, a small corpus), by the index it left ("already holds a corpus index")."""
+    return "codes: [0, 1] lines: [0, 1]" in stdout and (
+        "in use" in stdout or "already holds a corpus index" in stdout)
 
 
 _INTERRUPT = """
