@@ -49,8 +49,19 @@ _HYBRID_WEIGHT = flags.DEFINE_float("hybrid_weight", None, "With --hybrid: inter
 
 
 def from_workdir(workdir: str, split: str = "test", k: int = 10, task: str = "") -> Searcher:
-    """A training workdir's latest checkpoint over the corpus of an evaluation split of its
-    dataset, with the index its final evaluation saved (rebuilt if stale)."""
+    """A search service from a training workdir: its latest checkpoint over the corpus
+    of an evaluation split of its dataset, with the index its final evaluation saved
+    (rebuilt if stale).
+
+    Args:
+      workdir: a training run's workdir (`config.run.saved` reads its config.json).
+      split: the evaluation split whose corpus is searched.
+      k: answers per query.
+      task: a multi-task run's task (default: the first).
+
+    Returns:
+      The `Searcher`; ValueError naming a task the run does not have.
+    """
     # The training stack is imported only here: serving a bundle needs none of it.
     from dualjax import models
     from dualjax.eval import scoring

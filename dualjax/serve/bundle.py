@@ -175,10 +175,19 @@ class Encoder:
     def encode_documents(self, texts: Sequence[str], fields: Sequence[dict] | None = None,
                          batch_size: int = 256, devices: Sequence[jax.Device] = (),
                          progress: Callable[[int], None] | None = None) -> np.ndarray:
-        """The document tower's vectors: as `encode_queries`, for documents; with
-        `devices` (a process' local devices), the batches go to them in turn, each device
-        encoding its own while the next is dispatched (the default device: none given);
-        `progress(n)` is called as each batch of n texts is stored."""
+        """The document tower's vectors.
+
+        Args:
+          texts: the documents (str each; a single str is refused).
+          fields: their categorical fields, one dict per text, when the model reads any.
+          batch_size: texts per call of the exported function.
+          devices: a process' local devices: the batches go to them in turn, each device
+            encoding its own while the next is dispatched (none given: the default one).
+          progress: called with n as each batch of n texts is stored.
+
+        Returns:
+          Unit vectors float32 [len(texts), dim], in the order of `texts`.
+        """
         return self._encode("document", texts, fields, batch_size, devices, progress)
 
     def _params_on(self, device: jax.Device | None):

@@ -58,7 +58,18 @@ class Searcher:
 
     def search(self, queries: Sequence[str], hybrid: str = "",
                weight: float | None = None) -> Results:
-        """Per query, the top k (score, candidate text), best first (see `ranked`)."""
+        """The answers to `queries`.
+
+        Args:
+          queries: the query texts.
+          hybrid: "" (dense only) or a lexical system ("bm25", "tfidf") to fuse with.
+          weight: with `hybrid`, interpolate the normalised scores at this dense weight;
+            None: reciprocal rank fusion.
+
+        Returns:
+          Per query, the top k (score, candidate text), best first (`ranked` gives the
+          positions); none for a query that gives the model no token.
+        """
         return [[(s, self.corpus[i]) for s, i in row]
                 for row in self.ranked(queries, hybrid, weight)]
 
@@ -71,8 +82,19 @@ class Searcher:
 
 
 def from_bundle(encoder_dir: str, index_dir: str, k: int = 10) -> Searcher:
-    """An exported encoder and a corpus index built with it: no training state is read
-    and the corpus is not encoded again."""
+    """A search service over a corpus index: no training state is read and the corpus is
+    not encoded again.
+
+    Args:
+      encoder_dir: a bundle (`dualjax.export`).
+      index_dir: a corpus index built with that bundle (`dualjax.index`; one built with
+        --dim searches the queries at that width).
+      k: answers per query.
+
+    Returns:
+      The `Searcher`; a ValueError names a bundle and an index that do not belong
+      together.
+    """
     encoder = Encoder.load(encoder_dir)
     dim = recorded_dim(index_dir)
     if dim is not None and dim < encoder.dim:  # built with --dim: queries at that width
