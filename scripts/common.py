@@ -75,20 +75,30 @@ def rows_of(workdir: str) -> dict[str, dict]:
     return {r["system"]: r for r in rows if r["step"] == last and r["index"] == "exact"}
 
 
-def dualjax_run(args, name: str, config: str, flags: dict) -> tuple[str, float | None]:
-    """Runs (or reuses) one workdir, args.out/<slug(name)>, as a user runs dualjax
-    (`python -m dualjax.main`, its log beside it); (workdir, wall seconds or None if
-    reused)."""
-    workdir = os.path.abspath(os.path.join(args.out, slug(name)))
-    if os.path.exists(os.path.join(workdir, "report.md")):
-        return workdir, None
+def run_main(config: str, workdir: str, flags: dict, devices: int = 0) -> float:
+    """Runs `python -m dualjax.main` as a user does (the command printed, its output in
+    WORKDIR.log; `devices` > 1: that many fake CPU devices); its wall seconds. The one
+    runner of a training run the benchmarks share."""
+    env = dict(os.environ)
+    if devices > 1:
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                            f" --xla_force_host_platform_device_count={devices}").strip()
     cmd = [sys.executable, "-m", "dualjax.main", f"--config={config}", f"--workdir={workdir}",
            *(f"--config.{k}={v}" for k, v in flags.items())]
     print("$", " ".join(cmd), flush=True)
     start = time.time()
     with open(workdir + ".log", "w") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
-    return workdir, time.time() - start
+        subprocess.run(cmd, check=True, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return time.time() - start
+
+
+def dualjax_run(args, name: str, config: str, flags: dict) -> tuple[str, float | None]:
+    """Runs (or reuses) one workdir, args.out/<slug(name)> (`run_main`); (workdir, wall
+    seconds or None if reused)."""
+    workdir = os.path.abspath(os.path.join(args.out, slug(name)))
+    if os.path.exists(os.path.join(workdir, "report.md")):
+        return workdir, None
+    return workdir, run_main(config, workdir, flags)
 
 
 def load_task(workdir: str):

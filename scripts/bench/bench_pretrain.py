@@ -35,12 +35,11 @@ import json
 import os
 import platform
 import runpy
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # common.py
-from common import read_rows, slug  # noqa: E402
+from common import read_rows, run_main, slug  # noqa: E402
 
 from dualjax.config.keys import flatten
 
@@ -118,13 +117,7 @@ def run(args, name: str, config: str, flags: dict, steps: int, evaluates: bool =
                  "settings with: remove it or give another --out")
     if finished(workdir, steps, evaluates):
         return workdir, None
-    cmd = [sys.executable, "-m", "dualjax.main", f"--config={config}", f"--workdir={workdir}",
-           *(f"--config.{k}={v}" for k, v in flags.items())]
-    print("$", " ".join(cmd), flush=True)
-    start = time.time()
-    with open(workdir + ".log", "w") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
-    return workdir, time.time() - start
+    return workdir, run_main(config, workdir, flags)
 
 
 def pretrain(args, tower: str, tasks: str, path: str = WIKISPEEDIA, extra: dict | None = None,

@@ -37,12 +37,11 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # common.py
-from common import read_rows, slug  # noqa: E402
+from common import read_rows, run_main, slug  # noqa: E402
 
 SQUAD = "../shared/data/squad/dev-v1.1.json"
 METRICS = ("map@100", "p@20", "ndcg@20")
@@ -66,17 +65,10 @@ def run(args, name: str, flags: dict, steps: int) -> str:
     workdir = os.path.abspath(os.path.join(args.out, slug(name)))
     if any(r["split"] == "test" and r["step"] == steps for r in read_rows(workdir)):
         return workdir
-    cmd = [sys.executable, "-m", "dualjax.main", "--config=configs/pses.py",
-           f"--workdir={workdir}", f"--config.num_train_steps={steps}",
-           f"--config.data.tfds_dir={args.tfds_dir}",
-           f"--config.data.path={os.path.abspath(args.squad)}",
-           f"--config.checkpoint_every_steps={steps}",
-           *(f"--config.{k}={v}" for k, v in flags.items())]
-    print("$", " ".join(cmd), flush=True)
-    start = time.time()
-    with open(workdir + ".log", "w") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
-    print(f"  {time.time() - start:.0f} s", flush=True)
+    wall = run_main("configs/pses.py", workdir, {
+        "num_train_steps": steps, "data.tfds_dir": args.tfds_dir,
+        "data.path": os.path.abspath(args.squad), "checkpoint_every_steps": steps, **flags})
+    print(f"  {wall:.0f} s", flush=True)
     return workdir
 
 

@@ -40,12 +40,10 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # common.py
-from common import read_rows, slug  # noqa: E402
+from common import read_rows, run_main, slug  # noqa: E402
 
 KEYS = ("map@100", "success@1", "success@10", "mrr@10", "recall@10", "recall@100")
 GILLICK = "configs/quora_gillick.py"
@@ -146,17 +144,7 @@ def run_variant(label: str, overrides: dict, args, devices: int) -> dict:
     summary = summarize(read_rows(workdir), args.steps)
     if summary is None:
         shutil.rmtree(workdir, ignore_errors=True)
-        env = dict(os.environ)
-        if devices > 1:
-            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                                f" --xla_force_host_platform_device_count={devices}").strip()
-        cmd = [sys.executable, "-m", "dualjax.main", f"--config={args.config}",
-               f"--workdir={workdir}", *(f"--config.{k}={v}" for k, v in flags.items())]
-        print("$", " ".join(cmd), flush=True)
-        start = time.time()
-        with open(os.path.join(args.out, slug(label) + ".log"), "w") as log:
-            subprocess.run(cmd, check=True, env=env, stdout=log, stderr=subprocess.STDOUT)
-        wall = time.time() - start
+        wall = run_main(args.config, workdir, flags, devices)
         summary = summarize(read_rows(workdir), args.steps)
     return {"label": label, "overrides": overrides, "wall_seconds": wall, **summary}
 
