@@ -38,11 +38,18 @@ def check_model(config: ml_collections.ConfigDict, workdir: str = "") -> int | N
         raise ConfigError(f"config.model.temperature={config.model.temperature} must be in "
                           f"[{low:g}, {high:g}] for the learned temperature")
     _check_prompts(config, start, workdir)
-    bert = start.bert if start else None
-    if "bert" in specs.tower_names(config.model) and bert is None:
+    architecture = start.architecture if start else None
+    if _pretrained_towers(config.model) and architecture is None:
         return None  # (init_from's towers: their width is checked when they are read)
-    _check_model_axis(config, bert)
-    return models.vector_dim(specs.model_spec(config.model), bert)
+    _check_model_axis(config, architecture)
+    return models.vector_dim(specs.model_spec(config.model), architecture)
+
+
+def _pretrained_towers(model: ml_collections.ConfigDict) -> list[str]:
+    """The towers of the run built from a pretrained start's architecture ("bert",
+    "decoder")."""
+    return [t for t in specs.tower_names(model) if t in towers.TOWERS
+            and towers.TOWERS[t].from_pretrained]
 
 
 def _check_prompts(config: ml_collections.ConfigDict, start, workdir: str) -> None:
@@ -97,16 +104,17 @@ def _tokenizer_of(model: ml_collections.ConfigDict, prompt: str):
                                       trigram_vocab_size=model.trigram_vocab_size)
 
 
-def _check_model_axis(config: ml_collections.ConfigDict, bert) -> None:
-    """mesh.model_axis divides every transformer / BERT weight's heads and MLP columns,
+def _check_model_axis(config: ml_collections.ConfigDict, architecture) -> None:
+    """mesh.model_axis divides every transformer / pretrained tower's heads and MLP columns,
     checked on the towers' abstract shapes (nothing is computed): the sharded state
     found it after the data and the vocabulary were written."""
     m = config.mesh.model_axis
     used = specs.tower_names(config.model)
-    if m <= 1 or config.model.name != "dual_encoder" or not {"transformer", "bert"} & set(used):
+    if (m <= 1 or config.model.name != "dual_encoder"
+            or not ("transformer" in used or _pretrained_towers(config.model))):
         return
     import jax
-    model = models.make_model(specs.model_spec(config.model), 64, bert=bert)
+    model = models.make_model(specs.model_spec(config.model), 64, architecture=architecture)
     max_len = max(specs.max_lens(config.model))
     shapes = jax.eval_shape(lambda: dual_encoder.init_params(model, jax.random.key(0), 8))
     try:
@@ -153,7 +161,7 @@ def _check_towers(model: ml_collections.ConfigDict) -> None:
 
 
 def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = ""):
-    """model.pretrained / tokenizer="hf" / tower="bert": the start exists (fetched, its
+    """model.pretrained / tokenizer="hf" / tower="bert" or "decoder": the start exists (fetched, its
     digests right) and the towers and tokenizer are the ones it fits. A run resumed from
     a checkpoint needs no folder: its towers are the checkpoint's, its tokenizer is
     WORKDIR/vocab.json, and WORKDIR/pretrained.json stands in for the start. Returns the
@@ -163,10 +171,11 @@ def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = ""):
     name, tok = m.pretrained, m.tokenizer
     used = specs.tower_names(m)
     if not name:
-        if "bert" in used and not config.init_from:
-            raise ConfigError("config.model.tower='bert' takes its sizes and weights from "
-                              "model.pretrained (e.g. all-MiniLM-L6-v2, all-mpnet-base-v2 or a "
-                              "Hugging Face BERT or MPNet folder)")
+        needs = _pretrained_towers(m)
+        if needs and not config.init_from:
+            raise ConfigError(f"config.model.tower={needs[0]!r} takes its sizes and weights "
+                              "from model.pretrained (e.g. all-MiniLM-L6-v2, all-mpnet-base-v2, "
+                              "or a Hugging Face BERT, MPNet, Llama, Mistral or Qwen folder)")
         if tok == "hf" and not m.tokenizer_path and not config.init_from:
             raise ConfigError("config.model.tokenizer='hf' reads model.tokenizer_path (a "
                               "tokenizer.json) or model.pretrained's tokenizer: set one")
@@ -184,20 +193,21 @@ def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = ""):
     if m.name != "dual_encoder":
         raise ConfigError(f"config.model.pretrained: model.name={m.name!r}; pretrained starts "
                           "are for model.name='dual_encoder'")
-    if start.kind == "bert":
-        assert start.bert is not None, "a bert start has its BertConfig"
-        if set(used) != {"bert"}:
-            raise ConfigError(f"config.model.pretrained={name!r} is a BERT-family encoder "
-                              f"({start.bert.family}): set --config.model.tower=bert (both "
-                              "sides)")
+    if start.tower:
+        arch = start.architecture
+        assert arch is not None, "a start of a tower has its architecture"
+        if set(used) != {start.tower}:
+            what = "BERT-family encoder" if start.tower == "bert" else "decoder LLM"
+            raise ConfigError(f"config.model.pretrained={name!r} is a {what} ({arch.family}): "
+                              f"set --config.model.tower={start.tower} (both sides)")
         if m.shared_embedding:
-            raise ConfigError("config.model.shared_embedding: two bert towers start from one "
-                              "table already; set it to False")
+            raise ConfigError(f"config.model.shared_embedding: two {start.tower} towers start "
+                              "from one table already; set it to False")
         for key, length in zip(("query_max_len", "doc_max_len"), specs.max_lens(m), strict=True):
-            if length > start.bert.max_length:
+            if length > arch.max_length:
                 key = key if m[key] else "max_len"
                 raise ConfigError(f"config.model.{key}={length} is longer than {name}'s "
-                                  f"{start.bert.max_length} positions")
+                                  f"{arch.max_length} positions")
     else:
         bad = [t for t in used if t not in ("bow", "bow_mlp", "cnn")]
         if bad:
@@ -257,7 +267,7 @@ def _check_features(model: ml_collections.ConfigDict) -> None:
     sides = specs.feature_specs(model)
     for key, spec, tower in zip(("query_features", "doc_features"), sides,
                                 specs.tower_names(model), strict=True):
-        if spec and tower in ("bow", "bert"):
+        if spec and tower in ("bow", "bert", "decoder"):
             raise ConfigError(f"config.model.{key}={model[key]!r}: the {tower} tower has no "
                               "layer above its pooled vector to feed categorical features "
                               "to; use model.tower (or query_tower / doc_tower) bow_mlp, cnn or "

@@ -15,22 +15,22 @@ MODELS = ("dual_encoder", "pses")
 
 
 def make_model(spec: ModelSpec, vocab_size: int, feature_sizes: dict | None = None,
-               num_tasks: int = 1, bert=None):
-    """The model `spec.name` names (see `dual_encoder.make_model`); bert: the "bert"
-    tower's `BertConfig` (a pretrained start's)."""
+               num_tasks: int = 1, architecture=None):
+    """The model `spec.name` names (see `dual_encoder.make_model`); architecture: a
+    pretrained start's (`BertConfig`, `DecoderConfig`), for the tower built from it."""
     if spec.name == "pses":
         return pses.make_model(spec, vocab_size, num_tasks)
-    return dual_encoder.make_model(spec, vocab_size, feature_sizes, num_tasks, bert)
+    return dual_encoder.make_model(spec, vocab_size, feature_sizes, num_tasks, architecture)
 
 
-def vector_dim(spec: ModelSpec, bert=None) -> int:
+def vector_dim(spec: ModelSpec, architecture=None) -> int:
     """The width of the unit vectors the model's towers return (both sides agree: the
-    config checks say so first); bert: the "bert" tower's `BertConfig`."""
+    config checks say so first); architecture: a pretrained start's."""
     if spec.name == "pses":
         return spec.pses.shared_dim + (spec.pses.specific_dim if spec.pses.score == "concat"
                                        else 0)
     if towers.TOWERS[spec.query_tower].from_pretrained:  # the start's width
-        return bert.hidden_size
+        return architecture.hidden_size
     return towers.output_dim(spec, spec.query_tower)
 
 

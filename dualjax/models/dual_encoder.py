@@ -11,20 +11,21 @@ PartitionSpec per param, same tree) for sharding them over a mesh.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from dualjax.models import bert as _bert  # noqa: F401 (registers the "bert" tower)
+from dualjax.models import decoder as _decoder  # noqa: F401 (registers "decoder")
 from dualjax.models import towers
-from dualjax.models.bert import BertConfig
 from dualjax.models.spec import ModelSpec
 from dualjax.models.towers import TOWERS
 
 
 def tower_kinds() -> tuple[str, ...]:
-    """model.tower names: the registered towers ("bert" among them)."""
+    """model.tower names: the registered towers ("bert" and "decoder" among them)."""
     return tuple(TOWERS)
 
 
@@ -85,10 +86,11 @@ class DualEncoder(nn.Module):
     query_features: tuple[tuple[int, int], ...] = ()  # (table rows, size) per categorical field
     doc_features: tuple[tuple[int, int], ...] = ()
     num_tasks: int = 1  # several training tasks: one alpha and beta each (Gillick et al. §2)
-    bert: BertConfig | None = None  # the "bert" tower's sizes (model.pretrained's)
+    # the sizes of a tower built from model.pretrained (a BertConfig, a DecoderConfig)
+    architecture: Any = None
 
     def _tower(self, kind: str, name: str, embed: nn.Module | None = None) -> nn.Module:
-        return towers.build(kind, self.spec, self.vocab_size, name, embed, self.bert)
+        return towers.build(kind, self.spec, self.vocab_size, name, embed, self.architecture)
 
     def setup(self):
         cfg = self.spec
@@ -173,14 +175,14 @@ def token_tables(params: dict) -> dict[tuple[str, ...], tuple[str, ...]]:
 
 def make_model(spec: ModelSpec, vocab_size: int,
                feature_sizes: dict[str, tuple[tuple[int, int], ...]] | None = None,
-               num_tasks: int = 1, bert: BertConfig | None = None) -> DualEncoder:
+               num_tasks: int = 1, architecture: Any = None) -> DualEncoder:
     """feature_sizes: {"query": ((rows, size), ...), "document": ...} of the categorical
     fields (`sides.Inputs.feature_sizes()`); None: none. num_tasks: training tasks,
-    each with its own learned scale and bias. bert: the "bert" tower's sizes."""
+    each with its own learned scale and bias. architecture: a pretrained start's sizes."""
     sizes = feature_sizes or {}
     return DualEncoder(spec, vocab_size,
                        tuple(sizes.get("query", ())), tuple(sizes.get("document", ())),
-                       num_tasks, bert)
+                       num_tasks, architecture)
 
 
 def _init_boxed(model: nn.Module, rng: jax.Array, max_len: int) -> dict:

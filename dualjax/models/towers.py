@@ -359,7 +359,8 @@ TowerFactory = Callable[..., nn.Module]
 class Tower(NamedTuple):
     """A registered tower: its factory, and whether it is built from a pretrained
     start's architecture (model.pretrained: its sizes, then its weights), which the
-    factory then gets as `architecture=` (a `BertConfig` for "bert")."""
+    factory then gets as `architecture=` (a `BertConfig` for "bert", a `DecoderConfig`
+    for "decoder")."""
     make: TowerFactory
     from_pretrained: bool = False
 
@@ -369,9 +370,9 @@ TOWERS: Registry[Tower] = Registry(
 for _name, _factory in (("bow", _bow), ("bow_mlp", _bow_mlp), ("cnn", _cnn),
                         ("transformer", _transformer)):
     TOWERS.add(_name, Tower(_factory))
-# dualjax's own, whose settings are ModelSpec's fields or a pretrained start's ("bert":
-# models/bert.py registers it)
-BUILT_IN = (*TOWERS, "bert")
+# dualjax's own, whose settings are ModelSpec's fields or a pretrained start's ("bert",
+# "decoder": models/bert.py and models/decoder.py register them)
+BUILT_IN = (*TOWERS, "bert", "decoder")
 
 
 def register(name: str, factory: TowerFactory, from_pretrained: bool = False

@@ -1,11 +1,17 @@
 """Pretrained starts (`model.pretrained`): outside checkpoints read into the towers.
 
-Two kinds of folder, told apart by their files:
+Three kinds of folder, told apart by their files:
 - a Hugging Face BERT or MPNet folder (config.json with model_type "bert" or "mpnet",
   model.safetensors,
   tokenizer.json; the sentence-transformers files modules.json, 1_Pooling/config.json and
   sentence_bert_config.json when present): the `bert` tower (`models/bert.py`), its
   pooling as sentence-transformers' Pooling module says (else `model.pretrained_pooling`);
+- a Hugging Face decoder LLM folder (model_type "llama", "mistral", "qwen2" or "qwen3";
+  its weights in model.safetensors or sharded, with model.safetensors.index.json): the
+  `decoder` tower (`models/decoder.py`), pooled as its Pooling module says (else
+  `model.pretrained_pooling`, else the last token's state), its tokenizer appending the
+  end-of-text token (tokenizer_config.json's `eos_token`, else config.json's
+  `eos_token_id`) for last-token pooling, as these embedders are trained;
 - a static token table (model2vec's `embeddings`, or a fetched WordLlama table): the
   token table of a `bow` or `bow_mlp` tower.
 Either way the tokenizer is the folder's tokenizer.json (`model.tokenizer="hf"`).
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -31,7 +38,10 @@ import jax
 import numpy as np
 
 from dualjax.errors import PretrainedError
+from dualjax.models import decoder
 from dualjax.models.bert import FAMILIES, POOLINGS, BertConfig
+from dualjax.models.decoder import DecoderConfig
+from dualjax.pretrained.decoder_weights import decoder_params
 from dualjax.pretrained.sources import (
     MARKER,
     SOURCES,
@@ -44,9 +54,12 @@ from dualjax.pretrained.sources import (
 from dualjax.runtime.files import atomic_json
 from dualjax.text.hf import HFTokenizer
 
-KINDS = ("bert", "static")
+KINDS = ("bert", "decoder", "static")  # "bert" and "decoder": the tower of that name
 RECORD = "pretrained.json"  # in a workdir: the resolved start its towers came from
 WEIGHTS = "model.safetensors"
+SHARDED = "model.safetensors.index.json"  # a weight_map of tensor names to shard files
+ARCHITECTURES: dict[str, type[BertConfig] | type[DecoderConfig]] = {
+    "bert": BertConfig, "decoder": DecoderConfig}
 __all__ = ["Pretrained", "PretrainedError", "resolve", "load", "fetch", "SOURCES", "KINDS"]
 
 
@@ -54,16 +67,18 @@ __all__ = ["Pretrained", "PretrainedError", "resolve", "load", "fetch", "SOURCES
 class Pretrained:
     """A pretrained start, resolved: where it is, what it is and how to read it.
 
-    kind "bert": `bert` holds the encoder's sizes and pooling; max_seq_length is
-    sentence-transformers' (else the encoder's positions). kind "static": `table` is the
-    [rows, dim] token table's tensor name and `dim` its width."""
+    kind "bert" or "decoder": `architecture` holds the encoder's sizes and pooling (a
+    `BertConfig`, a `DecoderConfig`) and the start is the weights of the tower of that
+    name; max_seq_length is sentence-transformers' (else the encoder's positions). kind
+    "static": `table` is the [rows, dim] token table's tensor name and `dim` its width.
+    sha256: of the weights file (of its shards' digests, for sharded weights)."""
 
     source: str  # model.pretrained as given
     folder: str
     kind: str
     tokenizer_settings: dict[str, bool]
-    sha256: str  # of the weights file
-    bert: BertConfig | None = None
+    sha256: str
+    architecture: BertConfig | DecoderConfig | None = None
     table: str = ""
     dim: int = 0
     max_seq_length: int = 0
@@ -75,43 +90,61 @@ class Pretrained:
                                      **self.tokenizer_settings)
 
     @property
+    def tower(self) -> str:
+        """The tower its weights are ("bert", "decoder"); "" for a static table."""
+        return "" if self.kind == "static" else self.kind
+
+    @property
     def output_dim(self) -> int:
         """Width of the vectors the start's tower returns (bow) or its table's width."""
-        return self.bert.hidden_size if self.bert else self.dim
+        return self.architecture.hidden_size if self.architecture else self.dim
 
     def weights(self) -> dict[str, np.ndarray]:
-        """The weights file's tensors, after checking it is the file that was resolved."""
-        path, name = os.path.join(self.folder, WEIGHTS), canonical(self.source)
-        if not os.path.isfile(path) and name in SOURCES:  # fetched again, into another cache
-            path = os.path.join(folder_of(name), WEIGHTS)
-        if not os.path.isfile(path):
+        """The weights' tensors (of every shard), after checking they are the files that
+        were resolved."""
+        folder, name = self.folder, canonical(self.source)
+        if not _has_weights(folder) and name in SOURCES:  # fetched again, elsewhere
+            folder = folder_of(name)
+        if not _has_weights(folder):
             fetch = f"; run: python -m dualjax.pretrained fetch {name}" if name in SOURCES else ""
-            raise PretrainedError(f"{path}: missing (model.pretrained={self.source!r}){fetch}")
-        if sha256_file(path) != self.sha256:
-            raise PretrainedError(f"{path}: changed since this run started from it (sha256 "
-                                  f"{self.sha256[:12]}... recorded in {RECORD})")
+            raise PretrainedError(f"{os.path.join(folder, WEIGHTS)}: missing "
+                                  f"(model.pretrained={self.source!r}){fetch}")
+        paths = weight_files(folder)
+        if _digest(paths) != self.sha256:
+            raise PretrainedError(f"{paths[0] if len(paths) == 1 else folder}: changed since "
+                                  f"this run started from it (sha256 {self.sha256[:12]}... "
+                                  f"recorded in {RECORD})")
         from safetensors.numpy import load_file
-        with _readable(path):
-            return load_file(path)
+        tensors: dict[str, np.ndarray] = {}
+        for path in paths:
+            with _readable(path):
+                tensors.update(load_file(path))
+        return tensors
 
     def tower_params(self) -> dict[str, Any]:
-        """float32 numpy arrays: for "bert" a `BertTower`'s whole parameter tree; for
-        "static" {"embedding": the table} (a `TokenTable`'s)."""
+        """float32 numpy arrays: for "bert" and "decoder" that tower's whole parameter
+        tree; for "static" {"embedding": the table} (a `TokenTable`'s)."""
         tensors = self.weights()
         if self.kind == "static":
             return {"embedding": np.asarray(tensors[self.table], np.float32)}
-        assert self.bert is not None  # kind "bert"
-        return bert_params(tensors, self.bert, os.path.join(self.folder, WEIGHTS))
+        where = os.path.join(self.folder, WEIGHTS)
+        if isinstance(self.architecture, DecoderConfig):
+            return decoder_params(tensors, self.architecture, where)
+        assert isinstance(self.architecture, BertConfig)  # kind "bert"
+        return bert_params(tensors, self.architecture, where)
 
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
-        out["bert"] = self.bert.to_json() if self.bert else None
+        out["architecture"] = self.architecture.to_json() if self.architecture else None
         return out
 
     @classmethod
     def from_json(cls, data: dict) -> Pretrained:
         data = dict(data)
-        data["bert"] = BertConfig.from_json(data["bert"]) if data.get("bert") else None
+        if "bert" in data:  # written before the decoder tower: its architecture's name
+            data["architecture"] = data.pop("bert")
+        arch = data.get("architecture")
+        data["architecture"] = ARCHITECTURES[data["kind"]].from_json(arch) if arch else None
         return cls(**data)
 
 
@@ -127,12 +160,46 @@ def _readable(path: str) -> Iterator[None]:
                               "it again") from None
 
 
-def _header(path: str) -> dict[str, list[int]]:
-    """{tensor name: shape} of a safetensors file, from its header (no weights read);
-    PretrainedError if safetensors cannot read it (`_readable`)."""
+def _header(paths: list[str]) -> dict[str, list[int]]:
+    """{tensor name: shape} of safetensors files, from their headers (no weights read);
+    PretrainedError if safetensors cannot read one (`_readable`)."""
     from safetensors import safe_open
-    with _readable(path), safe_open(path, "numpy") as f:
-        return {name: f.get_slice(name).get_shape() for name in f.keys()}
+    out: dict[str, list[int]] = {}
+    for path in paths:
+        with _readable(path), safe_open(path, "numpy") as f:
+            out.update({name: f.get_slice(name).get_shape() for name in f.keys()})
+    return out
+
+
+def _has_weights(folder: str) -> bool:
+    return any(os.path.isfile(os.path.join(folder, f)) for f in (WEIGHTS, SHARDED))
+
+
+def weight_files(folder: str) -> list[str]:
+    """The folder's safetensors files: model.safetensors, else the shards its
+    model.safetensors.index.json names (each once, in order); PretrainedError naming the
+    index for a shard that is not there or an index that is not one."""
+    if os.path.isfile(os.path.join(folder, WEIGHTS)):
+        return [os.path.join(folder, WEIGHTS)]
+    index = os.path.join(folder, SHARDED)
+    weight_map = _read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise PretrainedError(f"{index}: no weight_map of tensor names to files")
+    paths = [os.path.join(folder, f) for f in sorted(set(map(str, weight_map.values())))]
+    for path in paths:
+        if not os.path.isfile(path):
+            raise PretrainedError(f"{index}: names {os.path.basename(path)}, which is not in "
+                                  f"{folder}")
+    return paths
+
+
+def _digest(paths: list[str]) -> str:
+    """The weights' sha256: the file's own, or for shards that of their names and
+    digests, one line each."""
+    if len(paths) == 1:
+        return sha256_file(paths[0])
+    lines = "".join(f"{os.path.basename(p)} {sha256_file(p)}\n" for p in paths)
+    return hashlib.sha256(lines.encode()).hexdigest()
 
 
 def _read_json(path: str) -> dict:
@@ -162,13 +229,15 @@ def _folder(value: str) -> tuple[str, dict, str]:
         if not os.path.isdir(folder):
             raise PretrainedError(f"model.pretrained={value!r} is neither a known model "
                                   f"({', '.join(SOURCES)}) nor a folder")
-    for needed in ("tokenizer.json", WEIGHTS):
-        if not os.path.isfile(os.path.join(folder, needed)):
-            raise PretrainedError(f"{folder}: no {needed} (model.pretrained={value!r} needs a "
-                                  "Hugging Face folder with model.safetensors and tokenizer.json)")
+    missing = ("tokenizer.json" if not os.path.isfile(os.path.join(folder, "tokenizer.json"))
+               else WEIGHTS if not _has_weights(folder) else "")
+    if missing:
+        raise PretrainedError(f"{folder}: no {missing} (model.pretrained={value!r} needs a "
+                              "Hugging Face folder with model.safetensors, or its shards and "
+                              f"{SHARDED}, and tokenizer.json)")
     marker = os.path.join(folder, MARKER)
     if name not in SOURCES:
-        sha = sha256_file(os.path.join(folder, WEIGHTS))
+        sha = _digest(weight_files(folder))
     return folder, (_read_json(marker) if os.path.isfile(marker) else {}), sha
 
 
@@ -188,10 +257,11 @@ def _st_pooling(folder: str) -> str | None:
             else:
                 modes = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v]
             mapping = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
-                       "pooling_mode_mean": "mean", "pooling_mode_cls": "cls"}
+                       "pooling_mode_mean": "mean", "pooling_mode_cls": "cls",
+                       "pooling_mode_lasttoken": "last_token"}
             if len(modes) != 1 or modes[0] not in mapping:
                 raise PretrainedError(f"{path}: pooling {modes} is not one of "
-                                      "mean_tokens, cls_token")
+                                      "mean_tokens, cls_token, lasttoken")
             return mapping[modes[0]]
     return None
 
@@ -232,14 +302,18 @@ def resolve(value: str, pooling: str = "") -> Pretrained:
     pooling when it has no sentence-transformers Pooling module ("" there: "cls"); given
     with one, it must agree."""
     folder, marker, sha = _folder(value)
-    header = _header(os.path.join(folder, WEIGHTS))  # a file cut short is refused here
+    header = _header(weight_files(folder))  # a file cut short is refused here
     config_path = os.path.join(folder, "config.json")
     hf = _read_json(config_path) if os.path.isfile(config_path) else {}
     if marker.get("kind") == "static" or hf.get("model_type") == "model2vec":
         return _static(value, folder, marker, sha, header)
+    if hf.get("model_type") in decoder.FAMILIES:
+        return _decoder(value, folder, sha, hf, pooling)
     if hf.get("model_type") not in FAMILIES:
-        raise PretrainedError(f"{config_path}: model_type {hf.get('model_type')!r}; "
-                              "model.pretrained reads BERT and MPNet folders and static tables")
+        raise PretrainedError(
+            f"{config_path}: model_type {hf.get('model_type')!r} is not one model.pretrained "
+            f"reads: {', '.join(FAMILIES + decoder.FAMILIES)}, and static token tables "
+            "(model2vec, WordLlama)")
     st = _st_pooling(folder)
     if pooling and pooling not in POOLINGS:
         raise PretrainedError(f"model.pretrained_pooling={pooling!r} is not one of "
@@ -253,7 +327,55 @@ def resolve(value: str, pooling: str = "") -> Pretrained:
         raise PretrainedError(f"{config_path}: {e}") from None
     max_len = _st_max_length(folder, bert.max_length)
     return Pretrained(value, folder, "bert", {"lowercase": False, "add_special_tokens": True},
-                      sha, bert=bert, max_seq_length=int(max_len), prompts=_st_prompts(folder))
+                      sha, architecture=bert, max_seq_length=int(max_len),
+                      prompts=_st_prompts(folder))
+
+
+def _decoder(value: str, folder: str, sha: str, hf: dict, pooling: str) -> Pretrained:
+    """A decoder LLM folder (`resolve`): its sizes, its pooling, and the end-of-text
+    token its tokenizer appends for last-token pooling."""
+    config_path = os.path.join(folder, "config.json")
+    st = _st_pooling(folder)
+    if pooling and pooling not in decoder.POOLINGS:
+        raise PretrainedError(f"model.pretrained_pooling={pooling!r} is not one of "
+                              f"{', '.join(decoder.POOLINGS)} for a {hf['model_type']} folder")
+    if st and pooling and pooling != st:
+        raise PretrainedError(f"model.pretrained_pooling={pooling!r}, but {folder} was trained "
+                              f"with {st} pooling (1_Pooling/config.json); leave it empty")
+    pooling = st or pooling or "last_token"
+    eos = _end_of_text(folder, hf) if pooling == "last_token" else -1
+    try:
+        arch = DecoderConfig.from_hf(hf, pooling, eos)
+    except (KeyError, ValueError) as e:
+        raise PretrainedError(f"{config_path}: {e}") from None
+    settings: dict[str, Any] = {"lowercase": False, "add_special_tokens": True}
+    if eos >= 0:
+        settings["end_token"] = eos
+    return Pretrained(value, folder, "decoder", settings, sha, architecture=arch,
+                      max_seq_length=int(_st_max_length(folder, arch.max_length)),
+                      prompts=_st_prompts(folder))
+
+
+def _end_of_text(folder: str, hf: dict) -> int:
+    """The id of the token a last-token embedder reads: tokenizer_config.json's
+    eos_token, else config.json's eos_token_id (the first of a list); PretrainedError
+    naming both files when neither names one the tokenizer knows."""
+    tokenizer_path = os.path.join(folder, "tokenizer.json")
+    config_path = os.path.join(folder, "tokenizer_config.json")
+    token = _read_json(config_path).get("eos_token") if os.path.isfile(config_path) else None
+    if isinstance(token, dict):  # {"content": ...} in older files
+        token = token.get("content")
+    if isinstance(token, str) and token:
+        found = HFTokenizer.from_file(tokenizer_path).token_id(token)
+        if found is not None:
+            return found
+    ids = hf.get("eos_token_id")
+    ids = ids[0] if isinstance(ids, list) and ids else ids
+    if isinstance(ids, int) and ids >= 0:
+        return ids
+    raise PretrainedError(f"{folder}: no end-of-text token for last-token pooling (neither "
+                          "tokenizer_config.json's eos_token nor config.json's eos_token_id); "
+                          "set --config.model.pretrained_pooling=mean, or add one")
 
 
 def _static(value: str, folder: str, marker: dict, sha: str,

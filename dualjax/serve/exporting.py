@@ -105,12 +105,12 @@ def write_st_folder(workdir: str, out: str, load: Callable[[], Exported],
         check_output(out, ST_MARKER, "sentence-transformers folder", inputs=[workdir],
                      overwrite=overwrite, not_inside=NOT_INSIDE)
         trained = load()
-        why = st_folder.refusal(trained.model.spec, trained.inputs, trained.model.bert)
+        why = st_folder.refusal(trained.model.spec, trained.inputs, trained.model.architecture)
         if why:
             raise ValueError(f"--format=sentence-transformers: {why}")
         tmp = stage()
         names = st_folder.write(tmp, trained.model.spec, trained.inputs,
-                                jax.device_get(trained.params), trained.model.bert)
+                                jax.device_get(trained.params), trained.model.architecture)
         record = {"format": "sentence-transformers", "workdir": os.path.abspath(workdir),
                   "step": trained.step, "files": file_digests(tmp, sorted(names))}
         atomic_write(os.path.join(tmp, ST_MARKER), json.dumps(record, indent=1) + "\n")

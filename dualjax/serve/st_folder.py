@@ -47,7 +47,7 @@ _SPECIAL = {"pad_token": ("[PAD]", "<pad>"), "unk_token": ("[UNK]", "<unk>"),
             "mask_token": ("[MASK]", "<mask>"), "bos_token": ("<s>",), "eos_token": ("</s>",)}
 
 
-def refusal(spec: ModelSpec, inputs: Inputs, bert: BertConfig | None) -> str | None:
+def refusal(spec: ModelSpec, inputs: Inputs, bert: Any) -> str | None:
     """Why a model cannot be written as a sentence-transformers folder (None: it can):
     the part it has that no sentence-transformers module computes."""
     if spec.name == "pses":
@@ -68,7 +68,7 @@ def refusal(spec: ModelSpec, inputs: Inputs, bert: BertConfig | None) -> str | N
             return (f"the {side} tower reads dualjax's own {type(tok).__name__}: "
                     "sentence-transformers reads Hugging Face tokenizers (model.tokenizer="
                     "'hf') only")
-        if kind == "bert" and (bert is None or not tok.add_special_tokens):
+        if kind == "bert" and (not isinstance(bert, BertConfig) or not tok.add_special_tokens):
             return "the run records no BERT sizes or special tokens (WORKDIR/pretrained.json)"
         if kind == "bow" and (tok.drop_unknown or tok.add_special_tokens):
             what = "drops unknown pieces" if tok.drop_unknown else "adds special tokens"
@@ -78,7 +78,7 @@ def refusal(spec: ModelSpec, inputs: Inputs, bert: BertConfig | None) -> str | N
 
 
 def write(directory: str, spec: ModelSpec, inputs: Inputs, params: dict[str, Any],
-          bert: BertConfig | None) -> list[str]:
+          bert: Any) -> list[str]:
     """Writes the folder's files into `directory` (an empty folder; the caller renames it
     into place) and returns their paths, relative to it. `refusal` must be None."""
     towers = _towers(spec, params)
@@ -103,7 +103,7 @@ def write(directory: str, spec: ModelSpec, inputs: Inputs, params: dict[str, Any
         folder = names[0] if prefix else ""
         tok, length = tokenizers[side], lengths[side]
         if kinds[side] == "bert":
-            assert bert is not None  # `refusal` refuses a BERT tower without it
+            assert isinstance(bert, BertConfig)  # `refusal` refuses a BERT tower without it
             _transformer(put, folder, towers[side], bert, tok, length)
             put(f"{names[1]}/config.json", _json(_pooling_config(bert)))
         else:

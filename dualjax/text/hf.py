@@ -8,8 +8,14 @@ and leaves padding out of the mean. Here a text is truncated to `max_len` ids co
 special tokens (sentence-transformers' "longest_first" on one text: [CLS], the first
 max_len - 2 pieces, [SEP]) and right-padded with 0 under a False mask.
 
+`end_token`: an id put after every text when the post-processor does not end it with
+that token already (a decoder embedder's end-of-text token, whose state is the text's
+vector), within max_len: the text is cut one shorter to leave it room, as e5-mistral and
+gte-Qwen2 append it.
+
 Saved as JSON {"type": "hf", "tokenizer": <the tokenizers JSON>, "lowercase",
-"add_special_tokens", "drop_unknown", "version"}, so a workdir and a bundle carry it whole.
+"add_special_tokens", "drop_unknown", "end_token", "version"}, so a workdir and a bundle
+carry it whole.
 """
 
 from __future__ import annotations
@@ -54,18 +60,25 @@ class HFTokenizer:
     lowercase: lowercase the text first (WordLlama's BPE is case-sensitive but meant for
     lowercased text). add_special_tokens: apply the file's post-processor ([CLS] ...
     [SEP] for BERT; static tables average the pieces alone). drop_unknown: leave the
-    unknown token out (model2vec does)."""
+    unknown token out (model2vec does). end_token: put last on every text (-1: none)."""
 
     def __init__(self, spec: dict[str, Any], lowercase: bool = False,
-                 add_special_tokens: bool = True, drop_unknown: bool = False):
+                 add_special_tokens: bool = True, drop_unknown: bool = False,
+                 end_token: int = -1):
         self.spec, self.lowercase = spec, bool(lowercase)
         self.add_special_tokens, self.drop_unknown = bool(add_special_tokens), bool(drop_unknown)
+        self.end_token = int(end_token)
         tok = _library().Tokenizer.from_str(json.dumps(spec))
         tok.no_padding()
         tok.no_truncation()
         self._tok = tok
         self._specials = (tok.post_processor.num_special_tokens_to_add(False)
                           if add_special_tokens and tok.post_processor is not None else 0)
+        if self.end_token >= tok.get_vocab_size(with_added_tokens=True):
+            raise ValueError(f"end_token={self.end_token} is not one of the tokenizer's ids")
+        # appended here, unless the post-processor puts it last itself
+        self._append = self.end_token >= 0 and tok.encode(
+            "a", add_special_tokens=self.add_special_tokens).ids[-1:] != [self.end_token]
         model = spec.get("model", {})
         unk = model.get("unk_token")
         self.unknown_id = tok.token_to_id(unk) if isinstance(unk, str) else None
@@ -91,15 +104,17 @@ class HFTokenizer:
 
     def _ids(self, encodings, max_len: int | None) -> list[list[int]]:
         out = []
+        room = None if max_len is None else max_len - self._append
         for enc in encodings:
-            if max_len is not None:
-                enc.truncate(max(max_len - self._specials, 0))
+            if room is not None:
+                enc.truncate(max(room - self._specials, 0))
             if self._specials:
                 enc = self._tok.post_process(enc, None, add_special_tokens=True)
             ids = enc.ids
             if self.drop_unknown and self.unknown_id is not None:
                 ids = [i for i in ids if i != self.unknown_id]
-            out.append(ids if max_len is None else ids[:max_len])
+            ids = ids if room is None else ids[:max(room, 0)]
+            out.append(ids + [self.end_token] if self._append else ids)
         return out
 
     def token_ids(self, text: str) -> list[int]:
@@ -115,16 +130,19 @@ class HFTokenizer:
         if isinstance(texts, str):
             raise TypeError("encode takes a sequence of texts, not one string")
         texts = [self._prepare(t) for t in texts]
-        if max_len <= self._specials:  # (only the special tokens fit: the plain way)
+        room = max_len - self._append  # (one left for the end token)
+        if room <= self._specials:  # (only the special tokens fit: the plain way)
             return _padded(self._ids(self._tok.encode_batch(texts, add_special_tokens=False),
                                      max_len), max_len)
         # Truncated and post-processed ([CLS] ... [SEP]) inside the library, in its own
         # threads: per text in Python, that was a third of the time of a batch.
-        encodings = self._truncating(max_len).encode_batch(
+        encodings = self._truncating(room).encode_batch(
             texts, add_special_tokens=self.add_special_tokens)
         lists = [e.ids for e in encodings]
         if self.drop_unknown and self.unknown_id is not None:
             lists = [[i for i in ids if i != self.unknown_id] for ids in lists]
+        if self._append:
+            lists = [ids + [self.end_token] for ids in lists]
         return _padded(lists, max_len)
 
     def _truncating(self, max_len: int):
@@ -147,9 +165,17 @@ class HFTokenizer:
         enc = self._tok.encode(self._prepare(text), add_special_tokens=False)
         return sum(i != self.unknown_id for i in enc.ids)
 
-    def settings(self) -> dict[str, bool]:
-        return {"lowercase": self.lowercase, "add_special_tokens": self.add_special_tokens,
-                "drop_unknown": self.drop_unknown}
+    def token_id(self, token: str) -> int | None:
+        """The id of piece or special token `token` (None: not in the vocabulary)."""
+        return self._tok.token_to_id(token)
+
+    def settings(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"lowercase": self.lowercase,
+                               "add_special_tokens": self.add_special_tokens,
+                               "drop_unknown": self.drop_unknown}
+        if self.end_token >= 0:  # (absent from files written before it existed)
+            out["end_token"] = self.end_token
+        return out
 
     def save(self, path: str | os.PathLike) -> None:
         write_json(path, {"type": TYPE, "tokenizer": self.spec, **self.settings(),
@@ -161,7 +187,8 @@ class HFTokenizer:
         try:
             check_header(payload, TYPE)
             return cls(payload["tokenizer"], payload["lowercase"],
-                       payload["add_special_tokens"], payload.get("drop_unknown", False))
+                       payload["add_special_tokens"], payload.get("drop_unknown", False),
+                       payload.get("end_token", -1))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"corrupt tokenizer file {os.fspath(path)}: {e}") from None
 

@@ -234,7 +234,7 @@ def _build(spec: RunSpec, workdir, mesh, log, signals, tasks, splits, inputs, or
     """The model, the optimizer, the sharded state at its initialisation and the step."""
     model = models.make_model(spec.model, inputs.query.tokenizer.vocab_size,
                               inputs.feature_sizes(), num_tasks=len(tasks),
-                              bert=origin.bert if origin else None)
+                              architecture=origin.architecture if origin else None)
     objective = objectives.make(spec.objective, model, mesh)
     seed = spec.schedule.seed
     tx, schedule = optimizer.make_optimizer(spec.optimizer, spec.schedule.num_train_steps)

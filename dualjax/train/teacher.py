@@ -152,20 +152,20 @@ def encoders(student: ModelSpec, spec: TeacherSpec, batch_size: int, mesh: jax.s
     run), or whose tokenizer has pieces its table has no row for."""
     start = pretrained.resolve(spec.teacher)
     tokenizer = start.tokenizer()
-    rows = start.bert.vocab_size if start.bert else None
+    rows = start.architecture.vocab_size if start.architecture else None
     if rows is not None and tokenizer.vocab_size > rows:
         raise PretrainedError(f"distill.teacher={spec.teacher!r}: its tokenizer.json has "
                               f"{tokenizer.vocab_size} pieces but its embedding table "
                               f"{rows} rows ({start.folder})")
-    bert = start.kind == "bert"
+    whole = bool(start.tower)  # a tower's weights, not a static table
     max_len = spec.max_len or start.max_seq_length or spec.default_max_len
-    tower = "bert" if bert else "bow"
+    tower = start.tower or "bow"
     model_spec = dataclasses.replace(
         student, query_tower=tower, doc_tower=tower, shared_towers=True, cnn_windows=(),
         cnn_filters=ModelSpec.cnn_filters, transformer=TransformerSpec(), tower_options=(),
-        embed_dim=student.embed_dim if bert else start.dim,
-        output_dim=student.output_dim if bert else start.dim)
-    model = models.make_model(model_spec, tokenizer.vocab_size, bert=start.bert)
+        embed_dim=student.embed_dim if whole else start.dim,
+        output_dim=student.output_dim if whole else start.dim)
+    model = models.make_model(model_spec, tokenizer.vocab_size, architecture=start.architecture)
     params = dual_encoder.init_params(model, jax.random.PRNGKey(0), 8)
     params = jax.device_put(warm_start.pretrained_params(start, jax.device_get(params)),
                             sharding.replicated(mesh))  # once, not with every batch

@@ -41,12 +41,12 @@ def load_trained(workdir: str, spec: RunSpec | None = None) -> Trained:
         raise FileNotFoundError(f"{workdir}/{name}: not found; is this a trained workdir?")
 
     # The saved vocabularies: nothing is built here (the texts and fields are not read).
-    start = pretrained.load(workdir)  # the bert tower's sizes and prompts, if it has one
+    start = pretrained.load(workdir)  # its pretrained tower's sizes and prompts, if any
     inputs = inputs_lib.load_inputs(spec.inputs, workdir, lambda: not_saved("vocab.json"),
                                     lambda: not_saved("features.json"), start)
     model = models.make_model(spec.model, inputs.query.tokenizer.vocab_size,
                               inputs.feature_sizes(), num_tasks=len(spec.tasks),
-                              bert=start.bert if start else None)
+                              architecture=start.architecture if start else None)
     try:
         step, params = checkpoints.latest_params(workdir)  # the params alone, as numpy arrays
     except FileNotFoundError:

@@ -164,11 +164,11 @@ def _overlay(params: dict, path: tuple[str, ...], value: Any, what: str) -> None
 
 
 def pretrained_params(start: pretrained.Pretrained, params: dict) -> dict:
-    """`params` with the start's weights: every bert tower whole, or every token table
-    (a static start; the layers above it keep their initialisation)."""
+    """`params` with the start's weights: every bert or decoder tower whole, or every
+    token table (a static start; the layers above it keep their initialisation)."""
     tree = start.tower_params()
     out = jax.tree.map(lambda x: x, params)  # a copy of the containers
-    if start.kind == "bert":
+    if start.tower:
         for key in ("tower", "query_tower", "doc_tower"):
             if key in out:
                 _overlay(out, (key,), tree, f"{start.source}'s encoder")

@@ -41,7 +41,7 @@ SHARED = [f"../shared/data/{c}" for c in ("npl", "med", "time", "adi")]
 
 
 def encoder(start):
-    tower = BertTower(start.bert)
+    tower = BertTower(start.architecture)
 
     @jax.jit
     def encode(params, ids, mask):
@@ -106,7 +106,7 @@ def pseudo_pairs(collection, corpus_vectors, tok_encode, texts, rng) -> list[tup
 
 
 def train(start, params, tok, pair_fn, args, seed=0):
-    encode_tower = BertTower(start.bert)
+    encode_tower = BertTower(start.architecture)
     warmup = min(args.warmup, args.steps // 10 + 1)
     tx = optax.adamw(optax.join_schedules(
         [optax.linear_schedule(0.0, args.lr, warmup),

@@ -269,7 +269,7 @@ def tp_memory_child(shape: str, model: int, batch: int, chunks: int, max_len: in
     layers, width, heads, mlp = SHAPES[shape]
     bert = BertConfig(30522, width, layers, heads, mlp, 512)
     mesh = sharding.make_mesh(DEVICES, model=model)
-    net = dual_encoder.make_model(specs.model_spec(cfg), bert.vocab_size, bert=bert)
+    net = dual_encoder.make_model(specs.model_spec(cfg), bert.vocab_size, architecture=bert)
     objective = objective_lib.objective(
         net, losses.sharded("in_batch_softmax", mesh, column_block=block), max_len,
         encode_chunks=chunks)

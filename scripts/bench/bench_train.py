@@ -180,7 +180,7 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, Any]:
     if args.workload and COMPARE_WORKLOADS[args.workload]["tower"] == "bert":
         from dualjax.models.bert import BertConfig
         bert = BertConfig(**MINILM)
-    model = dual_encoder.make_model(specs.model_spec(config.model), args.vocab, bert=bert)
+    model = dual_encoder.make_model(specs.model_spec(config.model), args.vocab, architecture=bert)
     # Schedule long enough that warmup/decay never reach zero during the benchmark.
     tx, schedule = make_optimizer(specs.optimizer_spec(config.optimizer),
                                   100 * (args.steps + args.warmup))

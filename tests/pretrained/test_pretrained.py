@@ -62,7 +62,8 @@ def start_encoder(cfg, side: str = "documents"):
     call at the full max length: one compilation)."""
     start = pretrained.resolve(cfg.model.pretrained, cfg.model.pretrained_pooling)
     tok = start.tokenizer()
-    model = dual_encoder.make_model(model_spec(cfg.model), tok.vocab_size, bert=start.bert)
+    model = dual_encoder.make_model(model_spec(cfg.model), tok.vocab_size,
+                                    architecture=start.architecture)
     params = dual_encoder.init_params(model, jax.random.PRNGKey(0), 8)
     params = warm_start.pretrained_params(start, jax.device_get(params))
     fn = jax.jit(lambda x: model.apply({"params": params}, **x, method=f"encode_{side}"))
@@ -133,7 +134,7 @@ def test_minilm_start_equals_sentence_transformers(minilm):
     start = pretrained.resolve("all-MiniLM-L6-v2")
     assert start.sha256 == str(ref["model_sha256"]) and start.max_seq_length == 256
     ids, mask = start.tokenizer().encode(list(ref["texts"]), 256)
-    out = np.array(jax.jit(BertTower(start.bert).apply)({"params": start.tower_params()},
+    out = np.array(jax.jit(BertTower(start.architecture).apply)({"params": start.tower_params()},
                                                           ids, mask))
     out /= np.linalg.norm(out, axis=1, keepdims=True)  # the dual encoder's l2_normalize
     np.testing.assert_allclose(out, ref["st_vectors"], atol=1e-5, rtol=0)
@@ -146,7 +147,7 @@ def test_tiny_bert_mean_and_cls_pooling_equal_transformers():
     np.testing.assert_allclose(encode(ref["texts"]), ref["st_vectors"], atol=1e-5, rtol=0)
     # CLS: BertModel's last_hidden_state[:, 0], before any normalisation.
     start = pretrained.resolve(TINY)
-    tok, tower = start.tokenizer(), BertTower(dataclass_replace(start.bert, pooling="cls"))
+    tok, tower = start.tokenizer(), BertTower(dataclass_replace(start.architecture, pooling="cls"))
     ids, mask = tok.encode(list(ref["texts"]), 48)
     cls = tower.apply({"params": start.tower_params()}, ids, mask)
     np.testing.assert_allclose(cls, ref["cls_vectors"], atol=1e-5, rtol=0)
@@ -159,7 +160,8 @@ def test_tiny_mpnet_equals_sentence_transformers():
     <s> + pieces + </s> as sentence-transformers feeds it, and its vectors to 1e-5."""
     ref = reference("tiny_mpnet")
     start = pretrained.resolve(TINY_MPNET)
-    assert (start.bert.family, start.bert.relative_buckets, start.bert.position_offset,
+    arch = start.architecture
+    assert (arch.family, arch.relative_buckets, arch.position_offset,
             start.max_seq_length) == ("mpnet", 32, 2, 60)
     ids, mask = start.tokenizer().encode(list(ref["texts"]), 60)
     assert [r[m].tolist() for r, m in zip(ids, mask, strict=True)] == ids_of(ref["token_ids"])
@@ -185,7 +187,7 @@ def test_mpnet_start_equals_sentence_transformers():
     assert start.sha256 == str(ref["model_sha256"]) and start.max_seq_length == 384
     ids, mask = start.tokenizer().encode(list(ref["texts"]), 384)
     assert [r[m].tolist() for r, m in zip(ids, mask, strict=True)] == ids_of(ref["token_ids"])
-    out = np.array(jax.jit(BertTower(start.bert).apply)({"params": start.tower_params()},
+    out = np.array(jax.jit(BertTower(start.architecture).apply)({"params": start.tower_params()},
                                                           ids, mask))
     out /= np.linalg.norm(out, axis=1, keepdims=True)
     np.testing.assert_allclose(out, ref["st_vectors"], atol=1e-5, rtol=0)
@@ -236,7 +238,7 @@ def test_a_run_from_the_tiny_mpnet_trains_its_relative_bias_and_exports(tmp_path
     assert (specials["pad_token"], specials["cls_token"]) == ("<pad>", "<s>")
     folder = pretrained.resolve(str(out))
     ids, mask = folder.tokenizer().encode(texts, 24)
-    got = BertTower(folder.bert).apply({"params": folder.tower_params()}, ids, mask)
+    got = BertTower(folder.architecture).apply({"params": folder.tower_params()}, ids, mask)
     np.testing.assert_allclose(l2_normalize(got), want, atol=1e-5)
     try:
         import sentence_transformers as st
@@ -315,9 +317,10 @@ def test_a_folder_saved_by_sentence_transformers_6_reads_as_one_saved_before(tmp
     config = json.loads((folder / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 40}))
     old, new = pretrained.resolve(TINY), pretrained.resolve(str(folder))
-    assert (new.bert, new.max_seq_length) == (old.bert, 40) and new.bert.pooling == "mean"
+    assert (new.architecture, new.max_seq_length) == (old.architecture, 40)
+    assert new.architecture.pooling == "mean"
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "cls"}))
-    assert pretrained.resolve(str(folder)).bert.pooling == "cls"
+    assert pretrained.resolve(str(folder)).architecture.pooling == "cls"
 
 
 def dataclass_replace(obj, **changes):
@@ -333,13 +336,13 @@ def test_padding_and_bf16_keep_the_vectors():
     start = pretrained.resolve(TINY)
     tok, params = start.tokenizer(), start.tower_params()
     ids, mask = tok.encode(texts, 48)
-    tower = BertTower(start.bert)
+    tower = BertTower(start.architecture)
     short = tower.apply({"params": params}, ids[:, :48], mask[:, :48])
     padded = tower.apply({"params": params}, np.pad(ids, ((0, 0), (0, 16))),
                          np.pad(mask, ((0, 0), (0, 16))))
     np.testing.assert_allclose(short, padded, atol=1e-6)
     import jax.numpy as jnp
-    low = BertTower(start.bert, dtype=jnp.bfloat16).apply({"params": params}, ids, mask)
+    low = BertTower(start.architecture, dtype=jnp.bfloat16).apply({"params": params}, ids, mask)
     assert low.dtype == jnp.float32
     cos = np.sum(np.asarray(low) * np.asarray(short), 1) / (
         np.linalg.norm(low, axis=1) * np.linalg.norm(short, axis=1))
@@ -454,7 +457,7 @@ def test_a_run_from_the_tiny_bert_trains_exports_and_warm_starts(tmp_path):
     assert set(rows) == {"dual_encoder [exact]", "start [exact]"}
     assert rows["dual_encoder [exact]"]["map@100"] != rows["start [exact]"]["map@100"]
     record = json.loads(pathlib.Path(workdir, pretrained.RECORD).read_text())
-    assert record["kind"] == "bert" and record["bert"]["hidden_size"] == 32
+    assert record["kind"] == "bert" and record["architecture"]["hidden_size"] == 32
 
     # The start row: the folder's weights as is (sentence-transformers' vectors).
     run = trained.load_trained(workdir)

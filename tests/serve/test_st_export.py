@@ -57,7 +57,7 @@ def _folder_vectors(folder: str, max_len: int, pooling: str = "", prompt: str = 
     start = pretrained.resolve(folder, pooling)
     params = start.tower_params()
     ids, mask = start.tokenizer().encode([prompt + t for t in TEXTS], max_len)
-    out = BertTower(start.bert).apply({"params": params}, ids, mask)
+    out = BertTower(start.architecture).apply({"params": params}, ids, mask)
     return np.asarray(dual_encoder.l2_normalize(out))
 
 
@@ -244,7 +244,7 @@ def test_one_tower_with_the_starts_prompts_is_a_plain_folder(tmp_path):
     saved = json.loads(pathlib.Path(out, "config_sentence_transformers.json").read_text())
     assert saved["prompts"] == prompts
     again = pretrained.resolve(out)  # the folder, as a start, brings them along too
-    assert again.prompts == prompts and again.bert == run.model.bert
+    assert again.prompts == prompts and again.architecture == run.model.architecture
     assert again.max_seq_length == 24
     jax.tree.map(np.testing.assert_array_equal, again.tower_params(),
                  jax.tree.map(np.asarray, run.params["tower"]))
