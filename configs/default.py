@@ -125,11 +125,22 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.pretrained = ""         # start the towers from pretrained weights: a fetched name
                                     # ("all-MiniLM-L6-v2", "wordllama:l2_supercat_256",
                                     # "potion-base-8M": python -m dualjax.pretrained fetch NAME)
-                                    # or a folder (Hugging Face BERT, model2vec). A BERT needs
-                                    # tower="bert"; a static table tower="bow" or "bow_mlp"
-                                    # with embed_dim its width; both tokenizer="hf"
-    c.model.pretrained_pooling = ""  # a BERT folder without sentence-transformers' Pooling
-                                    # module: "cls" or "mean" ("": cls); with one: its own
+                                    # or a folder (Hugging Face BERT, MPNet, Llama, Mistral,
+                                    # Qwen2, Qwen3, model2vec). A BERT needs tower="bert", a
+                                    # decoder LLM tower="decoder"; a static table tower="bow"
+                                    # or "bow_mlp" with embed_dim its width; all tokenizer="hf"
+    c.model.pretrained_pooling = ""  # a folder without sentence-transformers' Pooling module:
+                                    # BERT "cls" or "mean" ("": cls); a decoder "last_token"
+                                    # or "mean" ("": last_token); with one: its own
+    c.model.lora_rank = 0           # LoRA adapters of this rank on the towers' projections,
+                                    # the towers' own weights frozen (0: off, all train);
+                                    # the decoder tower takes them
+    c.model.lora_alpha = 16.0       # the adapters' update is A B lora_alpha / lora_rank
+    c.model.lora_targets = ""       # the projections adapted: "query,key,value,out,mlp_gate,
+                                    # mlp_up,mlp_down" or Hugging Face's "q_proj,...,down_proj"
+                                    # ("": all of the tower's)
+    c.model.lora_base_dtype = "bfloat16"  # the frozen weights' dtype with LoRA: "bfloat16" |
+                                    # "float32"
     c.model.max_len = 32            # tokens per text (longer texts are truncated)
     c.model.query_max_len = 0       # tokens per query (0: max_len); Chang et al.: 64
     c.model.doc_max_len = 0         # tokens per document (0: max_len); Chang et al.: 288
@@ -142,6 +153,7 @@ def get_config() -> ml_collections.ConfigDict:
                                     # | "cnn" (convolutions + max pooling, Bonadiman et al.
                                     # 2019) | "transformer" (pre-LN encoder, Chang et al. 2020)
                                     # | "bert" (model.pretrained's BERT encoder, its sizes)
+                                    # | "decoder" (model.pretrained's decoder LLM, its sizes)
     c.model.query_tower = ""        # the query side's tower instead of model.tower ("": same);
                                     # needs shared_towers=False
     c.model.doc_tower = ""          # the document side's tower instead of model.tower ("": same);

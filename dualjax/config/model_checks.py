@@ -13,7 +13,7 @@ from dualjax import models
 from dualjax.config import specs
 from dualjax.config.checks import one_of, positive
 from dualjax.errors import ConfigError, PretrainedError
-from dualjax.models import dual_encoder, pses, towers
+from dualjax.models import dual_encoder, lora, pses, towers
 from dualjax.runtime import sharding
 from dualjax.runtime.files import has_checkpoint
 from dualjax.text import sides, tokenizers
@@ -29,6 +29,7 @@ def check_model(config: ml_collections.ConfigDict, workdir: str = "") -> int | N
     one_of("model.tokenizer", config.model.tokenizer, tokenizers.KINDS)
     one_of("model.name", config.model.name, models.MODELS)
     _check_towers(config.model)
+    _check_lora(config.model)
     start = _check_pretrained(config, workdir)
     _check_features(config.model)
     one_of("model.similarity", config.model.similarity, dual_encoder.SIMILARITIES)
@@ -43,6 +44,31 @@ def check_model(config: ml_collections.ConfigDict, workdir: str = "") -> int | N
         return None  # (init_from's towers: their width is checked when they are read)
     _check_model_axis(config, architecture)
     return models.vector_dim(specs.model_spec(config.model), architecture)
+
+
+def _check_lora(model: ml_collections.ConfigDict) -> None:
+    """model.lora_*: a rank of 0 (off) or more, on towers that take adapters, targets
+    they have, and a known dtype for the frozen weights."""
+    if model.lora_rank < 0 or model.lora_rank != int(model.lora_rank):
+        raise ConfigError(f"config.model.lora_rank={model.lora_rank} must be 0 (off) or a "
+                          "positive rank")
+    if not model.lora_rank:
+        return
+    positive_alpha = model.lora_alpha > 0
+    if not positive_alpha:
+        raise ConfigError(f"config.model.lora_alpha={model.lora_alpha} must be > 0")
+    one_of("model.lora_base_dtype", model.lora_base_dtype, tuple(lora.BASE_DTYPES))
+    used = specs.tower_names(model)
+    takes = [t for t in towers.TOWERS if towers.TOWERS[t].lora_targets]
+    for tower in dict.fromkeys(used):
+        if tower not in takes:
+            raise ConfigError(f"config.model.lora_rank={model.lora_rank}: the {tower} tower "
+                              f"takes no adapters (towers that do: {', '.join(takes)}); "
+                              "set model.lora_rank=0 to train every weight")
+    try:
+        specs.lora_spec(model, used)
+    except ValueError as e:
+        raise ConfigError(f"config.{e}") from None
 
 
 def _pretrained_towers(model: ml_collections.ConfigDict) -> list[str]:

@@ -17,7 +17,8 @@ from dualjax.data.builders import DatasetSpec
 from dualjax.data.pretraining import PRETRAIN
 from dualjax.errors import ConfigError
 from dualjax.eval.scoring import EvalSpec
-from dualjax.models import towers
+from dualjax.models import lora, towers
+from dualjax.models.lora import LoraSpec
 from dualjax.models.spec import ModelSpec, PsesSpec, TransformerSpec
 from dualjax.objectives import ObjectiveSpec, PsesLoss
 from dualjax.objectives.optimizer import OptimizerSpec
@@ -57,10 +58,21 @@ def model_spec(model: ml_collections.ConfigDict) -> ModelSpec:
         init_scale=model.init_scale, init_bias=model.init_bias,
         pses=PsesSpec() if p is None else PsesSpec(**{
             f.name: p[f.name] for f in dataclasses.fields(PsesSpec)}),
+        lora=lora_spec(model, used),
         tower_options=tuple((kind, _frozen(model.get(kind)))
                             for kind in sorted(set(used))
                             if kind not in towers.BUILT_IN
                             and model.get(kind) is not None))
+
+
+def lora_spec(model: ml_collections.ConfigDict, used: tuple[str, str]) -> LoraSpec:
+    """model.lora_*: off at rank 0; else the targets as the (query) tower names them
+    (ValueError naming the key for one it does not have)."""
+    if not model.lora_rank:
+        return LoraSpec()
+    available = towers.TOWERS[used[0]].lora_targets if used[0] in towers.TOWERS else ()
+    return LoraSpec(int(model.lora_rank), float(model.lora_alpha),
+                    lora.parse_targets(model.lora_targets, available), model.lora_base_dtype)
 
 
 def _frozen(group) -> tuple[tuple[str, object], ...]:

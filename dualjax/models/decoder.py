@@ -38,13 +38,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dualjax.models import lora as lora_lib
 from dualjax.models import towers
 from dualjax.models.layers import _axes, _ones, _zeros
+from dualjax.models.lora import LoraSpec
 from dualjax.models.spec import ModelSpec
 from dualjax.models.towers import _own_or_shared, masked_mean
 
 POOLINGS = ("last_token", "mean")
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # Hugging Face model_type values
+# The projections LoRA may adapt (model.lora_targets; Hugging Face's q_proj ... down_proj)
+LORA_TARGETS = ("query", "key", "value", "out", "mlp_gate", "mlp_up", "mlp_down")
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -220,6 +224,7 @@ class DecoderAttention(nn.Module):
     config: DecoderConfig
     window: int = 0
     dtype: Any = jnp.float32
+    lora: LoraSpec = LoraSpec()
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, mask: jnp.ndarray, positions: jnp.ndarray
@@ -231,6 +236,9 @@ class DecoderAttention(nn.Module):
             w = self.param(f"{name}_kernel", _axes(init, "embed", axis, "kv"),
                            (c.hidden_size, heads, c.head_dim))
             y = jnp.einsum("bne,ehd->bnhd", x, w.astype(self.dtype))
+            adapted = lora_lib.delta(self, self.lora, name, x, heads * c.head_dim, self.dtype)
+            if adapted is not None:
+                y = y + adapted.reshape(y.shape)
             if c.qkv_bias:
                 y = y + self.param(f"{name}_bias", _axes(_zeros, axis, "kv"),
                                    (heads, c.head_dim)).astype(self.dtype)
@@ -250,6 +258,10 @@ class DecoderAttention(nn.Module):
         w = self.param("out_kernel", _axes(init, "heads", "kv", "embed"),
                        (c.num_heads, c.head_dim, c.hidden_size))
         out = jnp.einsum("bqhd,hde->bqe", y, w.astype(self.dtype))
+        adapted = lora_lib.delta(self, self.lora, "out", y.reshape(*y.shape[:2], -1),
+                                 c.hidden_size, self.dtype)
+        if adapted is not None:
+            out = out + adapted
         if c.out_bias:
             out = out + self.param("out_bias", _axes(_zeros, "embed"),
                                    (c.hidden_size,)).astype(self.dtype)
@@ -261,20 +273,23 @@ class DecoderLayer(nn.Module):
     config: DecoderConfig
     window: int = 0
     dtype: Any = jnp.float32
+    lora: LoraSpec = LoraSpec()
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, mask: jnp.ndarray, positions: jnp.ndarray
                  ) -> jnp.ndarray:
         c = self.config
         h = RMSNorm(c.rms_norm_eps, self.dtype, name="ln_attn")(x)
-        x = x + DecoderAttention(c, self.window, self.dtype, name="attn")(h, mask, positions)
+        x = x + DecoderAttention(c, self.window, self.dtype, self.lora, name="attn")(
+            h, mask, positions)
         h = RMSNorm(c.rms_norm_eps, self.dtype, name="ln_mlp")(x)
         init = nn.initializers.normal(stddev=c.init_std)
 
         def dense(name: str, size: int, axes: tuple[str, str], y: jnp.ndarray) -> jnp.ndarray:
-            return nn.Dense(size, use_bias=c.mlp_bias, dtype=self.dtype, name=name,
-                            kernel_init=_axes(init, *axes),
-                            bias_init=_axes(_zeros, axes[1]))(y)
+            out = nn.Dense(size, use_bias=c.mlp_bias, dtype=self.dtype, name=name,
+                           kernel_init=_axes(init, *axes), bias_init=_axes(_zeros, axes[1]))(y)
+            adapted = lora_lib.delta(self, self.lora, name, y, size, self.dtype)
+            return out if adapted is None else out + adapted
 
         gate = dense("mlp_gate", c.intermediate_size, ("embed", "mlp"), h)
         up = dense("mlp_up", c.intermediate_size, ("embed", "mlp"), h)
@@ -297,6 +312,7 @@ class DecoderTower(nn.Module):
     config: DecoderConfig
     dtype: Any = jnp.float32
     embed: nn.Module | None = None
+    lora: LoraSpec = LoraSpec()
 
     @nn.compact
     def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray,
@@ -310,7 +326,8 @@ class DecoderTower(nn.Module):
         x = table(ids).astype(self.dtype)
         for i in range(c.num_layers):
             window = c.windows[i] if c.windows else 0
-            x = DecoderLayer(c, window, self.dtype, name=f"layer_{i}")(x, mask, positions)
+            x = DecoderLayer(c, window, self.dtype, self.lora, name=f"layer_{i}")(
+                x, mask, positions)
         x = RMSNorm(c.rms_norm_eps, self.dtype, name="ln_final")(x)
         # every position's final state, for apply(..., mutable="intermediates")
         self.sow("intermediates", "hidden_states", x)
@@ -322,7 +339,7 @@ def _decoder(spec: ModelSpec, vocab_size: int, name: str, embed: nn.Module | Non
     """model.tower="decoder": a decoder LLM of the pretrained start's sizes
     (`architecture`; its weights replace the initialisation, `train.warm_start`)."""
     del vocab_size  # the start's own (architecture.vocab_size)
-    return DecoderTower(architecture, towers.compute_dtype(spec), embed, name=name)
+    return DecoderTower(architecture, towers.compute_dtype(spec), embed, spec.lora, name=name)
 
 
-towers.register("decoder", _decoder, from_pretrained=True)
+towers.register("decoder", _decoder, from_pretrained=True, lora_targets=LORA_TARGETS)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from dualjax.models.lora import LoraSpec
+
 TRANSFORMER_PRESETS: dict[str, dict[str, int]] = {
         "": {},  # the explicit model.transformer fields
         "bert_base": {"num_layers": 12, "width": 768, "num_heads": 12, "mlp_dim": 3072},
@@ -76,6 +78,7 @@ class ModelSpec:
     init_scale: float = 10.0
     init_bias: float = 0.0
     pses: PsesSpec = PsesSpec()
+    lora: LoraSpec = LoraSpec()  # model.lora_*: adapters on the towers' projections
     # A registered tower's own settings (towers.register): (its name, ((key, value), ...)),
     # from the config group model.<its name>; dualjax's own towers read the fields above.
     tower_options: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()

@@ -360,9 +360,11 @@ class Tower(NamedTuple):
     """A registered tower: its factory, and whether it is built from a pretrained
     start's architecture (model.pretrained: its sizes, then its weights), which the
     factory then gets as `architecture=` (a `BertConfig` for "bert", a `DecoderConfig`
-    for "decoder")."""
+    for "decoder"); and the names of the projections LoRA may adapt (`models.lora`;
+    empty: it takes no adapters)."""
     make: TowerFactory
     from_pretrained: bool = False
+    lora_targets: tuple[str, ...] = ()
 
 
 TOWERS: Registry[Tower] = Registry(
@@ -375,8 +377,8 @@ for _name, _factory in (("bow", _bow), ("bow_mlp", _bow_mlp), ("cnn", _cnn),
 BUILT_IN = (*TOWERS, "bert", "decoder")
 
 
-def register(name: str, factory: TowerFactory, from_pretrained: bool = False
-             ) -> TowerFactory:
+def register(name: str, factory: TowerFactory, from_pretrained: bool = False,
+             lora_targets: tuple[str, ...] = ()) -> TowerFactory:
     """Adds tower `name` (ValueError if the name is taken); returns `factory`.
 
     factory(spec, vocab_size, name, embed=None, **options) -> a Flax module whose
@@ -385,9 +387,11 @@ def register(name: str, factory: TowerFactory, from_pretrained: bool = False
     sides share (model.shared_embedding), else None; `options`: the config group
     model.<name>, when the config has one (`ModelSpec.options_of`), and with
     `from_pretrained` the start's architecture (`architecture=`, model.pretrained's).
-    docs/design.md walks through one; tests/project/test_plugins.py registers one from a test
-    file."""
-    TOWERS.add(name, Tower(factory, from_pretrained))
+    lora_targets: the names of its projections that take LoRA adapters
+    (model.lora_targets; the module adds `models.lora.delta` where it projects, reading
+    `spec.lora`). docs/design.md walks through one; tests/project/test_plugins.py
+    registers one from a test file."""
+    TOWERS.add(name, Tower(factory, from_pretrained, lora_targets))
     return factory
 
 

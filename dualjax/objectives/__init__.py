@@ -19,6 +19,7 @@ from typing import Any
 import jax
 
 from dualjax import losses
+from dualjax.models import lora
 from dualjax.objectives import in_batch, mlm, pses
 from dualjax.objectives.core import Critic, Objective, init_critic_state, restrict, update_critic
 from dualjax.objectives.pses import PsesLoss
@@ -52,7 +53,20 @@ class ObjectiveSpec:
 
 
 def make(spec: ObjectiveSpec, model, mesh: jax.sharding.Mesh) -> Objective:
-    """The objective of `spec` for `model` (a dual encoder, or a `Pses` for kind "pses")."""
+    """The objective of `spec` for `model` (a dual encoder, or a `Pses` for kind "pses");
+    with LoRA (`model.spec.lora`) only the adapters and the similarity train, the towers'
+    own weights kept in the base dtype (`models.lora`)."""
+    objective = _make(spec, model, mesh)
+    adapters = model.spec.lora
+    if not adapters.rank:
+        return objective
+    base = lora.BASE_DTYPES[adapters.base_dtype]
+    init = objective.init
+    return dataclasses.replace(objective, init=lambda rng: lora.frozen_to(init(rng), base),
+                               trainable=lora.trainable)
+
+
+def _make(spec: ObjectiveSpec, model, mesh: jax.sharding.Mesh) -> Objective:
     if spec.kind == "mlm":
         return mlm.objective(model, spec.max_len, model.spec.transformer.width)
     loss_fn = losses.sharded(spec.loss, mesh, spec.column_block, **spec.loss_options)

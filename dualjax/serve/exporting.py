@@ -10,6 +10,7 @@ once the output folder is checked.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -21,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
+from dualjax.models import lora
+from dualjax.models.lora import LoraSpec
 from dualjax.runtime.files import (
     OUTPUT_MARKERS,
     atomic_write,
@@ -72,9 +75,21 @@ def write_bundle(workdir: str, out: str, load: Callable[[], Exported],
     with staged_output(out) as stage:  # one writer: a second export into `out` is refused
         check_output(out, "encoder.json", "bundle", inputs=[workdir], overwrite=overwrite,
                      not_inside=NOT_INSIDE)
-        trained = load()
-        _write_bundle(stage(), workdir, trained, jax.device_get(trained.params), platforms)
+        trained, params = merged(load())
+        _write_bundle(stage(), workdir, trained, params, platforms)
     return Encoder.load(out)
+
+
+def merged(trained: Exported) -> tuple[Exported, dict]:
+    """(the model as exported, its params on the host), LoRA's adapters folded into the
+    weights (`models.lora.merge`) and the model without them: an export's reader
+    needs no adapters."""
+    model, params = trained.model, jax.device_get(trained.params)
+    if not model.spec.lora.rank:
+        return trained, params
+    plain = model.clone(spec=dataclasses.replace(model.spec, lora=LoraSpec()))
+    params = lora.merge(params, model.spec.lora)
+    return trained._replace(model=plain, params=params), params
 
 
 def check_platforms(platforms: Sequence[str]) -> None:
@@ -104,13 +119,13 @@ def write_st_folder(workdir: str, out: str, load: Callable[[], Exported],
     with staged_output(out) as stage:
         check_output(out, ST_MARKER, "sentence-transformers folder", inputs=[workdir],
                      overwrite=overwrite, not_inside=NOT_INSIDE)
-        trained = load()
+        trained, params = merged(load())
         why = st_folder.refusal(trained.model.spec, trained.inputs, trained.model.architecture)
         if why:
             raise ValueError(f"--format=sentence-transformers: {why}")
         tmp = stage()
-        names = st_folder.write(tmp, trained.model.spec, trained.inputs,
-                                jax.device_get(trained.params), trained.model.architecture)
+        names = st_folder.write(tmp, trained.model.spec, trained.inputs, params,
+                                trained.model.architecture)
         record = {"format": "sentence-transformers", "workdir": os.path.abspath(workdir),
                   "step": trained.step, "files": file_digests(tmp, sorted(names))}
         atomic_write(os.path.join(tmp, ST_MARKER), json.dumps(record, indent=1) + "\n")

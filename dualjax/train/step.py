@@ -83,8 +83,8 @@ def make_train_step(objective: objectives.Objective, tx, schedule, state_shardin
             params, opt_state = lazy_rows.update(tx, grads, state["opt_state"],
                                                  state["params"], touched_rows)
         else:
-            (loss, aux), grads = jax.value_and_grad(objective.loss, has_aux=True)(
-                state["params"], batch, rng, extras)
+            (loss, aux), grads = _value_and_grad(objective, state["params"], batch, rng,
+                                                 extras)
             updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
             params = optax.apply_updates(state["params"], updates)
         new_state.update(params=params, opt_state=opt_state)
@@ -97,6 +97,28 @@ def make_train_step(objective: objectives.Objective, tx, schedule, state_shardin
 
     return TrainStep(jax.jit(step, in_shardings=(state_sharding, batch_sharding, replicated),
                              out_shardings=(state_sharding, replicated), donate_argnums=(0,)))
+
+
+def _value_and_grad(objective: objectives.Objective, params, batch, rng, extras):
+    """((loss, metrics), grads) of the objective's loss; with `objective.trainable`, the
+    gradient of the trainable params alone (zero for the others, which no pass computes:
+    LoRA's frozen towers get no gradient array of their size)."""
+    grad = jax.value_and_grad(objective.loss, has_aux=True)
+    if objective.trainable is None:
+        return grad(params, batch, rng, extras)
+    leaves, treedef = jax.tree.flatten(params)
+    mask = jax.tree.leaves(objective.trainable(params))
+    moving = [x for x, m in zip(leaves, mask, strict=True) if m]
+
+    def loss(moving):
+        it = iter(moving)
+        full = [next(it) if m else x for x, m in zip(leaves, mask, strict=True)]
+        return objective.loss(jax.tree.unflatten(treedef, full), batch, rng, extras)
+
+    value, moved = jax.value_and_grad(loss, has_aux=True)(moving)
+    it = iter(moved)
+    grads = [next(it) if m else jnp.zeros_like(x) for x, m in zip(leaves, mask, strict=True)]
+    return value, jax.tree.unflatten(treedef, grads)
 
 
 NOT_MEASURED = -1.0  # a step's grad_norm and param_norm when it was not asked for them

@@ -27,6 +27,7 @@ from absl import logging
 from dualjax import pretrained
 from dualjax.config.run import StartSpec
 from dualjax.errors import ConfigError
+from dualjax.models import lora
 from dualjax.models.dual_encoder import SIMILARITY_PARAMS, token_tables
 from dualjax.objectives import PRETRAINING_HEADS
 from dualjax.train import checkpoints
@@ -150,10 +151,13 @@ def resolve_start(spec: StartSpec, workdir: str) -> pretrained.Pretrained | None
 
 
 def _overlay(params: dict, path: tuple[str, ...], value: Any, what: str) -> None:
-    """params[path] = value (in place), refusing a missing param or another shape."""
+    """params[path] = value (in place), refusing a missing param or another shape; our
+    LoRA adapters stay (the start has none) and each weight keeps our dtype (LoRA's
+    frozen bfloat16)."""
     node = params
     for key in path[:-1]:
         node = node[key]
+    value = _fit(node.get(path[-1], {}), value)
     ours, theirs = _shapes(node.get(path[-1], {})), _shapes(value)
     if ours != theirs:
         first = next(k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k))
@@ -161,6 +165,17 @@ def _overlay(params: dict, path: tuple[str, ...], value: Any, what: str) -> None
                           f"(param {'/'.join(path)}{first}: {theirs.get(first, 'absent')} there, "
                           f"{ours.get(first, 'absent')} here)")
     node[path[-1]] = value
+
+
+def _fit(ours: Any, theirs: Any) -> Any:
+    """`theirs` in `ours`' dtypes, with `ours`' LoRA adapters added where it has none."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        fitted = {k: _fit(ours.get(k), v) for k, v in theirs.items()}
+        return {**fitted, **{k: v for k, v in ours.items()
+                             if k.endswith(lora.SUFFIXES) and k not in theirs}}
+    if ours is not None and hasattr(ours, "dtype") and hasattr(theirs, "astype"):
+        return theirs.astype(ours.dtype)
+    return theirs
 
 
 def pretrained_params(start: pretrained.Pretrained, params: dict) -> dict:

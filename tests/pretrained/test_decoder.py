@@ -151,6 +151,7 @@ def test_an_old_record_of_a_bert_start_still_loads(tmp_path):
     assert again.architecture.windows == (4, 4)
 
 
+@pytest.mark.slow
 def test_a_run_from_a_tiny_qwen2_trains_resumes_and_exports(tmp_path):
     """tower="decoder": the start row is the folder's model as is, training moves it, a
     resumed run ends where one run does, and the bundle encodes as the workdir's model."""

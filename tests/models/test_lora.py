@@ -1,0 +1,130 @@
+"""LoRA on the decoder tower: the adapters start at zero and fold into the weights
+exactly; a run trains the adapters alone (the tower's weights stay as the start's, in
+bfloat16, with no optimizer state), on 8 devices as on one, resumes bit-equal and
+exports merged weights that give the run's vectors."""
+
+import dataclasses
+import os
+
+import conftest
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+from conftest import load_config
+
+from dualjax import errors, pretrained
+from dualjax.config import validation as config_lib
+from dualjax.models import lora
+from dualjax.models.decoder import LORA_TARGETS, DecoderTower
+from dualjax.models.lora import LoraSpec
+
+QWEN2 = str(conftest.FIXTURES / "pretrained" / "tiny_qwen2")
+
+
+def overlay(ours, theirs):
+    if isinstance(theirs, dict):
+        return {**ours, **{k: overlay(ours.get(k), v) for k, v in theirs.items()}}
+    return theirs
+
+
+def test_adapters_start_at_zero_and_fold_into_the_weights():
+    start = pretrained.resolve(QWEN2)
+    tok = start.tokenizer()
+    ids, mask = tok.encode(["a text to encode", "and another, longer one to encode"], 16)
+    spec = LoraSpec(rank=4, alpha=8.0, targets=LORA_TARGETS, base_dtype="float32")
+    adapted = DecoderTower(start.architecture, lora=spec)
+    params = nn.meta.unbox(adapted.init(jax.random.PRNGKey(0), ids, mask)["params"])
+    params = overlay(params, start.tower_params())  # the start's weights, adapters kept
+    plain = DecoderTower(start.architecture)
+    base = plain.apply({"params": start.tower_params()}, ids, mask)
+    np.testing.assert_allclose(adapted.apply({"params": params}, ids, mask), base, atol=1e-6)
+
+    rng = np.random.default_rng(0)  # B moved off zero: the adapters change the vectors
+    moved = jax.tree_util.tree_map_with_path(
+        lambda path, x: x + 0.3 * rng.standard_normal(x.shape).astype(np.float32)
+        if str(path[-1].key).endswith("_lora_b") else x, params)
+    out = adapted.apply({"params": moved}, ids, mask)
+    assert np.abs(out - base).max() > 1e-2
+    folded = lora.merge(moved, spec)
+    assert not any(str(p[-1].key).endswith(lora.SUFFIXES)
+                   for p, _ in jax.tree_util.tree_leaves_with_path(folded))
+    np.testing.assert_allclose(plain.apply({"params": folded}, ids, mask), out, atol=1e-5)
+
+
+def lora_config(**model):
+    cfg = load_config("tiny")
+    cfg.model.update(pretrained=QWEN2, tower="decoder", tokenizer="hf", max_len=24,
+                     lora_rank=4, lora_alpha=8.0, **model)
+    cfg.num_train_steps, cfg.checkpoint_every_steps = 4, 2
+    cfg.eval.index, cfg.eval.baselines = "exact", ""
+    cfg.optimizer.update(learning_rate=1e-2, warmup_steps=1)
+    return cfg
+
+
+@pytest.mark.parametrize("model, match", [
+    ({"tower": "bow_mlp", "pretrained": "", "tokenizer": "word"},
+     "the bow_mlp tower takes no adapters"),
+    ({"lora_targets": "q_proj,wq"}, "'wq' names no weight of the tower"),
+    ({"lora_rank": -1}, "lora_rank=-1 must be 0"),
+    ({"lora_base_dtype": "float16"}, "model.lora_base_dtype"),
+])
+def test_settings_that_cannot_work_are_refused_by_key(model, match):
+    cfg = lora_config()
+    cfg.model.update(**model)
+    with pytest.raises(errors.ConfigError, match=match):
+        config_lib.validate(cfg, 8)
+
+
+@pytest.mark.slow
+def test_a_lora_run_trains_the_adapters_alone_resumes_and_exports_merged(tmp_path):
+    from dualjax import export
+    from dualjax.train import checkpoints, trained
+    from dualjax.train import loop as train
+    cfg = lora_config(lora_targets="q_proj,v_proj,mlp_down")
+    workdir = str(tmp_path / "run")
+    rows = train.train_and_evaluate(cfg, workdir)
+    assert rows["dual_encoder [exact]"]["map@100"] != rows["start [exact]"]["map@100"]
+    step, saved = checkpoints.latest_params(workdir)
+    start = pretrained.resolve(QWEN2).tower_params()
+    tower = saved["tower"]
+    attn = tower["layer_0"]["attn"]
+    # The start's weights, frozen in bfloat16; the adapters of the targets alone, moved.
+    assert attn["query_kernel"].dtype == np.dtype("bfloat16")
+    np.testing.assert_array_equal(attn["query_kernel"],
+                                  start["layer_0"]["attn"]["query_kernel"].astype("bfloat16"))
+    assert np.abs(attn["query_lora_b"]).max() > 0 and "key_lora_a" not in attn
+    assert {k for k in tower["layer_1"] if k.endswith(lora.SUFFIXES)} == {
+        "mlp_down_lora_a", "mlp_down_lora_b"}
+    assert saved["alpha"] != 10.0  # the similarity trains too
+
+    # Optimizer state for the adapters (and the similarity) alone.
+    raw = checkpoints._restore_numpy(os.path.join(workdir, "checkpoints", str(step), "state"))
+    opt_leaves = [x for x in jax.tree.leaves(raw["opt_state"]) if hasattr(x, "shape")]
+    adapter_size = sum(x.size for p, x in jax.tree_util.tree_leaves_with_path(saved)
+                       if str(p[-1].key).endswith(lora.SUFFIXES))
+    assert 0 < sum(x.size for x in opt_leaves) <= 2 * adapter_size + 16
+
+    # 2 steps, then 2 more from the checkpoint, on one device: the 8-device run's weights.
+    half = str(tmp_path / "half")
+    one = lora_config(lora_targets="q_proj,v_proj,mlp_down")
+    one.mesh.num_devices, one.num_train_steps = 1, 2
+    train.train_and_evaluate(one, half)
+    one.num_train_steps = 4
+    train.train_and_evaluate(one, half)
+    # (beta aside: the in-batch softmax does not change with it, so its gradient is
+    # rounding noise, which Adam scales to whole steps)
+    resumed = {k: v for k, v in checkpoints.latest_params(half)[1].items() if k != "beta"}
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(
+        np.asarray(a, np.float32), np.asarray(b, np.float32), atol=2e-6),
+        resumed, {k: v for k, v in saved.items() if k != "beta"})
+
+    run = trained.load_trained(workdir)
+    encoder = export.export(workdir, str(tmp_path / "bundle"), platforms=("cpu",))
+    texts = ["what is the capital of france", "Paris is the capital of France."]
+    fn = jax.jit(lambda p, x: run.model.apply({"params": p}, **x, method="encode_documents"))
+    want = np.asarray(fn(run.params, run.inputs.document.encode(texts)))
+    np.testing.assert_allclose(encoder.encode_documents(texts), want, atol=1e-5)
+    assert not any(str(p[-1].key).endswith(lora.SUFFIXES)  # the bundle holds plain weights
+                   for p, _ in jax.tree_util.tree_leaves_with_path(encoder.params))
+    assert dataclasses.asdict(run.model.spec.lora)["rank"] == 4
