@@ -252,9 +252,13 @@ class DecoderAttention(nn.Module):
             k = RMSNorm(c.rms_norm_eps, self.dtype, name="key_norm")(k)
         inv = c.inverse_frequencies()
         q, k = rotate(q, positions, inv), rotate(k, positions, inv)
-        y = jax.nn.dot_product_attention(
-            q, k, v, mask=mask[:, None, None, :], is_causal=True,
-            local_window_size=(self.window - 1, 0) if self.window else None)
+        keys = mask[:, None, None, :]  # [b, 1, 1, keys]
+        if self.window:  # each query sees the `window` latest keys, itself included
+            # (not local_window_size=: its mask needs a concrete length, and an exported
+            # bundle's is symbolic)
+            n = jnp.arange(x.shape[1])
+            keys = keys & (n[:, None] - n[None, :] < self.window)[None, None]
+        y = jax.nn.dot_product_attention(q, k, v, mask=keys, is_causal=True)
         w = self.param("out_kernel", _axes(init, "heads", "kv", "embed"),
                        (c.num_heads, c.head_dim, c.hidden_size))
         out = jnp.einsum("bqhd,hde->bqe", y, w.astype(self.dtype))

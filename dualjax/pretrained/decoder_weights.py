@@ -95,3 +95,39 @@ def hf_tensors(params: dict, c: DecoderConfig) -> dict[str, np.ndarray]:
             if c.mlp_bias:
                 out[f"{prefix}mlp.{theirs}.bias"] = layer[ours]["bias"]
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+_ARCHITECTURES = {"llama": "LlamaModel", "mistral": "MistralModel", "qwen2": "Qwen2Model",
+                  "qwen3": "Qwen3Model"}
+
+
+def hf_config(c: DecoderConfig) -> dict:
+    """A Hugging Face config.json of the family's bare model for `c`: the fields
+    `DecoderConfig.from_hf` reads back to `c` (and transformers builds the model from)."""
+    rope: dict = {"rope_type": c.rope_type, "rope_theta": c.rope_theta}
+    if c.rope_type != "default":
+        rope["factor"] = c.rope_factor
+    if c.rope_type == "llama3":
+        rope.update(low_freq_factor=c.rope_low_freq_factor,
+                    high_freq_factor=c.rope_high_freq_factor,
+                    original_max_position_embeddings=c.rope_original_max_positions)
+    out = {"architectures": [_ARCHITECTURES[c.family]], "model_type": c.family,
+           "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+           "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
+           "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
+           "intermediate_size": c.intermediate_size, "hidden_act": "silu",
+           "max_position_embeddings": c.max_positions, "rms_norm_eps": c.rms_norm_eps,
+           "rope_parameters": rope, "initializer_range": c.init_std,
+           "tie_word_embeddings": False, "torch_dtype": "float32"}
+    if c.eos_token_id >= 0:
+        out["eos_token_id"] = c.eos_token_id
+    if c.family == "llama":
+        out.update(attention_bias=c.out_bias, mlp_bias=c.mlp_bias)
+    windows = set(c.windows) - {0}
+    if c.family == "mistral":
+        out["sliding_window"] = max(c.windows) if windows else None
+    elif windows:  # Qwen: the window, on the layers that have it
+        out.update(use_sliding_window=True, sliding_window=max(windows),
+                   layer_types=["sliding_attention" if w else "full_attention"
+                                for w in c.windows])
+    return out

@@ -4,10 +4,13 @@
 The folder is what sentence-transformers (v3 and later) saves, in its long-standing file
 format, so `SentenceTransformer(DIR)` loads it and `encode_query` / `encode_document`
 give the dual encoder's vectors:
-- one BERT-family tower for both sides (shared towers, one max length): the Hugging
-  Face model files at the top (config.json, model.safetensors with BertModel's tensor
-  names, tokenizer.json and its config; `transformers.AutoModel.from_pretrained(DIR)`
-  reads them too), then 1_Pooling (the tower's mean or [CLS] pooling) and 2_Normalize;
+- one BERT-family or decoder tower for both sides (shared towers, one max length): the
+  Hugging Face model files at the top (config.json, model.safetensors with BertModel's,
+  MPNetModel's or the decoder family's tensor names, tokenizer.json and its config;
+  `transformers.AutoModel.from_pretrained(DIR)` reads them too), then 1_Pooling (the
+  tower's mean, [CLS] or last-token pooling) and 2_Normalize; a decoder's tokenizer.json
+  appends the end-of-text token itself, as dualjax's does (LoRA adapters are folded into
+  the weights before: `exporting.merged`);
 - a `bow` tower over a Hugging Face tokenizer (a static table: WordLlama, model2vec):
   sentence-transformers' StaticEmbedding (the table as "embedding.weight", the tokenizer
   with the tower's lowercasing and max length written into it), then Normalize;
@@ -28,7 +31,9 @@ import numpy as np
 
 from dualjax import pretrained
 from dualjax.models.bert import BertConfig
+from dualjax.models.decoder import DecoderConfig
 from dualjax.models.spec import ModelSpec
+from dualjax.pretrained import decoder_weights
 from dualjax.text.hf import HFTokenizer
 from dualjax.text.sides import Inputs
 
@@ -38,8 +43,11 @@ _TYPES = {kind: f"sentence_transformers.models.{kind}"
           for kind in ("Transformer", "Pooling", "Normalize", "Router", "StaticEmbedding")}
 # A tower kind -> the modules of its route, in order.
 _MODULES = {"bert": ("Transformer", "Pooling", "Normalize"),
+            "decoder": ("Transformer", "Pooling", "Normalize"),
             "bow": ("StaticEmbedding", "Normalize")}
-_POOLING = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token"}
+_ARCHITECTURES = {"bert": BertConfig, "decoder": DecoderConfig}
+_POOLING = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token",
+            "last_token": "pooling_mode_lasttoken"}
 # Special tokens a tokenizer config names, where the vocabulary has them: BERT's, else
 # MPNet's (whose padding must be <pad>: its positions count the tokens that are not).
 _SPECIAL = {"pad_token": ("[PAD]", "<pad>"), "unk_token": ("[UNK]", "<unk>"),
@@ -47,7 +55,7 @@ _SPECIAL = {"pad_token": ("[PAD]", "<pad>"), "unk_token": ("[UNK]", "<unk>"),
             "mask_token": ("[MASK]", "<mask>"), "bos_token": ("<s>",), "eos_token": ("</s>",)}
 
 
-def refusal(spec: ModelSpec, inputs: Inputs, bert: Any) -> str | None:
+def refusal(spec: ModelSpec, inputs: Inputs, architecture: Any) -> str | None:
     """Why a model cannot be written as a sentence-transformers folder (None: it can):
     the part it has that no sentence-transformers module computes."""
     if spec.name == "pses":
@@ -60,16 +68,18 @@ def refusal(spec: ModelSpec, inputs: Inputs, bert: Any) -> str | None:
     for side, kind in zip(SIDES, (spec.query_tower, spec.doc_tower), strict=True):
         tok = getattr(inputs, side).tokenizer
         if kind not in _MODULES:
-            return (f"the {side} tower is model.tower={kind!r}: only BERT-family towers "
-                    "(model.pretrained) and bow towers over a Hugging Face tokenizer are "
+            return (f"the {side} tower is model.tower={kind!r}: only BERT-family and decoder "
+                    "towers (model.pretrained) and bow towers over a Hugging Face tokenizer are "
                     "written as sentence-transformers folders; export the bundle "
                     "(--format=bundle)")
         if not isinstance(tok, HFTokenizer):
             return (f"the {side} tower reads dualjax's own {type(tok).__name__}: "
                     "sentence-transformers reads Hugging Face tokenizers (model.tokenizer="
                     "'hf') only")
-        if kind == "bert" and (not isinstance(bert, BertConfig) or not tok.add_special_tokens):
-            return "the run records no BERT sizes or special tokens (WORKDIR/pretrained.json)"
+        if kind in _ARCHITECTURES and (not isinstance(architecture, _ARCHITECTURES[kind])
+                                       or not tok.add_special_tokens):
+            return (f"the run records no {kind} sizes or special tokens "
+                    "(WORKDIR/pretrained.json)")
         if kind == "bow" and (tok.drop_unknown or tok.add_special_tokens):
             what = "drops unknown pieces" if tok.drop_unknown else "adds special tokens"
             return (f"the {side} side's tokenizer {what}, and sentence-transformers' "
@@ -78,7 +88,7 @@ def refusal(spec: ModelSpec, inputs: Inputs, bert: Any) -> str | None:
 
 
 def write(directory: str, spec: ModelSpec, inputs: Inputs, params: dict[str, Any],
-          bert: Any) -> list[str]:
+          architecture: Any) -> list[str]:
     """Writes the folder's files into `directory` (an empty folder; the caller renames it
     into place) and returns their paths, relative to it. `refusal` must be None."""
     towers = _towers(spec, params)
@@ -102,10 +112,9 @@ def write(directory: str, spec: ModelSpec, inputs: Inputs, params: dict[str, Any
         names = [f"{prefix}{i}_{kind}" for i, kind in enumerate(_MODULES[kinds[side]])]
         folder = names[0] if prefix else ""
         tok, length = tokenizers[side], lengths[side]
-        if kinds[side] == "bert":
-            assert isinstance(bert, BertConfig)  # `refusal` refuses a BERT tower without it
-            _transformer(put, folder, towers[side], bert, tok, length)
-            put(f"{names[1]}/config.json", _json(_pooling_config(bert)))
+        if kinds[side] in _ARCHITECTURES:  # `refusal` refuses one without its sizes
+            _transformer(put, folder, towers[side], architecture, tok, length)
+            put(f"{names[1]}/config.json", _json(_pooling_config(architecture)))
         else:
             _static(put, folder, towers[side], tok, length)
         os.makedirs(os.path.join(directory, names[-1]), exist_ok=True)  # Normalize
@@ -135,15 +144,18 @@ def _towers(spec: ModelSpec, params: dict[str, Any]) -> dict[str, dict]:
             for side, name in zip(SIDES, ("query_tower", "doc_tower"), strict=True)}
 
 
-def _transformer(put, folder: str, params: dict, bert: BertConfig, tok: HFTokenizer,
-                 max_len: int) -> None:
+def _transformer(put, folder: str, params: dict, arch: BertConfig | DecoderConfig,
+                 tok: HFTokenizer, max_len: int) -> None:
     """The Hugging Face model and tokenizer files of one tower, and its max length."""
     from safetensors.numpy import save
 
     join = lambda name: os.path.join(folder, name) if folder else name
-    put(join("config.json"), _json(pretrained.hf_config(bert)))
-    put(join("model.safetensors"), save(pretrained.hf_tensors(params, bert),
-                                        metadata={"format": "pt"}))
+    if isinstance(arch, DecoderConfig):
+        config, tensors = decoder_weights.hf_config(arch), decoder_weights.hf_tensors(params, arch)
+    else:
+        config, tensors = pretrained.hf_config(arch), pretrained.hf_tensors(params, arch)
+    put(join("config.json"), _json(config))
+    put(join("model.safetensors"), save(tensors, metadata={"format": "pt"}))
     put(join("tokenizer.json"), json.dumps(_tokenizer_spec(tok), ensure_ascii=False))
     specials = _special_tokens(tok)
     put(join("special_tokens_map.json"), _json(specials))
@@ -175,7 +187,7 @@ def _tokenizer_spec(tok: HFTokenizer, max_len: int | None = None) -> dict:
     special tokens counted)."""
     truncation = None if max_len is None else {
         "direction": "Right", "max_length": max_len, "strategy": "LongestFirst", "stride": 0}
-    out = dict(tok.spec, padding=None, truncation=truncation)
+    out = dict(tok.with_end_token(), padding=None, truncation=truncation)
     if tok.lowercase:
         first = [out["normalizer"]] if out.get("normalizer") else []
         out["normalizer"] = {"type": "Sequence",
@@ -189,15 +201,19 @@ def _special_tokens(tok: HFTokenizer) -> dict[str, str]:
     known |= {t["content"] for t in tok.spec.get("added_tokens", [])}
     found = {key: next((t for t in tokens if t in known), None)
              for key, tokens in _SPECIAL.items()}
+    end = tok.token_of(tok.end_token) if tok.end_token >= 0 else None
+    if end:  # a decoder's end-of-text token, its padding too (it has no other)
+        found.update(eos_token=end, pad_token=found.get("pad_token") or end)
     return {key: token for key, token in found.items() if token}
 
 
-def _pooling_config(bert: BertConfig) -> dict:
-    out = {"word_embedding_dimension": bert.hidden_size}
+def _pooling_config(arch: BertConfig | DecoderConfig) -> dict:
+    out = {"word_embedding_dimension": arch.hidden_size}
     out.update({mode: False for mode in ("pooling_mode_cls_token", "pooling_mode_mean_tokens",
                                          "pooling_mode_max_tokens",
-                                         "pooling_mode_mean_sqrt_len_tokens")})
-    out[_POOLING[bert.pooling]] = True
+                                         "pooling_mode_mean_sqrt_len_tokens",
+                                         "pooling_mode_lasttoken")})
+    out[_POOLING[arch.pooling]] = True
     return out
 
 

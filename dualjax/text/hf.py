@@ -165,6 +165,41 @@ class HFTokenizer:
         enc = self._tok.encode(self._prepare(text), add_special_tokens=False)
         return sum(i != self.unknown_id for i in enc.ids)
 
+    @property
+    def appends_end(self) -> bool:
+        """Whether `end_token` is put after the post-processor's ids here (False: there is
+        none, or the post-processor ends a text with it itself)."""
+        return self._append
+
+    def token_of(self, token_id: int) -> str | None:
+        """The piece or special token of id `token_id` (None: no such id)."""
+        return self._tok.id_to_token(token_id)
+
+    def with_end_token(self) -> dict:
+        """The tokenizers JSON with `end_token` put last by its post-processor (after
+        the post-processor it had), so a reader of the file alone encodes as this does."""
+        if not self._append:
+            return self.spec
+        end = self.token_of(self.end_token)
+        processor = self.spec.get("post_processor") or {}
+        if processor.get("type") == "TemplateProcessing":  # ("<s> $A": "<s> $A <eos>")
+            piece = {"SpecialToken": {"id": end, "type_id": 0}}
+            specials = {**processor.get("special_tokens", {}),
+                        end: {"id": end, "ids": [self.end_token], "tokens": [end]}}
+            return {**self.spec, "post_processor": {
+                **processor, "single": [*processor["single"], piece],
+                "pair": [*processor["pair"], piece], "special_tokens": specials}}
+        # (a template after another post-processor, in a Sequence, would read the
+        # special tokens it put as text)
+        library = _library()
+        tok = library.Tokenizer.from_str(json.dumps(self.spec))
+        template = library.processors.TemplateProcessing(
+            single=f"$A {end}", pair=f"$A {end} $B:1 {end}:1",
+            special_tokens=[(end, self.end_token)])
+        tok.post_processor = (template if tok.post_processor is None else
+                              library.processors.Sequence([tok.post_processor, template]))
+        return json.loads(tok.to_str())
+
     def token_id(self, token: str) -> int | None:
         """The id of piece or special token `token` (None: not in the vocabulary)."""
         return self._tok.token_to_id(token)

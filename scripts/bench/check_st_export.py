@@ -1,5 +1,6 @@
 """Checks `python -m dualjax.export --format=sentence-transformers` against the library
-itself (issue 32): MiniLM-, WordLlama- and MPNet-started runs are trained a few steps, exported
+itself (issue 32): MiniLM-, WordLlama-, MPNet- and tiny decoder-started runs (the
+Llama, Mistral, Qwen2 and Qwen3 test fixtures, with LoRA) are trained a few steps, exported
 as a bundle and as a sentence-transformers folder, and the folder is loaded by
 `sentence_transformers.SentenceTransformer` (and, for one tower, by
 `transformers.AutoModel`); the vectors must equal the bundle's within 1e-5.
@@ -24,6 +25,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 
 import numpy as np  # noqa: E402
 
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures", "pretrained")
+
 TEXTS = ["what is the capital of france?",
          "Paris is the capital and most populous city of France, on the Seine.",
          "How do dual encoders retrieve documents?",
@@ -43,6 +46,13 @@ CASES = {  # name -> model settings
         shared_towers=True, query_max_len=16, doc_max_len=64, max_len=64),
     "MPNet, shared towers": dict(pretrained="all-mpnet-base-v2", shared_towers=True,
                                  max_len=64),
+    **{f"tiny {family} decoder, LoRA rank 4, shared towers": dict(
+        pretrained=os.path.join(FIXTURES, f"tiny_{family}"), tower="decoder", lora_rank=4,
+        shared_towers=True, max_len=64) for family in ("llama", "mistral", "qwen2", "qwen3")},
+    "tiny qwen2 decoder, mean pooling, full fine-tuning, prompts": dict(
+        pretrained=os.path.join(FIXTURES, "tiny_qwen2"), tower="decoder",
+        pretrained_pooling="mean", shared_towers=True, max_len=64,
+        query_prompt="Instruct: Given a question, retrieve passages that answer it\nQuery: "),
 }
 
 

@@ -128,3 +128,19 @@ def test_a_lora_run_trains_the_adapters_alone_resumes_and_exports_merged(tmp_pat
     assert not any(str(p[-1].key).endswith(lora.SUFFIXES)  # the bundle holds plain weights
                    for p, _ in jax.tree_util.tree_leaves_with_path(encoder.params))
     assert dataclasses.asdict(run.model.spec.lora)["rank"] == 4
+
+    # The sentence-transformers folder: merged weights, last-token pooling and a tokenizer
+    # that appends the end-of-text token itself; read back as a plain Qwen2 folder (no
+    # torch here), it gives the run's vectors.
+    folder = str(tmp_path / "st")
+    export.export_sentence_transformers(workdir, folder)
+    back = pretrained.resolve(folder)
+    assert (back.kind, back.architecture.pooling) == ("decoder", "last_token")
+    assert not back.tokenizer().appends_end  # its post-processor does
+    tok = back.tokenizer()
+    assert tok.token_ids(texts[0]) == run.inputs.document.tokenizer.token_ids(texts[0])
+    tower = DecoderTower(back.architecture)
+    ids, mask = tok.encode(texts, 24)
+    vectors = np.array(tower.apply({"params": back.tower_params()}, ids, mask))
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    np.testing.assert_allclose(vectors, want, atol=1e-5)

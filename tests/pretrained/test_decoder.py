@@ -187,3 +187,35 @@ def test_a_run_from_a_tiny_qwen2_trains_resumes_and_exports(tmp_path):
     fn = jax.jit(lambda p, x: run.model.apply({"params": p}, **x, method="encode_documents"))
     want = np.asarray(fn(run.params, run.inputs.document.encode(texts)))
     np.testing.assert_allclose(encoder.encode_documents(texts), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_exports_with_a_symbolic_batch_and_length(family, reference):
+    """As a bundle lowers it (jax.export, batch and length symbolic; Mistral's sliding
+    window among them): the exported function gives the tower's vectors."""
+    start = pretrained.resolve(folder(family))
+    tower, params = DecoderTower(start.architecture), start.tower_params()
+    b, n = jax.export.symbolic_shape("b, l", constraints=("l <= 128", "l >= 1"))
+    shapes = [jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params),
+              jax.ShapeDtypeStruct((b, n), np.int32), jax.ShapeDtypeStruct((b, n), np.bool_)]
+    exported = jax.export.export(jax.jit(lambda p, i, m: tower.apply({"params": p}, i, m)),
+                                 platforms=("cpu",))(*shapes)
+    ids, mask = reference[f"{family}/right_ids"], reference[f"{family}/right_mask"]
+    np.testing.assert_allclose(exported.call(params, ids, mask),
+                               reference[f"{family}/last_token"], atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_exported_tokenizer_appends_the_end_token_itself(family, reference):
+    """`with_end_token`'s tokenizers JSON, read alone (as sentence-transformers reads an
+    exported folder), encodes every text as the tokenizer that appends the token does,
+    truncated too (Llama's and Mistral's <s> first: one template, not two)."""
+    from dualjax.text.hf import HFTokenizer
+    tok = pretrained.resolve(folder(family)).tokenizer()
+    alone = HFTokenizer(tok.with_end_token())
+    assert not alone.appends_end
+    texts = list(reference[f"{family}/texts"])
+    for length in (128, 8):
+        for ours, theirs in zip(tok.encode(texts, length), alone.encode(texts, length),
+                                strict=True):
+            np.testing.assert_array_equal(ours, theirs)

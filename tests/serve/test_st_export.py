@@ -104,7 +104,7 @@ def test_what_sentence_transformers_cannot_compute_is_refused_before_writing(tmp
     train.train_and_evaluate(cfg, workdir)
     out = tmp_path / "st"
     with pytest.raises(ValueError, match=r"the query tower is model.tower='bow_mlp': only "
-                                         r"BERT-family towers"):
+                                         r"BERT-family and decoder towers"):
         export.export_sentence_transformers(workdir, str(out))
     assert not out.exists() and not list(tmp_path.glob("st.tmp*"))
     result = subprocess.run(
