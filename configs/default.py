@@ -38,6 +38,10 @@ def get_config() -> ml_collections.ConfigDict:
                                     # Transformer and BERT weights split over it by attention
                                     # heads and MLP columns (tensor parallelism), the batch
                                     # over the rest (`data`); 1: off
+    c.mesh.memory_plan = "auto"     # the train step's memory per device, logged before its
+                                    # first step and refused in one line when it does not fit
+                                    # the device: "auto" (compiled on GPUs and TPUs; on CPU
+                                    # parameters and optimizer only) | "compile" | "off"
 
     c.data = ml_collections.ConfigDict()
     c.data.name = "synthetic_paraphrase"  # "synthetic_paraphrase" | "pairs" | "quora" |

@@ -42,6 +42,7 @@ ABSENT: dict[str, Any] = {
     "train.encode_chunks": 0,
     "mesh.model_axis": 1,
     "mesh.param_sharding": "replicated",
+    "mesh.memory_plan": "auto",
     "model.name": "dual_encoder",
     "model.query_tower": "",
     "model.doc_tower": "",
@@ -127,10 +128,12 @@ def upgrade(config: ml_collections.ConfigDict | Mapping) -> ml_collections.Confi
 # ----------------------------------------------------------------------------- the spec
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
-    """config.mesh: devices (0: all), devices on the model axis, the state's layout."""
+    """config.mesh: devices (0: all), devices on the model axis, the state's layout and
+    how the step's memory is planned (`train/memory_plan.py`)."""
     num_devices: int = 0
     model_axis: int = 1
     param_sharding: str = "replicated"
+    memory_plan: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,7 +303,8 @@ def resolve(config: ml_collections.ConfigDict, workdir: str = "", *,
             log_every_steps=c.log_every_steps, keep_checkpoints=c.keep_checkpoints,
             early_stopping=c.eval.early_stopping, rerun=bool(c.eval.rerun),
             untrained=bool(c.eval.untrained)),
-        mesh=MeshSpec(c.mesh.num_devices, c.mesh.model_axis, c.mesh.param_sharding),
+        mesh=MeshSpec(c.mesh.num_devices, c.mesh.model_axis, c.mesh.param_sharding,
+                      c.mesh.memory_plan),
         start=StartSpec(c.model.pretrained, c.model.pretrained_pooling, c.init_from),
         tasks=tasks,
         model=specs.model_spec(c.model),

@@ -140,6 +140,7 @@ def _check_optimizer(config: ml_collections.ConfigDict, task_list) -> None:
     """config.mesh's sharding and config.optimizer."""
     one_of("mesh.param_sharding", config.mesh.param_sharding,
             sharding.PARAM_SHARDINGS)
+    one_of("mesh.memory_plan", config.mesh.memory_plan, sharding.MEMORY_PLANS)
     one_of("optimizer.name", config.optimizer.name, OPTIMIZERS)
     one_of("optimizer.decay", config.optimizer.decay, DECAYS)
     table_updates = config.optimizer.table_updates

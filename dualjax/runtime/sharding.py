@@ -29,6 +29,7 @@ from jax.sharding import PartitionSpec as P
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
 PARAM_SHARDINGS = ("replicated", "fsdp")
+MEMORY_PLANS = ("auto", "compile", "off")  # mesh.memory_plan (train/memory_plan.py)
 FSDP_MIN_SIZE = 2 ** 14  # elements: smaller arrays (biases, norms, scales) stay replicated
 # Logical axis names (towers.py) in the order FSDP prefers to split them: a table's rows
 # first, then the MLP's and heads' wide dimensions, then the embedding width.

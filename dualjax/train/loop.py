@@ -37,7 +37,15 @@ from dualjax.objectives import optimizer
 from dualjax.runtime import malloc, processes, sharding
 from dualjax.runtime.signals import Signals
 from dualjax.text import sides
-from dualjax.train import checkpoints, lazy_rows, model_data, teacher, warm_start, weak_labels
+from dualjax.train import (
+    checkpoints,
+    lazy_rows,
+    memory_plan,
+    model_data,
+    teacher,
+    warm_start,
+    weak_labels,
+)
 from dualjax.train import inputs as inputs_lib
 from dualjax.train import step as step_lib
 from dualjax.train import tasks as tasks_lib
@@ -339,6 +347,8 @@ def _train_loop(run: Run, evaluators, selection: Selection, hooks: Sequence[Hook
             t = tasks_lib.task_at_step(step, weights, s.seed)
             local = next(run.data_iters[t])
             local["task"] = np.full(len(local["q_ids"]), t, np.int32)
+            if step == start + 1:  # before the first step: its memory, at full length
+                _memory_plan(run, local)
             if trim:  # each process's share must keep one shape: one process only
                 local = sides.trim_padding(local)
             is_eval, is_ckpt, is_log = _cadence(s, step, selection.patience)
@@ -366,6 +376,26 @@ def _train_loop(run: Run, evaluators, selection: Selection, hooks: Sequence[Hook
         rows.close()
         if run.ckpt is not None:
             run.ckpt.close()
+
+
+def _memory_plan(run: Run, local: dict) -> None:
+    """Logs the step's memory per device (`memory_plan`); ConfigError, in one line with
+    the figures, when it does not fit the device."""
+    mode = run.spec.mesh.memory_plan
+    if mode == "off":
+        return
+    compiled = None
+    if memory_plan.compiles(mode):
+        batch = sharding.put_global_batch(run.host_rows(local), run.mesh)
+        compiled = run.train_step.compile(run.state, batch)
+    m, lora = run.spec.mesh, run.spec.model.lora
+    layout = (f"{sharding.data_size(run.mesh)} x {run.mesh.shape[sharding.MODEL_AXIS]} "
+              f"data x model mesh, {m.param_sharding} params, encode_chunks "
+              f"{run.spec.objective.encode_chunks or 1}"
+              + (f", LoRA rank {lora.rank}" if lora.rank else ""))
+    plan = memory_plan.plan(run.state, compiled, layout)
+    logging.info("Memory plan: %s", plan.describe())
+    memory_plan.check(plan)
 
 
 def _evaluate_during_training(run: Run, evaluators, selection: Selection, rows, step: int

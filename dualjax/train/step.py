@@ -130,14 +130,31 @@ class TrainStep:
     norms=False the metrics' grad_norm and param_norm are NOT_MEASURED: each is a pass
     over every param (over the token tables and their gradient: a tenth of a bag-of-words
     step at 50,000 rows, a fifth with lazy updates at 500,000), and only the steps that
-    write a train row need them."""
+    write a train row need them.
+
+    `compile` compiles it ahead of time for one batch's shapes (the memory plan reads
+    that executable); a batch of those shapes then runs it, any other the jitted step."""
     jitted: jax.stages.Wrapped
+    _compiled: dict = dataclasses.field(default_factory=dict)  # batch signature -> it
 
     def __call__(self, state: State, batch: dict, norms: bool = True) -> tuple[State, dict]:
+        compiled = self._compiled.get(_signature(batch)) if self._compiled else None
+        if compiled is not None:
+            return compiled(state, batch, np.bool_(norms))
         return self.jitted(state, batch, np.bool_(norms))
+
+    def compile(self, state: State, batch: dict) -> jax.stages.Compiled:
+        """The step compiled for `batch`'s shapes, kept for the batches that have them."""
+        compiled = self.lower(state, batch).compile()
+        self._compiled[_signature(batch)] = compiled
+        return compiled
 
     def lower(self, state: State, batch: dict, norms: bool = True):
         return self.jitted.lower(state, batch, np.bool_(norms))
+
+
+def _signature(batch: dict) -> tuple:
+    return tuple(sorted((k, tuple(v.shape), str(v.dtype)) for k, v in batch.items()))
 
 
 def check_finite(pending: list[tuple[int, dict]], last_saved: int | None) -> None:
