@@ -223,7 +223,8 @@ def _check_pretrained(config: ml_collections.ConfigDict, workdir: str = ""):
         arch = start.architecture
         assert arch is not None, "a start of a tower has its architecture"
         if set(used) != {start.tower}:
-            what = "BERT-family encoder" if start.tower == "bert" else "decoder LLM"
+            what = {"bert": "BERT-family encoder", "decoder": "decoder LLM",
+                    "modernbert": "ModernBERT encoder"}[start.tower]
             raise ConfigError(f"config.model.pretrained={name!r} is a {what} ({arch.family}): "
                               f"set --config.model.tower={start.tower} (both sides)")
         if m.shared_embedding:
@@ -293,7 +294,7 @@ def _check_features(model: ml_collections.ConfigDict) -> None:
     sides = specs.feature_specs(model)
     for key, spec, tower in zip(("query_features", "doc_features"), sides,
                                 specs.tower_names(model), strict=True):
-        if spec and tower in ("bow", "bert", "decoder"):
+        if spec and tower in ("bow", "bert", "decoder", "modernbert"):
             raise ConfigError(f"config.model.{key}={model[key]!r}: the {tower} tower has no "
                               "layer above its pooled vector to feed categorical features "
                               "to; use model.tower (or query_tower / doc_tower) bow_mlp, cnn or "

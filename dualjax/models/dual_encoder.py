@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from dualjax.models import bert as _bert  # noqa: F401 (registers the "bert" tower)
 from dualjax.models import decoder as _decoder  # noqa: F401 (registers "decoder")
+from dualjax.models import modernbert as _modernbert  # noqa: F401 (registers it)
 from dualjax.models import towers
 from dualjax.models.spec import ModelSpec
 from dualjax.models.towers import TOWERS

@@ -374,7 +374,7 @@ for _name, _factory in (("bow", _bow), ("bow_mlp", _bow_mlp), ("cnn", _cnn),
     TOWERS.add(_name, Tower(_factory))
 # dualjax's own, whose settings are ModelSpec's fields or a pretrained start's ("bert",
 # "decoder": models/bert.py and models/decoder.py register them)
-BUILT_IN = (*TOWERS, "bert", "decoder")
+BUILT_IN = (*TOWERS, "bert", "decoder", "modernbert")
 
 
 def register(name: str, factory: TowerFactory, from_pretrained: bool = False,

@@ -12,6 +12,8 @@ Three kinds of folder, told apart by their files:
   `model.pretrained_pooling`, else the last token's state), its tokenizer appending the
   end-of-text token (tokenizer_config.json's `eos_token`, else config.json's
   `eos_token_id`) for last-token pooling, as these embedders are trained;
+- a ModernBERT folder (`model_type` "modernbert"): the `modernbert` tower
+  (`models/modernbert.py`), [CLS] or mean pooling as for BERT;
 - a static token table (model2vec's `embeddings`, or a fetched WordLlama table): the
   token table of a `bow` or `bow_mlp` tower.
 Either way the tokenizer is the folder's tokenizer.json (`model.tokenizer="hf"`).
@@ -41,7 +43,9 @@ from dualjax.errors import PretrainedError
 from dualjax.models import decoder
 from dualjax.models.bert import FAMILIES, POOLINGS, BertConfig
 from dualjax.models.decoder import DecoderConfig
+from dualjax.models.modernbert import ModernBertConfig
 from dualjax.pretrained.decoder_weights import decoder_params
+from dualjax.pretrained.modernbert_weights import modernbert_params
 from dualjax.pretrained.sources import (
     MARKER,
     SOURCES,
@@ -54,12 +58,13 @@ from dualjax.pretrained.sources import (
 from dualjax.runtime.files import atomic_json
 from dualjax.text.hf import HFTokenizer
 
-KINDS = ("bert", "decoder", "static")  # "bert" and "decoder": the tower of that name
+KINDS = ("bert", "decoder", "modernbert", "static")  # all but "static": that tower
 RECORD = "pretrained.json"  # in a workdir: the resolved start its towers came from
 WEIGHTS = "model.safetensors"
 SHARDED = "model.safetensors.index.json"  # a weight_map of tensor names to shard files
-ARCHITECTURES: dict[str, type[BertConfig] | type[DecoderConfig]] = {
-    "bert": BertConfig, "decoder": DecoderConfig}
+Architecture = BertConfig | DecoderConfig | ModernBertConfig
+ARCHITECTURES: dict[str, type[Architecture]] = {
+    "bert": BertConfig, "decoder": DecoderConfig, "modernbert": ModernBertConfig}
 __all__ = ["Pretrained", "PretrainedError", "resolve", "load", "fetch", "SOURCES", "KINDS"]
 
 
@@ -78,7 +83,7 @@ class Pretrained:
     kind: str
     tokenizer_settings: dict[str, bool]
     sha256: str
-    architecture: BertConfig | DecoderConfig | None = None
+    architecture: Architecture | None = None
     table: str = ""
     dim: int = 0
     max_seq_length: int = 0
@@ -130,6 +135,8 @@ class Pretrained:
         where = os.path.join(self.folder, WEIGHTS)
         if isinstance(self.architecture, DecoderConfig):
             return decoder_params(tensors, self.architecture, where)
+        if isinstance(self.architecture, ModernBertConfig):
+            return modernbert_params(tensors, self.architecture, where)
         assert isinstance(self.architecture, BertConfig)  # kind "bert"
         return bert_params(tensors, self.architecture, where)
 
@@ -309,11 +316,11 @@ def resolve(value: str, pooling: str = "") -> Pretrained:
         return _static(value, folder, marker, sha, header)
     if hf.get("model_type") in decoder.FAMILIES:
         return _decoder(value, folder, sha, hf, pooling)
-    if hf.get("model_type") not in FAMILIES:
+    if hf.get("model_type") not in (*FAMILIES, "modernbert"):
         raise PretrainedError(
             f"{config_path}: model_type {hf.get('model_type')!r} is not one model.pretrained "
-            f"reads: {', '.join(FAMILIES + decoder.FAMILIES)}, and static token tables "
-            "(model2vec, WordLlama)")
+            f"reads: {', '.join(FAMILIES + decoder.FAMILIES)}, modernbert, and static token "
+            "tables (model2vec, WordLlama)")
     st = _st_pooling(folder)
     if pooling and pooling not in POOLINGS:
         raise PretrainedError(f"model.pretrained_pooling={pooling!r} is not one of "
@@ -321,14 +328,16 @@ def resolve(value: str, pooling: str = "") -> Pretrained:
     if st and pooling and pooling != st:
         raise PretrainedError(f"model.pretrained_pooling={pooling!r}, but {folder} was trained "
                               f"with {st} pooling (1_Pooling/config.json); leave it empty")
+    modern = hf["model_type"] == "modernbert"
     try:
-        bert = BertConfig.from_hf(hf, st or pooling or "cls")
+        arch: Architecture = (ModernBertConfig if modern else BertConfig).from_hf(
+            hf, st or pooling or "cls")
     except (KeyError, ValueError) as e:
         raise PretrainedError(f"{config_path}: {e}") from None
-    max_len = _st_max_length(folder, bert.max_length)
-    return Pretrained(value, folder, "bert", {"lowercase": False, "add_special_tokens": True},
-                      sha, architecture=bert, max_seq_length=int(max_len),
-                      prompts=_st_prompts(folder))
+    max_len = _st_max_length(folder, arch.max_length)
+    return Pretrained(value, folder, "modernbert" if modern else "bert",
+                      {"lowercase": False, "add_special_tokens": True}, sha,
+                      architecture=arch, max_seq_length=int(max_len), prompts=_st_prompts(folder))
 
 
 def _decoder(value: str, folder: str, sha: str, hf: dict, pooling: str) -> Pretrained:

@@ -32,8 +32,9 @@ import numpy as np
 from dualjax import pretrained
 from dualjax.models.bert import BertConfig
 from dualjax.models.decoder import DecoderConfig
+from dualjax.models.modernbert import ModernBertConfig
 from dualjax.models.spec import ModelSpec
-from dualjax.pretrained import decoder_weights
+from dualjax.pretrained import decoder_weights, modernbert_weights
 from dualjax.text.hf import HFTokenizer
 from dualjax.text.sides import Inputs
 
@@ -44,8 +45,9 @@ _TYPES = {kind: f"sentence_transformers.models.{kind}"
 # A tower kind -> the modules of its route, in order.
 _MODULES = {"bert": ("Transformer", "Pooling", "Normalize"),
             "decoder": ("Transformer", "Pooling", "Normalize"),
+            "modernbert": ("Transformer", "Pooling", "Normalize"),
             "bow": ("StaticEmbedding", "Normalize")}
-_ARCHITECTURES = {"bert": BertConfig, "decoder": DecoderConfig}
+_ARCHITECTURES = {"bert": BertConfig, "decoder": DecoderConfig, "modernbert": ModernBertConfig}
 _POOLING = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token",
             "last_token": "pooling_mode_lasttoken"}
 # Special tokens a tokenizer config names, where the vocabulary has them: BERT's, else
@@ -144,7 +146,7 @@ def _towers(spec: ModelSpec, params: dict[str, Any]) -> dict[str, dict]:
             for side, name in zip(SIDES, ("query_tower", "doc_tower"), strict=True)}
 
 
-def _transformer(put, folder: str, params: dict, arch: BertConfig | DecoderConfig,
+def _transformer(put, folder: str, params: dict, arch: pretrained.Architecture,
                  tok: HFTokenizer, max_len: int) -> None:
     """The Hugging Face model and tokenizer files of one tower, and its max length."""
     from safetensors.numpy import save
@@ -152,6 +154,9 @@ def _transformer(put, folder: str, params: dict, arch: BertConfig | DecoderConfi
     join = lambda name: os.path.join(folder, name) if folder else name
     if isinstance(arch, DecoderConfig):
         config, tensors = decoder_weights.hf_config(arch), decoder_weights.hf_tensors(params, arch)
+    elif isinstance(arch, ModernBertConfig):
+        config = modernbert_weights.hf_config(arch)
+        tensors = modernbert_weights.hf_tensors(params, arch)
     else:
         config, tensors = pretrained.hf_config(arch), pretrained.hf_tensors(params, arch)
     put(join("config.json"), _json(config))
@@ -207,7 +212,7 @@ def _special_tokens(tok: HFTokenizer) -> dict[str, str]:
     return {key: token for key, token in found.items() if token}
 
 
-def _pooling_config(arch: BertConfig | DecoderConfig) -> dict:
+def _pooling_config(arch: pretrained.Architecture) -> dict:
     out = {"word_embedding_dimension": arch.hidden_size}
     out.update({mode: False for mode in ("pooling_mode_cls_token", "pooling_mode_mean_tokens",
                                          "pooling_mode_max_tokens",

@@ -1,8 +1,8 @@
 """Checks `python -m dualjax.export --format=sentence-transformers` against the library
 itself (issue 32): MiniLM-, WordLlama-, MPNet- and tiny decoder-started runs (the
-Llama, Mistral, Qwen2 and Qwen3 test fixtures, with LoRA) are trained a few steps, exported
-as a bundle and as a sentence-transformers folder, and the folder is loaded by
-`sentence_transformers.SentenceTransformer` (and, for one tower, by
+Llama, Mistral, Qwen2 and Qwen3 test fixtures, with LoRA, and the ModernBERT one) are
+trained a few steps, exported as a bundle and as a sentence-transformers folder, and
+the folder is loaded by `sentence_transformers.SentenceTransformer` (and, for one tower, by
 `transformers.AutoModel`); the vectors must equal the bundle's within 1e-5.
 
 Needs sentence-transformers and torch next to dualjax (pip install torch
@@ -49,6 +49,12 @@ CASES = {  # name -> model settings
     **{f"tiny {family} decoder, LoRA rank 4, shared towers": dict(
         pretrained=os.path.join(FIXTURES, f"tiny_{family}"), tower="decoder", lora_rank=4,
         shared_towers=True, max_len=64) for family in ("llama", "mistral", "qwen2", "qwen3")},
+    "tiny modernbert, mean pooling, shared towers": dict(
+        pretrained=os.path.join(FIXTURES, "tiny_modernbert"), tower="modernbert",
+        pretrained_pooling="mean", shared_towers=True, max_len=64),
+    "tiny modernbert, [CLS] pooling, query 16 / document 64 tokens": dict(
+        pretrained=os.path.join(FIXTURES, "tiny_modernbert"), tower="modernbert",
+        shared_towers=True, query_max_len=16, doc_max_len=64, max_len=64),
     "tiny qwen2 decoder, mean pooling, full fine-tuning, prompts": dict(
         pretrained=os.path.join(FIXTURES, "tiny_qwen2"), tower="decoder",
         pretrained_pooling="mean", shared_towers=True, max_len=64,
