@@ -163,6 +163,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.doc_tower = ""          # the document side's tower instead of model.tower ("": same);
                                     # needs shared_towers=False
     c.model.shared_towers = True    # one tower for queries and documents, or two
+    c.model.remat = False           # decoder, modernbert: each layer's activations computed
+                                    # again in the backward pass instead of kept (less memory,
+                                    # about a third more compute; see mesh.memory_plan)
     c.model.dtype = "float32"       # every tower's activations: "float32" | "bfloat16" (params
                                     # stay float32; embeddings and loss are float32)
     c.model.shared_embedding = False  # two towers (shared_towers=False) reading ONE token

@@ -46,12 +46,22 @@ def check_model(config: ml_collections.ConfigDict, workdir: str = "") -> int | N
     return models.vector_dim(specs.model_spec(config.model), architecture)
 
 
+REMAT_TOWERS = ("decoder", "modernbert")  # the towers model.remat applies to
+
+
 def _check_lora(model: ml_collections.ConfigDict) -> None:
-    """model.lora_*: a rank of 0 (off) or more, on towers that take adapters, targets
-    they have, and a known dtype for the frozen weights."""
+    """model.remat on towers that have it; model.lora_*: a rank of 0 (off) or more, on
+    towers that take adapters, targets they have, and a known dtype for the frozen
+    weights."""
     if model.lora_rank < 0 or model.lora_rank != int(model.lora_rank):
         raise ConfigError(f"config.model.lora_rank={model.lora_rank} must be 0 (off) or a "
                           "positive rank")
+    if model.remat:
+        bad = [t for t in specs.tower_names(model) if t not in REMAT_TOWERS]
+        if bad:
+            raise ConfigError(f"config.model.remat: the {bad[0]} tower has no layers it "
+                              f"recomputes (the {' and '.join(REMAT_TOWERS)} towers do); "
+                              "set it to False")
     if not model.lora_rank:
         return
     positive_alpha = model.lora_alpha > 0

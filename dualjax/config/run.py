@@ -48,6 +48,7 @@ ABSENT: dict[str, Any] = {
     "model.doc_tower": "",
     "model.shared_embedding": False,
     "model.dtype": "float32",
+    "model.remat": False,
     "model.query_max_len": 0,
     "model.doc_max_len": 0,
     "model.query_prompt": "",

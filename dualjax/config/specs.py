@@ -53,7 +53,7 @@ def model_spec(model: ml_collections.ConfigDict) -> ModelSpec:
         cnn_windows=towers.parse_windows(model.cnn_windows) if "cnn" in used else (),
         # (read only for a cnn: a workdir saved before the cnn tower has no such key)
         cnn_filters=model.cnn_filters if "cnn" in used else ModelSpec.cnn_filters,
-        dtype=model.dtype,
+        dtype=model.dtype, remat=bool(model.remat),
         transformer=transformer, similarity=model.similarity, temperature=model.temperature,
         init_scale=model.init_scale, init_bias=model.init_bias,
         pses=PsesSpec() if p is None else PsesSpec(**{

@@ -317,6 +317,7 @@ class DecoderTower(nn.Module):
     dtype: Any = jnp.float32
     embed: nn.Module | None = None
     lora: LoraSpec = LoraSpec()
+    remat: bool = False  # each layer's activations recomputed in the backward pass
 
     @nn.compact
     def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray,
@@ -328,10 +329,10 @@ class DecoderTower(nn.Module):
         table = _own_or_shared(self.embed, c.vocab_size, c.hidden_size, c.init_std)
         positions = jnp.maximum(jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
         x = table(ids).astype(self.dtype)
+        layer = nn.remat(DecoderLayer) if self.remat else DecoderLayer
         for i in range(c.num_layers):
             window = c.windows[i] if c.windows else 0
-            x = DecoderLayer(c, window, self.dtype, self.lora, name=f"layer_{i}")(
-                x, mask, positions)
+            x = layer(c, window, self.dtype, self.lora, name=f"layer_{i}")(x, mask, positions)
         x = RMSNorm(c.rms_norm_eps, self.dtype, name="ln_final")(x)
         # every position's final state, for apply(..., mutable="intermediates")
         self.sow("intermediates", "hidden_states", x)
@@ -343,7 +344,8 @@ def _decoder(spec: ModelSpec, vocab_size: int, name: str, embed: nn.Module | Non
     """model.tower="decoder": a decoder LLM of the pretrained start's sizes
     (`architecture`; its weights replace the initialisation, `train.warm_start`)."""
     del vocab_size  # the start's own (architecture.vocab_size)
-    return DecoderTower(architecture, towers.compute_dtype(spec), embed, spec.lora, name=name)
+    return DecoderTower(architecture, towers.compute_dtype(spec), embed, spec.lora, spec.remat,
+                        name=name)
 
 
 towers.register("decoder", _decoder, from_pretrained=True, lora_targets=LORA_TARGETS)

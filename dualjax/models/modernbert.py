@@ -169,6 +169,7 @@ class ModernBertTower(nn.Module):
     config: ModernBertConfig
     dtype: Any = jnp.float32
     embed: nn.Module | None = None
+    remat: bool = False  # each layer's activations recomputed in the backward pass
 
     @nn.compact
     def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray,
@@ -179,8 +180,9 @@ class ModernBertTower(nn.Module):
                              "categorical features to")
         table = _own_or_shared(self.embed, c.vocab_size, c.hidden_size, c.init_std)
         x = _norm(c, self.dtype, "ln_embed")(table(ids).astype(self.dtype))
+        layer = nn.remat(ModernBertLayer) if self.remat else ModernBertLayer
         for i in range(c.num_layers):
-            x = ModernBertLayer(c, i, self.dtype, name=f"layer_{i}")(x, mask)
+            x = layer(c, i, self.dtype, name=f"layer_{i}")(x, mask)
         x = _norm(c, self.dtype, "ln_final")(x)
         self.sow("intermediates", "hidden_states", x)
         return x[:, 0].astype(jnp.float32) if c.pooling == "cls" else masked_mean(x, mask)
@@ -190,7 +192,8 @@ def _modernbert(spec: ModelSpec, vocab_size: int, name: str, embed: nn.Module | 
                 *, architecture: ModernBertConfig) -> nn.Module:
     """model.tower="modernbert": a ModernBERT of the pretrained start's sizes."""
     del vocab_size  # the start's own
-    return ModernBertTower(architecture, towers.compute_dtype(spec), embed, name=name)
+    return ModernBertTower(architecture, towers.compute_dtype(spec), embed, spec.remat,
+                           name=name)
 
 
 towers.register("modernbert", _modernbert, from_pretrained=True)

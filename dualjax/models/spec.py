@@ -72,6 +72,7 @@ class ModelSpec:
     cnn_windows: tuple[int, ...] = (5,)
     cnn_filters: int = 256
     dtype: str = "float32"            # the towers' activations (towers.DTYPES)
+    remat: bool = False               # layers recomputed in the backward pass (model.remat)
     transformer: TransformerSpec = TransformerSpec()
     similarity: str = "cosine_affine"
     temperature: float = 0.1

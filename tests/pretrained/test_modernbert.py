@@ -78,3 +78,33 @@ def test_a_run_from_the_tiny_modernbert_trains_and_exports(tmp_path):
         {"params": back.tower_params()}, ids, mask))
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     np.testing.assert_allclose(vectors, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["tiny_qwen2", "tiny_modernbert"])
+def test_recomputed_layers_give_the_same_loss_and_gradient(name):
+    """model.remat: each layer's activations recomputed in the backward pass; the loss
+    and every gradient as without it (to float32 rounding of sums of ~2,000)."""
+    from dualjax.models.decoder import DecoderTower
+    start = pretrained.resolve(str(conftest.FIXTURES / "pretrained" / name))
+    cls = DecoderTower if start.kind == "decoder" else ModernBertTower
+    params = start.tower_params()
+    ids = np.random.default_rng(0).integers(5, 300, (16, 48)).astype(np.int32)
+    mask = np.arange(48) < np.random.default_rng(1).integers(8, 48, (16, 1))
+    out = []
+    for remat in (False, True):
+        tower = cls(start.architecture, remat=remat)
+        loss = lambda p, t=tower: (t.apply({"params": p}, ids, mask) ** 2).sum()
+        out.append(jax.jit(jax.value_and_grad(loss))(params))
+    assert "remat" in str(jax.make_jaxpr(jax.grad(loss))(params))
+    np.testing.assert_allclose(out[1][0], out[0][0], rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4), *[
+        o[1] for o in out])
+
+
+def test_remat_on_a_tower_without_layers_is_refused():
+    from dualjax import errors
+    from dualjax.config import validation as config_lib
+    cfg = load_config("tiny")
+    cfg.model.remat = True
+    with pytest.raises(errors.ConfigError, match="model.remat: the bow_mlp tower has no layers"):
+        config_lib.validate(cfg, 8)
