@@ -33,7 +33,7 @@ import numpy as np
 
 from dualjax.models import towers
 from dualjax.models.layers import SelfAttention, _axes, _layer_norm, feed_forward
-from dualjax.models.spec import ModelSpec
+from dualjax.models.spec import Architecture, ModelSpec
 from dualjax.models.towers import _own_or_shared, masked_mean
 
 POOLINGS = ("mean", "cls")
@@ -41,7 +41,7 @@ FAMILIES = ("bert", "mpnet")  # Hugging Face model_type values the tower reads
 
 
 @dataclasses.dataclass(frozen=True)
-class BertConfig:
+class BertConfig(Architecture):
     """A BERT encoder's sizes and pooling (hashable: a Flax module field)."""
 
     vocab_size: int
@@ -87,12 +87,6 @@ class BertConfig:
         """The longest text (special tokens included) the positions table numbers."""
         return self.max_positions - self.position_offset
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> BertConfig:
-        return cls(**data)
 
 
 class BertLayer(nn.Module):

@@ -42,7 +42,7 @@ from dualjax.models import lora as lora_lib
 from dualjax.models import towers
 from dualjax.models.layers import _axes, _ones, _zeros
 from dualjax.models.lora import LoraSpec
-from dualjax.models.spec import ModelSpec
+from dualjax.models.spec import Architecture, ModelSpec
 from dualjax.models.towers import _own_or_shared, masked_mean
 
 POOLINGS = ("last_token", "mean")
@@ -53,7 +53,7 @@ ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @dataclasses.dataclass(frozen=True)
-class DecoderConfig:
+class DecoderConfig(Architecture):
     """A decoder's sizes, its family's details and its pooling (hashable: a Flax module
     field). `windows`: each layer's sliding window (0: the whole causal past)."""
 
@@ -120,13 +120,6 @@ class DecoderConfig:
     def max_length(self) -> int:
         """The longest text (special tokens included) it was trained to read."""
         return self.max_positions
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> DecoderConfig:
-        return cls(**{**data, "windows": tuple(data.get("windows", ()))})
 
     def inverse_frequencies(self) -> np.ndarray:
         """float32 [head_dim / 2]: each rotated pair's angle per position, as

@@ -28,7 +28,7 @@ import numpy as np
 from dualjax.models import towers
 from dualjax.models.decoder import rotate
 from dualjax.models.layers import _axes, _ones, _zeros, gelu
-from dualjax.models.spec import ModelSpec
+from dualjax.models.spec import Architecture, ModelSpec
 from dualjax.models.towers import _own_or_shared, masked_mean
 
 POOLINGS = ("cls", "mean")
@@ -36,7 +36,7 @@ FAMILIES = ("modernbert",)
 
 
 @dataclasses.dataclass(frozen=True)
-class ModernBertConfig:
+class ModernBertConfig(Architecture):
     """A ModernBERT's sizes, its layers' kinds (`local`: True for a sliding-window
     layer) and its pooling (hashable: a Flax module field)."""
 
@@ -103,12 +103,6 @@ class ModernBertConfig:
     def max_length(self) -> int:
         return self.max_positions
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> ModernBertConfig:
-        return cls(**{**data, "local": tuple(data.get("local", ()))})
 
 
 def _norm(c: ModernBertConfig, dtype: Any, name: str) -> nn.LayerNorm:

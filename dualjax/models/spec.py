@@ -9,6 +9,19 @@ from typing import Any
 
 from dualjax.models.lora import LoraSpec
 
+
+class Architecture:
+    """A pretrained tower's sizes (a frozen dataclass: `BertConfig`, `DecoderConfig`,
+    `ModernBertConfig`), saved with the run as JSON, its lists read back as tuples."""
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls, data: dict) -> Any:
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
 TRANSFORMER_PRESETS: dict[str, dict[str, int]] = {
         "": {},  # the explicit model.transformer fields
         "bert_base": {"num_layers": 12, "width": 768, "num_heads": 12, "mlp_dim": 3072},
