@@ -33,6 +33,7 @@ import numpy as np
 
 from dualjax.models import towers
 from dualjax.models.layers import SelfAttention, _axes, _layer_norm, feed_forward
+from dualjax.models.lora import LoraSpec
 from dualjax.models.spec import Architecture, ModelSpec
 from dualjax.models.towers import _own_or_shared, masked_mean
 
@@ -96,14 +97,16 @@ class BertLayer(nn.Module):
     eps: float
     init_std: float
     dtype: Any = jnp.float32
+    lora: LoraSpec = LoraSpec()
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, mask: jnp.ndarray,
                  bias: jnp.ndarray | None = None) -> jnp.ndarray:
         x = _layer_norm(self.dtype, "ln_attn", self.eps)(
-            x + SelfAttention(self.num_heads, self.init_std, self.dtype, name="attn")(
-                x, mask, bias))
-        y = feed_forward(x, self.intermediate_size, self.init_std, self.dtype, approximate=False)
+            x + SelfAttention(self.num_heads, self.init_std, self.dtype, self.lora,
+                              name="attn")(x, mask, bias))
+        y = feed_forward(x, self.intermediate_size, self.init_std, self.dtype, approximate=False,
+                         module=self, lora=self.lora)
         return _layer_norm(self.dtype, "ln_mlp", self.eps)(x + y)
 
 
@@ -114,6 +117,7 @@ class BertTower(nn.Module):
     config: BertConfig
     dtype: Any = jnp.float32
     embed: nn.Module | None = None
+    lora: LoraSpec = LoraSpec()  # adapters on its projections (models/lora.py)
 
     @nn.compact
     def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray,
@@ -142,7 +146,7 @@ class BertTower(nn.Module):
                                  (2, 1, 0))
         for i in range(c.num_layers):
             x = BertLayer(c.num_heads, c.intermediate_size, c.layer_norm_eps, c.init_std,
-                          self.dtype, name=f"layer_{i}")(x, mask, bias)
+                          self.dtype, self.lora, name=f"layer_{i}")(x, mask, bias)
         x = x.astype(jnp.float32)
         return x[:, 0] if c.pooling == "cls" else masked_mean(x, mask)
 
@@ -186,7 +190,9 @@ def _bert(spec: ModelSpec, vocab_size: int, name: str, embed: nn.Module | None =
     """model.tower="bert": a BERT-family encoder of the pretrained start's sizes
     (`architecture`; its weights replace the initialisation, `train.warm_start`)."""
     del vocab_size  # the start's own (architecture.vocab_size)
-    return BertTower(architecture, towers.compute_dtype(spec), embed, name=name)
+    return BertTower(architecture, towers.compute_dtype(spec), embed, spec.lora, name=name)
 
 
-towers.register("bert", _bert, from_pretrained=True)
+# The projections LoRA may adapt (model.lora_targets)
+LORA_TARGETS = ("query", "key", "value", "out", "mlp_in", "mlp_out")
+towers.register("bert", _bert, from_pretrained=True, lora_targets=LORA_TARGETS)

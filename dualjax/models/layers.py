@@ -11,6 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dualjax.models import lora as lora_lib
+from dualjax.models.lora import NO_LORA, LoraSpec
+
 _zeros = nn.initializers.zeros_init()
 _ones = nn.initializers.ones_init()
 # the logit of a padded key: jax.nn.dot_product_attention's own for `mask=` (float32 logits)
@@ -24,10 +27,12 @@ def _axes(init: Callable, *names: str | None) -> Callable:
 class SelfAttention(nn.Module):
     """Multi-head self-attention over x [b, n, width]; keys where mask [b, n] is False are
     ignored; `bias` [heads, keys, queries] (MPNet's relative positions) is added to every
-    text's logits. Softmax in float32 whatever the activation dtype."""
+    text's logits. Softmax in float32 whatever the activation dtype. `lora`: adapters on
+    the query, key, value and out projections it names (`models.lora`)."""
     num_heads: int
     init_std: float
     dtype: Any = jnp.float32
+    lora: LoraSpec = LoraSpec()
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, mask: jnp.ndarray,
@@ -39,13 +44,18 @@ class SelfAttention(nn.Module):
         def project(name: str) -> jnp.ndarray:  # [b, n, heads, kv]
             w = self.param(f"{name}_kernel", _axes(init, "embed", "heads", "kv"), (width, h, d))
             b = self.param(f"{name}_bias", _axes(_zeros, "heads", "kv"), (h, d))
-            return jnp.einsum("bne,ehd->bnhd", x, w.astype(self.dtype)) + b.astype(self.dtype)
+            y = jnp.einsum("bne,ehd->bnhd", x, w.astype(self.dtype)) + b.astype(self.dtype)
+            adapted = lora_lib.delta(self, self.lora, name, x, h * d, self.dtype)
+            return y if adapted is None else y + adapted.reshape(y.shape)
 
         q, k, v = project("query"), project("key"), project("value")
         y = attention(q, k, v, mask, bias)
         w = self.param("out_kernel", _axes(init, "heads", "kv", "embed"), (h, d, width))
         b = self.param("out_bias", _axes(_zeros, "embed"), (width,))
-        return jnp.einsum("bqhd,hde->bqe", y, w.astype(self.dtype)) + b.astype(self.dtype)
+        out = jnp.einsum("bqhd,hde->bqe", y, w.astype(self.dtype)) + b.astype(self.dtype)
+        adapted = lora_lib.delta(self, self.lora, "out", y.reshape(*y.shape[:2], -1), width,
+                                 self.dtype)
+        return out if adapted is None else out + adapted
 
 
 @jax.custom_vjp
@@ -127,16 +137,23 @@ def _layer_norm(dtype: Any, name: str, epsilon: float = 1e-6) -> nn.LayerNorm:
 
 
 def feed_forward(x: jnp.ndarray, hidden: int, init_std: float, dtype: Any,
-                 approximate: bool = True) -> jnp.ndarray:
+                 approximate: bool = True, module: nn.Module | None = None,
+                 lora: LoraSpec = NO_LORA) -> jnp.ndarray:
     """A Transformer layer's MLP, x [.., width] -> mlp_out(gelu(mlp_in(x))) [.., width]
-    (call inside nn.compact: the Dense layers are the caller's "mlp_in", "mlp_out")."""
+    (call inside nn.compact: the Dense layers are the caller's "mlp_in", "mlp_out"; with
+    `lora`, `module` (the caller) holds their adapters)."""
     init = nn.initializers.normal(stddev=init_std)
-    y = nn.Dense(hidden, dtype=dtype, name="mlp_in", kernel_init=_axes(init, "embed", "mlp"),
-                 bias_init=_axes(_zeros, "mlp"))(x)
-    return nn.Dense(x.shape[-1], dtype=dtype, name="mlp_out",
-                    kernel_init=_axes(init, "mlp", "embed"),
-                    bias_init=_axes(_zeros, "embed"))(
-        nn.gelu(y, approximate=True) if approximate else gelu(y))
+
+    def dense(name: str, size: int, axes: tuple[str, str], inputs: jnp.ndarray) -> jnp.ndarray:
+        out = nn.Dense(size, dtype=dtype, name=name, kernel_init=_axes(init, *axes),
+                       bias_init=_axes(_zeros, axes[1]))(inputs)
+        adapted = (None if module is None else
+                   lora_lib.delta(module, lora, name, inputs, size, dtype))
+        return out if adapted is None else out + adapted
+
+    y = dense("mlp_in", hidden, ("embed", "mlp"), x)
+    return dense("mlp_out", x.shape[-1], ("mlp", "embed"),
+                 nn.gelu(y, approximate=True) if approximate else gelu(y))
 
 
 def gelu(x: jnp.ndarray) -> jnp.ndarray:

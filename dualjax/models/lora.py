@@ -27,8 +27,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dualjax.models.layers import _axes, _zeros
-
 SUFFIXES = ("_lora_a", "_lora_b")
 TOWER_KEYS = ("tower", "query_tower", "doc_tower", "embed")  # a dual encoder's tower params
 BASE_DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -51,6 +49,9 @@ class LoraSpec:
         return self.rank > 0 and name in self.targets
 
 
+NO_LORA = LoraSpec()
+
+
 def parse_targets(value: str, available: tuple[str, ...]) -> tuple[str, ...]:
     """model.lora_targets ("query,value" or Hugging Face's "q_proj,v_proj"; "": all of
     `available`) as the tower's names; ValueError naming one that is not there."""
@@ -70,10 +71,12 @@ def delta(module: nn.Module, spec: LoraSpec, name: str, x: jnp.ndarray, out: int
     if not spec.adapts(name):
         return None
     fan_in = x.shape[-1]
+    unnamed: Any = lambda init: nn.with_logical_partitioning(init, (None, None))
     a = module.param(f"{name}_lora_a",
-                     _axes(nn.initializers.normal(stddev=1 / math.sqrt(fan_in)), None, None),
+                     unnamed(nn.initializers.normal(stddev=1 / math.sqrt(fan_in))),
                      (fan_in, spec.rank))
-    b = module.param(f"{name}_lora_b", _axes(_zeros, None, None), (spec.rank, out))
+    b = module.param(f"{name}_lora_b", unnamed(nn.initializers.zeros_init()),
+                     (spec.rank, out))
     y = jnp.einsum("...i,ir->...r", x, a.astype(dtype))
     return jnp.einsum("...r,ro->...o", y, b.astype(dtype)) * np.float32(spec.alpha / spec.rank
                                                                           ).astype(dtype)

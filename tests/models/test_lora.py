@@ -178,3 +178,27 @@ def test_a_data_by_model_mesh_trains_the_lora_decoder_as_the_data_mesh(tmp_path)
            if "beta" not in jax.tree_util.keystr(path) and not np.allclose(
                np.asarray(x, np.float32), np.asarray(y, np.float32), atol=1e-5, rtol=0)]
     assert not bad, bad
+
+
+def test_bert_adapters_fold_into_its_weights():
+    """The bert tower (MiniLM, MPNet) takes adapters on its attention and MLP too."""
+    from dualjax.models.bert import LORA_TARGETS as BERT_TARGETS
+    from dualjax.models.bert import BertTower
+    start = pretrained.resolve(str(conftest.FIXTURES / "pretrained" / "tiny_bert"))
+    ids, mask = start.tokenizer().encode(["a text to encode", "and another one"], 16)
+    spec = LoraSpec(rank=2, alpha=4.0, targets=BERT_TARGETS, base_dtype="float32")
+    adapted = BertTower(start.architecture, lora=spec)
+    params = overlay(nn.meta.unbox(adapted.init(jax.random.PRNGKey(0), ids, mask)["params"]),
+                     start.tower_params())
+    layer = params["layer_0"]
+    assert {"query_lora_a", "out_lora_b"} <= set(layer["attn"])
+    assert {"mlp_in_lora_a", "mlp_out_lora_b"} <= set(layer)
+    rng = np.random.default_rng(0)
+    moved = jax.tree_util.tree_map_with_path(
+        lambda path, x: x + 0.3 * rng.standard_normal(x.shape).astype(np.float32)
+        if str(path[-1].key).endswith("_lora_b") else x, params)
+    out = adapted.apply({"params": moved}, ids, mask)
+    plain = BertTower(start.architecture)
+    assert np.abs(out - plain.apply({"params": start.tower_params()}, ids, mask)).max() > 1e-2
+    np.testing.assert_allclose(plain.apply({"params": lora.merge(moved, spec)}, ids, mask),
+                               out, atol=1e-5)
