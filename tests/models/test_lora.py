@@ -29,6 +29,7 @@ def overlay(ours, theirs):
     return theirs
 
 
+@pytest.mark.slow
 def test_adapters_start_at_zero_and_fold_into_the_weights():
     start = pretrained.resolve(QWEN2)
     tok = start.tokenizer()
@@ -180,6 +181,7 @@ def test_a_data_by_model_mesh_trains_the_lora_decoder_as_the_data_mesh(tmp_path)
     assert not bad, bad
 
 
+@pytest.mark.slow
 def test_bert_adapters_fold_into_its_weights():
     """The bert tower (MiniLM, MPNet) takes adapters on its attention and MLP too."""
     from dualjax.models.bert import LORA_TARGETS as BERT_TARGETS

@@ -189,6 +189,7 @@ def test_a_run_from_a_tiny_qwen2_trains_resumes_and_exports(tmp_path):
     np.testing.assert_allclose(encoder.encode_documents(texts), want, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_family_exports_with_a_symbolic_batch_and_length(family, reference):
     """As a bundle lowers it (jax.export, batch and length symbolic; Mistral's sliding

@@ -25,6 +25,7 @@ def reference() -> dict:
         return {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith("modernbert/")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_the_tower_equals_transformers(pooling, reference):
     start = pretrained.resolve(str(FOLDER), pooling)
@@ -80,6 +81,7 @@ def test_a_run_from_the_tiny_modernbert_trains_and_exports(tmp_path):
     np.testing.assert_allclose(vectors, want, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny_qwen2", "tiny_modernbert"])
 def test_recomputed_layers_give_the_same_loss_and_gradient(name):
     """model.remat: each layer's activations recomputed in the backward pass; the loss

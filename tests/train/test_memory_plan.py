@@ -39,6 +39,7 @@ def test_state_bytes_per_device_follow_the_layout():
         assert plan.optimizer == rows * 64 * 4 and plan.peak is None and plan.fits
 
 
+@pytest.mark.slow
 def test_a_compiled_plan_is_logged_and_the_run_takes_its_step(tmp_path, caplog):
     """mesh.memory_plan=compile on CPU: the plan line, with a peak at least the state's;
     the weights equal a run without the plan (the compiled step computes as the jitted)."""
@@ -52,6 +53,7 @@ def test_a_compiled_plan_is_logged_and_the_run_takes_its_step(tmp_path, caplog):
                  checkpoints.latest_params(str(tmp_path / "b"))[1])
 
 
+@pytest.mark.slow
 def test_a_plan_that_does_not_fit_is_refused_before_the_first_step(tmp_path, monkeypatch):
     monkeypatch.setattr(memory_plan, "device_limit", lambda device: 2 ** 16)
     workdir = str(tmp_path / "run")
