@@ -173,17 +173,19 @@ from dualjax.train import step as step_lib
 from dualjax.objectives.optimizer import make_optimizer
 from dualjax.models import dual_encoder
 from dualjax.models.bert import BertConfig
-q_len, d_len, chunks, steps = map(int, sys.argv[2:6])
+q_len, d_len, chunks, steps, rank = map(int, sys.argv[2:7])
 c = default_config()
 m = c.model
 m.tower, m.max_len, m.similarity, m.temperature = "bert", 256, "cosine_temperature", 0.05
+m.lora_rank, m.lora_alpha = rank, 2.0 * rank  # 0: every weight trains
 c.loss.name = "in_batch_softmax"
 mesh = sharding.make_mesh(1)
 model = dual_encoder.make_model(specs.model_spec(m), MINILM["vocab_size"],
                                 architecture=BertConfig(**MINILM))
 tx, schedule = make_optimizer(specs.optimizer_spec(c.optimizer), 1000)
-objective = objectives.in_batch.objective(model, losses.sharded(c.loss.name, mesh), 256,
-                                              encode_chunks=chunks)
+objective = objectives.make(objectives.ObjectiveSpec(loss=c.loss.name, max_len=256,
+                                                    encode_chunks=chunks), model, mesh)
+tx = objectives.restrict(tx, objective)  # (LoRA: the adapters alone)
 init = step_lib.make_init_state(objective, tx)
 shardings = sharding.state_shardings(jax.eval_shape(init, 0), mesh, "replicated",
                                      dual_encoder.logical_axes(model, 256))
@@ -203,7 +205,9 @@ for _ in range(steps):
     state, _ = step(state, batch, norms=False)
     jax.block_until_ready(state)
     times.append(time.perf_counter() - t)
-print(json.dumps({"chunks": chunks, "temp_gib": temp / 2**30, "step_s": times,
+print(json.dumps({"chunks": chunks, "lora_rank": rank, "temp_gib": temp / 2**30,
+                  "state_gib": sum(x.nbytes for x in jax.tree.leaves(state)) / 2**30,
+                  "step_s": times,
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 '''
 
@@ -211,16 +215,18 @@ print(json.dumps({"chunks": chunks, "temp_gib": temp / 2**30, "step_s": times,
 def run_steps(args) -> list[dict]:
     """--steps-only: the step alone for each of --chunks, a process each."""
     out = []
-    for chunks in map(int, args.chunks.split(",")):
+    for chunks, rank in ((c, r) for c in map(int, args.chunks.split(","))
+                         for r in map(int, args.lora.split(","))):
         got = subprocess.run([sys.executable, "-c", STEP_WORKER, REPO, str(args.q_len),
-                              str(args.d_len), str(chunks), str(args.steps)],
+                              str(args.d_len), str(chunks), str(args.steps), str(rank)],
                              capture_output=True, text=True)
         if got.returncode:
             raise SystemExit(f"step worker failed:\n{got.stderr[-3000:]}")
         r = json.loads(got.stdout.strip().splitlines()[-1])
         r["pairs_per_second"] = 64 / median(r["step_s"][1:])
         out.append(r)
-        print(f"encode_chunks {chunks:2d}: XLA temp {r['temp_gib']:.2f} GiB, peak RSS "
+        print(f"encode_chunks {chunks:2d}, LoRA rank {rank:2d}: train state "
+              f"{r['state_gib']:.3f} GiB, XLA temp {r['temp_gib']:.2f} GiB, peak RSS "
               f"{r['peak_rss_mb']:.0f} MB, {r['pairs_per_second']:.2f} pairs/s", flush=True)
     return out
 
@@ -240,6 +246,8 @@ def main() -> None:
     p.add_argument("--json", default="")
     p.add_argument("--steps-only", action="store_true", help="the jitted step alone")
     p.add_argument("--chunks", default="0,4,8,16", help="--steps-only: encode_chunks values")
+    p.add_argument("--lora", default="0",
+                   help="--steps-only: model.lora_rank values (0: every weight trains)")
     p.add_argument("--q_len", type=int, default=64)
     p.add_argument("--d_len", type=int, default=256)
     p.add_argument("--write-wiki5k", default="", help="write the issue's 5,000 paragraphs here")
