@@ -44,6 +44,7 @@ from dualjax.models import decoder
 from dualjax.models.bert import FAMILIES, POOLINGS, BertConfig
 from dualjax.models.decoder import DecoderConfig
 from dualjax.models.modernbert import ModernBertConfig
+from dualjax.pretrained import weights_file
 from dualjax.pretrained.decoder_weights import decoder_params
 from dualjax.pretrained.modernbert_weights import modernbert_params
 from dualjax.pretrained.sources import (
@@ -119,11 +120,9 @@ class Pretrained:
             raise PretrainedError(f"{paths[0] if len(paths) == 1 else folder}: changed since "
                                   f"this run started from it (sha256 {self.sha256[:12]}... "
                                   f"recorded in {RECORD})")
-        from safetensors.numpy import load_file
         tensors: dict[str, np.ndarray] = {}
-        for path in paths:
-            with _readable(path):
-                tensors.update(load_file(path))
+        for path in paths:  # (mapped from the files: read as they are used)
+            tensors.update(weights_file.read(path))
         return tensors
 
     def tower_params(self) -> dict[str, Any]:
