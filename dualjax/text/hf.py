@@ -8,10 +8,10 @@ and leaves padding out of the mean. Here a text is truncated to `max_len` ids co
 special tokens (sentence-transformers' "longest_first" on one text: [CLS], the first
 max_len - 2 pieces, [SEP]) and right-padded with 0 under a False mask.
 
-`end_token`: an id put after every text when the post-processor does not end it with
-that token already (a decoder embedder's end-of-text token, whose state is the text's
-vector), within max_len: the text is cut one shorter to leave it room, as e5-mistral and
-gte-Qwen2 append it.
+`end_token`: an id put after every text when the post-processor does not end it with a
+special token already (a decoder embedder's end-of-text token, whose state is the
+text's vector), within max_len: the text is cut one shorter to leave it room, as
+e5-mistral and gte-Qwen2 append it.
 
 Saved as JSON {"type": "hf", "tokenizer": <the tokenizers JSON>, "lowercase",
 "add_special_tokens", "drop_unknown", "end_token", "version"}, so a workdir and a bundle
@@ -76,9 +76,11 @@ class HFTokenizer:
                           if add_special_tokens and tok.post_processor is not None else 0)
         if self.end_token >= tok.get_vocab_size(with_added_tokens=True):
             raise ValueError(f"end_token={self.end_token} is not one of the tokenizer's ids")
-        # appended here, unless the post-processor puts it last itself
-        self._append = self.end_token >= 0 and tok.encode(
-            "a", add_special_tokens=self.add_special_tokens).ids[-1:] != [self.end_token]
+        # appended here, unless the post-processor already ends a text with a special
+        # token (Qwen3-Embedding's template appends <|endoftext|> while its eos_token is
+        # <|im_end|>: that template is how it was trained)
+        probe = tok.encode("a", add_special_tokens=self.add_special_tokens)
+        self._append = self.end_token >= 0 and probe.special_tokens_mask[-1:] != [1]
         model = spec.get("model", {})
         unk = model.get("unk_token")
         self.unknown_id = tok.token_to_id(unk) if isinstance(unk, str) else None

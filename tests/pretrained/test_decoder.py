@@ -259,3 +259,14 @@ def test_weights_published_in_bfloat16_or_float16_load(tmp_path, dtype, referenc
     (dst / "model.safetensors").write_bytes(data[:-100])
     with pytest.raises(errors.PretrainedError, match="not a whole safetensors file"):
         pretrained.resolve(str(dst)).tower_params()
+
+
+def test_a_template_that_ends_with_a_special_token_is_taken_as_is(tmp_path, reference):
+    """Qwen3-Embedding's tokenizer template appends <|endoftext|> while its
+    tokenizer_config names <|im_end|>: the template is how it was trained, so nothing
+    more is appended (here <s> stands for the other token)."""
+    path = _copy(tmp_path, "qwen3", tokenizer_config={"eos_token": "<s>"})
+    tok = pretrained.resolve(path).tokenizer()
+    want = [row[row >= 0].tolist() for row in reference["qwen3/ids"]]
+    assert tok.token_ids(str(reference["qwen3/texts"][0])) == want[0]
+    assert not tok.appends_end
