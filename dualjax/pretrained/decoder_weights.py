@@ -13,26 +13,20 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from dualjax.errors import PretrainedError
 from dualjax.models.decoder import DecoderConfig
+from dualjax.pretrained.weights_file import by_name, without_prefix
 
 _ATTENTION = (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj"))
 _MLP = (("mlp_gate", "gate_proj"), ("mlp_up", "up_proj"), ("mlp_down", "down_proj"))
 
 
-def _strip(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    if any(k.startswith("model.") for k in tensors):
-        return {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
-    return dict(tensors)
-
-
 def decoder_params(tensors: dict[str, np.ndarray], c: DecoderConfig, path: str) -> dict:
     """The tensors as float32 `DecoderTower` params; PretrainedError naming a missing
     tensor or one of another shape than config.json's sizes."""
-    t = _strip(tensors)
+    t = without_prefix(tensors, "model.")
     heads, kv, d, h = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
     sizes = {"query": heads, "key": kv, "value": kv}
-    try:
+    with by_name(path, c.family, c.num_layers):
         out: dict = {"embed": {"embedding": t["embed_tokens.weight"]},
                      "ln_final": {"scale": t["norm.weight"]}}
         for i in range(c.num_layers):
@@ -59,12 +53,6 @@ def decoder_params(tensors: dict[str, np.ndarray], c: DecoderConfig, path: str) 
                     dense["bias"] = t[f"{p}mlp.{theirs}.bias"]
                 layer[ours] = dense
             out[f"layer_{i}"] = layer
-    except KeyError as e:
-        raise PretrainedError(f"{path}: no tensor {e.args[0]} (a {c.family} of "
-                              f"{c.num_layers} layers?)") from None
-    except ValueError as e:
-        raise PretrainedError(f"{path}: a tensor does not fit the sizes in config.json: "
-                              f"{e}") from None
     return jax.tree.map(lambda x: np.ascontiguousarray(x, np.float32), out)
 
 

@@ -13,20 +13,14 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from dualjax.errors import PretrainedError
 from dualjax.models.modernbert import ModernBertConfig
-
-
-def _strip(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    if any(k.startswith("model.") for k in tensors):
-        return {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
-    return dict(tensors)
+from dualjax.pretrained.weights_file import by_name, without_prefix
 
 
 def modernbert_params(tensors: dict[str, np.ndarray], c: ModernBertConfig, path: str) -> dict:
     """The tensors as float32 `ModernBertTower` params; PretrainedError naming a missing
     tensor or one of another shape than config.json's sizes."""
-    t = _strip(tensors)
+    t = without_prefix(tensors, "model.")
     h, heads, d = c.hidden_size, c.num_heads, c.head_dim
 
     def norm(name: str) -> dict:
@@ -41,7 +35,7 @@ def modernbert_params(tensors: dict[str, np.ndarray], c: ModernBertConfig, path:
             out["bias"] = t[f"{name}.bias"]
         return out
 
-    try:
+    with by_name(path, "modernbert", c.num_layers):
         out: dict = {"embed": {"embedding": t["embeddings.tok_embeddings.weight"]},
                      "ln_embed": norm("embeddings.norm"), "ln_final": norm("final_norm")}
         for i in range(c.num_layers):
@@ -57,12 +51,6 @@ def modernbert_params(tensors: dict[str, np.ndarray], c: ModernBertConfig, path:
             if i:
                 layer["ln_attn"] = norm(p + "attn_norm")
             out[f"layer_{i}"] = layer
-    except KeyError as e:
-        raise PretrainedError(f"{path}: no tensor {e.args[0]} (a modernbert of "
-                              f"{c.num_layers} layers?)") from None
-    except ValueError as e:
-        raise PretrainedError(f"{path}: a tensor does not fit the sizes in config.json: "
-                              f"{e}") from None
     return jax.tree.map(lambda x: np.ascontiguousarray(x, np.float32), out)
 
 

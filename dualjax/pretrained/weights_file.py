@@ -10,9 +10,11 @@ whole file twice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
+from collections.abc import Iterator
 
 import ml_dtypes
 import numpy as np
@@ -53,3 +55,27 @@ def read(path: str) -> dict[str, np.ndarray]:
                                   f"byte {end} of {data.size}); copy or download it again")
         out[name] = data[start:end].view(dtype).reshape(info["shape"])
     return out
+
+
+def without_prefix(tensors: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    """The tensors under `prefix` ("model." of a causal or masked LM checkpoint, whose
+    head no embedding reads) with it taken off; all of them when none has it (a bare
+    model, as embedders save it)."""
+    if any(k.startswith(prefix) for k in tensors):
+        return {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
+    return dict(tensors)
+
+
+@contextlib.contextmanager
+def by_name(path: str, family: str, layers: int) -> Iterator[None]:
+    """Reading a model's tensors by name: a missing one (KeyError) or one of another
+    shape than config.json's sizes (ValueError, from a reshape) as one PretrainedError
+    naming the file."""
+    try:
+        yield
+    except KeyError as e:
+        raise PretrainedError(f"{path}: no tensor {e.args[0]} (a {family} of {layers} "
+                              "layers?)") from None
+    except ValueError as e:
+        raise PretrainedError(f"{path}: a tensor does not fit the sizes in config.json: "
+                              f"{e}") from None

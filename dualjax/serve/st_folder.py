@@ -34,7 +34,7 @@ from dualjax.models.bert import BertConfig
 from dualjax.models.decoder import DecoderConfig
 from dualjax.models.modernbert import ModernBertConfig
 from dualjax.models.spec import ModelSpec
-from dualjax.pretrained import decoder_weights, modernbert_weights
+from dualjax.pretrained import bert_weights, decoder_weights, modernbert_weights
 from dualjax.text.hf import HFTokenizer
 from dualjax.text.sides import Inputs
 
@@ -158,7 +158,7 @@ def _transformer(put, folder: str, params: dict, arch: pretrained.Architecture,
         config = modernbert_weights.hf_config(arch)
         tensors = modernbert_weights.hf_tensors(params, arch)
     else:
-        config, tensors = pretrained.hf_config(arch), pretrained.hf_tensors(params, arch)
+        config, tensors = bert_weights.hf_config(arch), bert_weights.hf_tensors(params, arch)
     put(join("config.json"), _json(config))
     put(join("model.safetensors"), save(tensors, metadata={"format": "pt"}))
     put(join("tokenizer.json"), json.dumps(_tokenizer_spec(tok), ensure_ascii=False))

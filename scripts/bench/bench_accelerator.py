@@ -75,7 +75,7 @@ def write_bert(folder: str, shape: str, tokenizer: str, seed: int = 0) -> str:
     from safetensors.numpy import save_file
 
     from dualjax.models.bert import BertConfig, BertTower
-    from dualjax.pretrained import hf_config, hf_tensors
+    from dualjax.pretrained.bert_weights import hf_config, hf_tensors
     if os.path.isfile(os.path.join(folder, "model.safetensors")):
         return folder
     os.makedirs(os.path.join(folder, "1_Pooling"), exist_ok=True)
