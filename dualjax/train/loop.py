@@ -348,7 +348,10 @@ def _train_loop(run: Run, evaluators, selection: Selection, hooks: Sequence[Hook
             local = next(run.data_iters[t])
             local["task"] = np.full(len(local["q_ids"]), t, np.int32)
             if step == start + 1:  # before the first step: its memory, at full length
-                _memory_plan(run, local)
+                memory_plan.before_first_step(
+                    run.spec, run.mesh, run.train_step, run.state,
+                    lambda local=local: sharding.put_global_batch(run.host_rows(local),
+                                                                  run.mesh))
             if trim:  # each process's share must keep one shape: one process only
                 local = sides.trim_padding(local)
             is_eval, is_ckpt, is_log = _cadence(s, step, selection.patience)
@@ -376,26 +379,6 @@ def _train_loop(run: Run, evaluators, selection: Selection, hooks: Sequence[Hook
         rows.close()
         if run.ckpt is not None:
             run.ckpt.close()
-
-
-def _memory_plan(run: Run, local: dict) -> None:
-    """Logs the step's memory per device (`memory_plan`); ConfigError, in one line with
-    the figures, when it does not fit the device."""
-    mode = run.spec.mesh.memory_plan
-    if mode == "off":
-        return
-    compiled = None
-    if memory_plan.compiles(mode):
-        batch = sharding.put_global_batch(run.host_rows(local), run.mesh)
-        compiled = run.train_step.compile(run.state, batch)
-    m, lora = run.spec.mesh, run.spec.model.lora
-    layout = (f"{sharding.data_size(run.mesh)} x {run.mesh.shape[sharding.MODEL_AXIS]} "
-              f"data x model mesh, {m.param_sharding} params, encode_chunks "
-              f"{run.spec.objective.encode_chunks or 1}"
-              + (f", LoRA rank {lora.rank}" if lora.rank else ""))
-    plan = memory_plan.plan(run.state, compiled, layout)
-    logging.info("Memory plan: %s", plan.describe())
-    memory_plan.check(plan)
 
 
 def _evaluate_during_training(run: Run, evaluators, selection: Selection, rows, step: int

@@ -20,12 +20,15 @@ parameter and optimizer figures alone; "compile" always compiles it; "off" skips
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
+from absl import logging
 
 from dualjax.errors import ConfigError
+from dualjax.runtime import sharding
 from dualjax.runtime.sharding import MEMORY_PLANS as MODES  # noqa: F401 (mesh.memory_plan)
 
 GIB = 2.0 ** 30
@@ -103,6 +106,26 @@ def compiles(mode: str, device: jax.Device | None = None) -> bool:
     """Whether `mode` compiles the step for its plan on this device's platform."""
     platform = (device or jax.devices()[0]).platform
     return mode == "compile" or (mode == "auto" and platform != "cpu")
+
+
+def before_first_step(spec: Any, mesh: jax.sharding.Mesh, train_step: Any, state: Any,
+                      first_batch: Callable[[], dict]) -> MemoryPlan | None:
+    """The run's plan (`spec`: its RunSpec), logged; ConfigError in one line when it
+    does not fit. With a compiled plan the step is compiled for `first_batch()` (the
+    global batch, placed) and `train_step` keeps that executable for the run."""
+    mode = spec.mesh.memory_plan
+    if mode == "off":
+        return None
+    compiled = train_step.compile(state, first_batch()) if compiles(mode) else None
+    lora = spec.model.lora
+    layout = (f"{sharding.data_size(mesh)} x {mesh.shape[sharding.MODEL_AXIS]} data x model "
+              f"mesh, {spec.mesh.param_sharding} params, encode_chunks "
+              f"{spec.objective.encode_chunks or 1}"
+              + (f", LoRA rank {lora.rank}" if lora.rank else ""))
+    p = plan(state, compiled, layout)
+    logging.info("Memory plan: %s", p.describe())
+    check(p)
+    return p
 
 
 def check(p: MemoryPlan) -> None:
