@@ -348,10 +348,8 @@ def _train_loop(run: Run, evaluators, selection: Selection, hooks: Sequence[Hook
             local = next(run.data_iters[t])
             local["task"] = np.full(len(local["q_ids"]), t, np.int32)
             if step == start + 1:  # before the first step: its memory, at full length
-                memory_plan.before_first_step(
-                    run.spec, run.mesh, run.train_step, run.state,
-                    lambda local=local: sharding.put_global_batch(run.host_rows(local),
-                                                                  run.mesh))
+                memory_plan.before_first_step(run.spec, run.mesh, run.train_step, run.state,
+                                              _placed(run, local))
             if trim:  # each process's share must keep one shape: one process only
                 local = sides.trim_padding(local)
             is_eval, is_ckpt, is_log = _cadence(s, step, selection.patience)
@@ -379,6 +377,11 @@ def _train_loop(run: Run, evaluators, selection: Selection, hooks: Sequence[Hook
         rows.close()
         if run.ckpt is not None:
             run.ckpt.close()
+
+
+def _placed(run: Run, local: dict) -> Callable[[], dict]:
+    """The global batch of this process's `local` share, placed, when called."""
+    return lambda: sharding.put_global_batch(run.host_rows(local), run.mesh)
 
 
 def _evaluate_during_training(run: Run, evaluators, selection: Selection, rows, step: int
