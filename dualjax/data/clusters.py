@@ -239,12 +239,16 @@ def drop_incoherent(items: list[tuple[str, int, str]], min_coherence: float) -> 
     return {c for c, sets in members.items() if cluster_coherence(sets) < min_coherence}
 
 
-def cluster_raw(train_pairs, items, settings, train_fields=None, fields_of=None) -> RawData:
+def cluster_raw(train_pairs, items, settings, train_fields=None, fields_of=None,
+                train_clusters=None) -> RawData:
     """RawData from clustered questions, after the optional coherence filter.
 
     fields_of: {"query": {normalised text: fields}, "document": ...}: the categorical
     fields a text had where it was that side of a pair; evaluation queries take the query
     side's, candidates the document side's (missing where the text never was that side).
+    train_clusters: each training pair's cluster (the ids of `items`), when known: kept
+    numbered as `cluster_pairs` numbers the training pairs (so the builders need not
+    join them again).
     """
     dropped = drop_incoherent(items, settings["min_cluster_coherence"])
     if dropped:
@@ -252,6 +256,8 @@ def cluster_raw(train_pairs, items, settings, train_fields=None, fields_of=None)
         keep = [cluster_of[normalize(q)] not in dropped for q, _ in train_pairs]
         train_pairs = [p for p, k in zip(train_pairs, keep, strict=True) if k]
         train_fields = train_fields and [f for f, k in zip(train_fields, keep, strict=True) if k]
+        train_clusters = train_clusters and [c for c, k in zip(train_clusters, keep, strict=True)
+                                             if k]
         items = [it for it in items if it[1] not in dropped]
     tasks = cluster_tasks(items, settings["candidates"])
     if fields_of:
@@ -260,4 +266,7 @@ def cluster_raw(train_pairs, items, settings, train_fields=None, fields_of=None)
                 task, corpus_fields=[fields_of["document"].get(normalize(t), {})
                                      for t in task.corpus],
                 query_fields=[fields_of["query"].get(normalize(t), {}) for t in task.queries])
-    return RawData(train_pairs, tasks, train_fields)
+    if train_clusters is not None:  # dense, in order of first appearance
+        dense: dict[int, int] = {}
+        train_clusters = [dense.setdefault(c, len(dense)) for c in train_clusters]
+    return RawData(train_pairs, tasks, train_fields, train_clusters=train_clusters)

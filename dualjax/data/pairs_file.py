@@ -120,7 +120,7 @@ def _parse_line(raw: bytes, lineno: int, parse) -> PairRecord:
         raise ValueError("empty line")
     record = parse(line)
     for side, value in (("query", record.query), ("document", record.document)):
-        if not text_lib.normalize(value):
+        if not text_lib.has_word(value):
             raise ValueError(f"{side} has no letter or digit (of any script): {value!r}")
     return record
 
@@ -227,7 +227,9 @@ def _load(settings: dict) -> clusters.RawData:
     go to train, val or test: no text is in two splits."""
     records = read_pair_records(settings["path"], skip_bad_lines=settings["skip_bad_lines"])
     pairs = [(r.query, r.document) for r in records]
-    cluster_of = clusters.cluster_pairs([(normalize(q), normalize(d)) for q, d in pairs])
+    normal = [(normalize(q), normalize(d)) for q, d in pairs]  # (each text once: at corpus
+    # scale normalize's cache keeps the repeated texts, not the many distinct ones)
+    cluster_of = clusters.cluster_pairs(normal)
     fractions = {"train": 1.0 - settings["val_fraction"] - settings["test_fraction"],
                  "val": settings["val_fraction"], "test": settings["test_fraction"]}
     split_of = clusters.split_clusters(max(cluster_of.values()) + 1, fractions,
@@ -240,25 +242,26 @@ def _load(settings: dict) -> clusters.RawData:
                 f"{settings['path']}: {len(split_of)} clusters of pairs leave split "
                 f"{name!r} empty ({counts}); give more pairs or adjust "
                 "data.val_fraction / data.test_fraction")
-    train, train_fields, items, seen = [], [], [], set()
+    train, train_fields, train_clusters, items, seen = [], [], [], [], set()
     fields_of: dict[str, dict] = {"query": {}, "document": {}}  # first fields per text, side
-    for r in records:
+    for r, (nq, nd) in zip(records, normal, strict=True):
         q, d = r.query, r.document
-        c = cluster_of[normalize(q)]
+        c = cluster_of[nq]
         split = names[split_of[c]]
         if split == "train":
             train.append((q, d))
             train_fields.append((r.query_fields, r.document_fields))
-        for t in (q, d):  # the first spelling of each normalised text represents it
-            if normalize(t) not in seen:
-                seen.add(normalize(t))
+            train_clusters.append(c)
+        for t, n in ((q, nq), (d, nd)):  # the first spelling of each normalised text
+            if n not in seen:  # represents it
+                seen.add(n)
                 items.append((t, c, split))
-        for side, t, f in (("query", q, r.query_fields), ("document", d, r.document_fields)):
+        for side, n, f in (("query", nq, r.query_fields), ("document", nd, r.document_fields)):
             if f:
-                fields_of[side].setdefault(normalize(t), f)
+                fields_of[side].setdefault(n, f)
     has_fields = any(fields_of.values())
     return clusters.cluster_raw(train, items, settings, train_fields if has_fields else None,
-                                fields_of if has_fields else None)
+                                fields_of if has_fields else None, train_clusters)
 
 
 sources.register(sources.Source("pairs", _load, _settings, table="pairs_file"))

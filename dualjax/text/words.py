@@ -21,6 +21,11 @@ from dualjax.runtime.files import atomic_write
 
 PAD_ID = 0
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
+# bytes.translate to a-z0-9 and spaces: `normalize`'s ASCII path, faster than
+# _NON_ALNUM.sub on long texts (BENCHMARKS.md, issue 46)
+_ASCII_WORDS = bytes(c if chr(c).isascii() and chr(c) in "abcdefghijklmnopqrstuvwxyz0123456789"
+                     else 32 for c in range(256))
+_ASCII_WORD_CHAR = re.compile(r"[A-Za-z0-9]")
 # Combining marks folded away with the accents (Unicode category Mn in these blocks:
 # Latin/Greek/Cyrillic accents, Hebrew points, Arabic harakat: marks a word is also
 # written without). Other scripts' marks (Devanagari's vowel signs...) stay in the word.
@@ -81,7 +86,7 @@ def normalize(text: str, form: str = "unicode") -> str:
     """
     folded = text.casefold()
     if folded.isascii():  # the fast path, the same in both forms
-        return _NON_ALNUM.sub(" ", folded).strip()
+        return " ".join(folded.encode("ascii").translate(_ASCII_WORDS).decode("ascii").split())
     folded = _COMBINING.sub("", unicodedata.normalize("NFKD", folded)).lower()
     if form == "ascii":
         return _NON_ALNUM.sub(" ", folded).strip()
@@ -118,6 +123,14 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
         else:
             spans.append((start, end))
     return spans
+
+
+def has_word(text: str) -> bool:
+    """Whether `normalize(text)` keeps anything (a letter, digit or mark of any script);
+    an ASCII text is only searched for one, not normalised."""
+    if text.isascii():
+        return _ASCII_WORD_CHAR.search(text) is not None
+    return bool(normalize(text))
 
 
 def words(text: str, form: str = "unicode") -> list[str]:

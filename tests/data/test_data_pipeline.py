@@ -149,16 +149,15 @@ def test_changed_setting_makes_new_config_dir(tiny_data, tmp_path):
 @pytest.mark.parametrize("error", ["array_record", "os"])
 def test_a_full_disk_while_writing_the_tables_is_one_line_and_leaves_nothing(
         tiny_data, tmp_path, monkeypatch, error):
-    """The disk fills while TFDS writes a table: one WorkdirError line naming the folder,
-    saying nothing was lost and how to go on; no half-written table is left (TFDS writes
-    into incomplete.* and removes it), and the next run prepares the table whole.
-    array_record raises riegeli's status as a RuntimeError, an OSError comes from TFDS's
-    own files; TFDS re-raises either with its prefix (the OSError without its errno)."""
+    """The disk fills while a table is written: one WorkdirError line naming the folder,
+    saying nothing was lost and how to go on; no half-written table is left (TFDS has
+    it written into incomplete.* and removes that), and the next run prepares the table
+    whole. array_record raises riegeli's status as a RuntimeError, the file system an
+    OSError."""
     import errno
     import types
 
-    from tensorflow_datasets.core import file_adapters
-
+    from dualjax.data import table_files
     from dualjax.errors import WorkdirError
 
     class FullDisk:  # array_record_module.ArrayRecordWriter, on a full disk
@@ -174,7 +173,7 @@ def test_a_full_disk_while_writing_the_tables_is_one_line_and_leaves_nothing(
 
     tfds_dir = str(tmp_path / "tfds")
     with monkeypatch.context() as m:
-        m.setattr(file_adapters, "array_record_module",
+        m.setattr(table_files, "array_record_module",
                   types.SimpleNamespace(ArrayRecordWriter=FullDisk))
         with pytest.raises(WorkdirError) as err:
             builders.prepare(spec(tiny_data, SEED), tfds_dir, "pairs")

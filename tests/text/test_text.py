@@ -34,6 +34,23 @@ def test_normalize(raw, expected):
     assert normalize(raw) == expected
 
 
+def test_ascii_normalize_and_has_word_equal_their_plain_definitions():
+    """normalize's ASCII path (bytes.translate) equals the plain rule (every run of
+    characters outside a-z0-9, after casefolding, is one space; stripped), and has_word
+    says whether anything is left, on random ASCII strings with every control character."""
+    import random
+    import re
+    rng = random.Random(0)
+    plain = re.compile(r"[^a-z0-9]+")
+    for _ in range(20000):
+        s = "".join(chr(rng.randrange(128)) for _ in range(rng.randrange(10)))
+        expected = plain.sub(" ", s.casefold()).strip()
+        assert normalize.__wrapped__(s) == expected, repr(s)
+        assert text.has_word(s) == bool(expected), repr(s)
+    for s in ("Café", "?!…", "🙂", "北"):  # non-ASCII: normalize decides
+        assert text.has_word(s) == bool(normalize(s))
+
+
 @pytest.mark.parametrize("raw, expected", [
     ("北京大学的图书馆 2024", "北 京 大 学 的 图 书 馆 2024"),                  # Chinese
     ("東京タワー", "東 京 タ ワ ー"),                                           # Japanese
