@@ -80,7 +80,10 @@ def get_config() -> ml_collections.ConfigDict:
                                     # document of the dataset (Dehghani et al. 2017)
     c.data.pseudo_label_queries = ""  # with pseudo_labels: a file of queries (one per line)
                                     # to label instead of the training queries
-    c.data.worker_count = 0         # grain worker processes (0: read in the main process)
+    c.data.worker_count = -1        # grain worker processes (0: read in the main process;
+                                    # -1: none when the pairs are tokenized up front, as
+                                    # every source under 2 GiB of token ids is, else one a
+                                    # core but the main process's, at most 8)
     c.data.prefetch_batches = 4     # training batches built ahead, by as many threads
     c.data.split_by = "article"     # reqa_squad: split "article"s into train/val/test
                                     # (val_fraction, test_fraction), or "question"s (Chang et

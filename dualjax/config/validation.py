@@ -212,9 +212,14 @@ def _check_numbers(config: ml_collections.ConfigDict) -> None:
     positive(config, "num_train_steps", "checkpoint_every_steps", "eval_every_steps",
               "log_every_steps",
               "keep_checkpoints", "model.num_oov_buckets", "optimizer.warmup_steps",
-              "optimizer.grad_clip_norm", "optimizer.weight_decay", "data.worker_count",
+              "optimizer.grad_clip_norm", "optimizer.weight_decay",
               "mesh.num_devices", "model.query_max_len", "model.doc_max_len",
               "model.feature_vocab_size", "model.feature_buckets", allow_zero=True)
+    for name, data, _ in specs.task_configs(config):
+        if data.worker_count < -1:
+            key = f"tasks.{name}.data" if name else "data"
+            raise ConfigError(f"config.{key}.worker_count={data.worker_count} must be >= 0, "
+                              "or -1 to choose from the host's cores")
     if not 0 <= config.seed < 2 ** 31:  # the data order takes seed + task, mod 2**32
         raise ConfigError(f"config.seed={config.seed} must be in [0, 2**31)")
 

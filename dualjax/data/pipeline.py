@@ -10,12 +10,14 @@ so a resumed run sees exactly the batches an uninterrupted one would have.
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from collections.abc import Iterable, Sequence
 
 import grain
 import jax
 import numpy as np
+from absl import logging
 
 from dualjax.data import shuffle
 from dualjax.text.sides import Inputs, Side
@@ -120,6 +122,10 @@ class ReadPairs(grain.transforms.Map):
                      for start in range(0, len(source), CHUNK)]
             self._table = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
+    @property
+    def pretokenized(self) -> bool:
+        return self._table is not None
+
     def map(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         if self._table is not None:
             return {k: v[indices] for k, v in self._table.items()}
@@ -182,6 +188,23 @@ class MixedNegatives(grain.transforms.RandomMap):
                 **record_clusters(records, "m_cluster_ids")}
 
 
+MAX_AUTO_WORKERS = 8
+
+
+def workers(asked: int, pretokenized: bool) -> int:
+    """The grain worker processes for data.worker_count `asked`: itself, or for -1 none
+    when every pair was tokenized up front (a batch is then a gather of rows, which a
+    worker would only copy), else one a core but the main process's, at most
+    MAX_AUTO_WORKERS."""
+    if asked >= 0:
+        return asked
+    chosen = 0 if pretokenized else min(len(os.sched_getaffinity(0)) - 1, MAX_AUTO_WORKERS)
+    logging.info("data.worker_count=-1: %d worker processes (%s)", chosen,
+                 "the pairs are tokenized up front" if pretokenized
+                 else f"{len(os.sched_getaffinity(0))} cores")
+    return chosen
+
+
 def _iterate(ds: grain.MapDataset, worker_count: int, prefetch_batches: int
              ) -> grain.DatasetIterator:
     """Iterates a dataset of whole batches, `prefetch_batches` of them built ahead by as
@@ -219,12 +242,13 @@ def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
     local, n = global_batch_size // n_proc, len(source)
     batches = grain.MapDataset.range(2 ** 62 // global_batch_size)
     ds = batches.map(lambda b: shuffle.stream(b * global_batch_size + i * local, local, n, seed))
-    ds = ds.map(ReadPairs(source, inputs, num_hard_negatives, pretokenize))
+    reader = ReadPairs(source, inputs, num_hard_negatives, pretokenize)
+    ds = ds.map(reader)
     if num_mixed_negatives:
         u = num_mixed_negatives // n_proc
         ds = ds.random_map(MixedNegatives(source, inputs.document, num_mixed_negatives,
                                           slice(i * u, (i + 1) * u)), seed=seed + 1)
-    return _iterate(ds, worker_count, prefetch_batches)
+    return _iterate(ds, workers(worker_count, reader.pretokenized), prefetch_batches)
 
 
 class GeneratePairs(grain.transforms.Map):
@@ -260,4 +284,5 @@ def generated_iterator(generator, inputs: Inputs, global_batch_size: int,
     batches = grain.MapDataset.range(2 ** 62 // global_batch_size)
     ds = batches.map(lambda b: np.arange(b * global_batch_size + i * local,
                                          b * global_batch_size + (i + 1) * local))
-    return _iterate(ds.map(GeneratePairs(generator, inputs)), worker_count, prefetch_batches)
+    return _iterate(ds.map(GeneratePairs(generator, inputs)), workers(worker_count, False),
+                    prefetch_batches)

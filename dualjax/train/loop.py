@@ -169,7 +169,11 @@ def _train_and_evaluate(spec: RunSpec, workdir: str, mesh, hooks: Sequence[Hook]
             and not any(r["step"] == start and r["split"] == "val" for r in log.read()))):
         _validate(run, evaluators, selection, start)  # killed during the evaluation at its
         # checkpoint: it decides what's best
-    _train_loop(run, evaluators, selection, hooks)
+    try:
+        _train_loop(run, evaluators, selection, hooks)
+    finally:  # grain's worker processes and the batches they hold in shared memory
+        for it in run.data_iters:
+            it.close()
     return _final_evaluation(run, evaluators, selection)
 
 

@@ -577,3 +577,37 @@ def test_pretokenized_batches_equal_the_records_encoded_per_batch(train_src, tok
     for _ in range(3):
         indices = rng.choice(len(train_src), 16, replace=False)
         _assert_same([once.map(indices)], [each.map(indices)])
+
+
+def test_worker_count_minus_one_chooses_from_the_cores_and_the_pretokenizing(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)))
+    assert pipeline.workers(-1, pretokenized=True) == 0
+    assert pipeline.workers(-1, pretokenized=False) == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert pipeline.workers(-1, pretokenized=False) == pipeline.MAX_AUTO_WORKERS
+    assert pipeline.workers(2, pretokenized=True) == 2 and pipeline.workers(0, False) == 0
+
+
+@pytest.mark.slow
+def test_worker_processes_give_the_same_batches_and_resume(train_src, tokenizer, monkeypatch):
+    """A source too large to pretokenize (here: the limit set to 0) read by a grain worker
+    process (data.worker_count=-1 on two cores): the batches of the main process alone,
+    and a resumed iterator goes on with them; closed, it leaves no process behind."""
+    from absl import flags
+    flags.FLAGS.mark_as_parsed()  # (grain's workers read its flags; the commands parse them)
+    monkeypatch.setattr(pipeline, "PRETOKENIZE_MAX_BYTES", 0)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    inputs = _inputs(tokenizer, 16)
+    alone = _take(pipeline.train_iterator(train_src, inputs, 32, seed=SEED, worker_count=0), 5)
+    it = pipeline.train_iterator(train_src, inputs, 32, seed=SEED, worker_count=-1)
+    first = _take(it, 3)
+    import multiprocessing
+    assert len(multiprocessing.active_children()) == 1  # the worker
+    state = it.get_state()
+    _assert_same(first + _take(it, 2), alone)
+    it.close()
+    assert not multiprocessing.active_children()
+    resumed = pipeline.train_iterator(train_src, inputs, 32, seed=SEED, worker_count=-1)
+    resumed.set_state(state)
+    _assert_same(_take(resumed, 2), alone[3:])
+    resumed.close()

@@ -155,7 +155,7 @@ def test_a_pairs_file_clusters_its_training_pairs_as_the_closure_of_them(tmp_pat
     lines = []
     for c in range(60):  # chains a~b~c of 2-4 texts sharing some words, shuffled
         texts = [f"{' '.join(rng.sample(words, 3))} {c} v{j}" for j in range(rng.randint(2, 4))]
-        lines += [f"{a}\t{b}" for a, b in zip(texts, texts[1:])]
+        lines += [f"{a}\t{b}" for a, b in zip(texts, texts[1:], strict=False)]
     rng.shuffle(lines)
     path = tmp_path / "pairs.tsv"
     path.write_text("\n".join(lines) + "\n")
