@@ -3,8 +3,10 @@ bert tower (bert.py): multi-head self-attention over padded texts, the MLP with 
 LayerNorm, and the logical axis names their weights carry (`_axes`)."""
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
 
 import flax.linen as nn
 import jax
@@ -49,13 +51,49 @@ class SelfAttention(nn.Module):
             return y if adapted is None else y + adapted.reshape(y.shape)
 
         q, k, v = project("query"), project("key"), project("value")
-        y = attention(q, k, v, mask, bias)
+        y = (fused_attention(q, k, v, mask) if bias is None and fused_attention_ok(q)
+             else attention(q, k, v, mask, bias))
         w = self.param("out_kernel", _axes(init, "heads", "kv", "embed"), (h, d, width))
         b = self.param("out_bias", _axes(_zeros, "embed"), (width,))
         out = jnp.einsum("bqhd,hde->bqe", y, w.astype(self.dtype)) + b.astype(self.dtype)
         adapted = lora_lib.delta(self, self.lora, "out", y.reshape(*y.shape[:2], -1), width,
                                  self.dtype)
         return out if adapted is None else out + adapted
+
+
+_PORTABLE = contextvars.ContextVar("portable_attention", default=False)
+
+
+@contextlib.contextmanager
+def portable_attention() -> Iterator[None]:
+    """Towers traced inside take `attention` on any device: a program lowered for
+    several platforms (a bundle: cpu, cuda, tpu) cannot hold cuDNN's kernel."""
+    token = _PORTABLE.set(True)
+    try:
+        yield
+    finally:
+        _PORTABLE.reset(token)
+
+
+def fused_attention_ok(q: jnp.ndarray) -> bool:
+    """Whether `fused_attention` takes q [b, n, heads, d]: on a GPU (cuDNN's flash
+    attention), in bfloat16 or float16, with a head width cuDNN takes (a multiple of 8,
+    at most 128), outside `portable_attention`. Elsewhere `attention`, written for XLA."""
+    return (not _PORTABLE.get() and jax.default_backend() == "gpu"
+            and q.dtype in (jnp.bfloat16, jnp.float16)
+            and q.shape[-1] % 8 == 0 and q.shape[-1] <= 128)
+
+
+def fused_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray,
+                    implementation: Literal["xla", "cudnn"] = "cudnn") -> jnp.ndarray:
+    """`attention` without a bias, through jax.nn.dot_product_attention's fused kernel
+    (its own backward pass too). The padded keys are given as each text's length, since
+    a text's tokens come before its padding (the towers' tokenizers pad on the right);
+    at least one, so that a row of padding, whose output is never read, attends to its
+    first key."""
+    lengths = jnp.maximum(mask.sum(axis=1, dtype=jnp.int32), 1)
+    return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
+                                        implementation=implementation)
 
 
 @jax.custom_vjp

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-from dualjax.models import lora
+from dualjax.models import layers, lora
 from dualjax.models.lora import LoraSpec
 from dualjax.runtime.files import (
     OUTPUT_MARKERS,
@@ -152,7 +152,8 @@ def _write_bundle(tmp: str, workdir: str, trained: Exported, params: dict,
                 jax.ShapeDtypeStruct((batch, length), jnp.bool_)]
         if s.features:
             args.append(jax.ShapeDtypeStruct((batch, len(s.features.fields)), jnp.int32))
-        exported = jax.export.export(jax.jit(encode), platforms=tuple(platforms))(*args)
+        with layers.portable_attention():  # (no cuDNN kernel in a program for every platform)
+            exported = jax.export.export(jax.jit(encode), platforms=tuple(platforms))(*args)
         dims[side] = exported.out_avals[0].shape[-1]
         with open(os.path.join(tmp, f"{side}.jax_export"), "wb") as f:
             f.write(exported.serialize())

@@ -154,6 +154,64 @@ def test_attention_equals_jax_dot_product_attention_with_its_mask(dtype):
                                    np.delete(np.asarray(b, np.float32), 2, 0), **tol)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_fused_attention_equals_attention_on_right_padded_texts(dtype):
+    """The fused path (cuDNN's kernel on a GPU; here the same call with XLA's, since
+    this machine has none): the padded keys given as lengths, it equals layers.attention
+    on right-padded texts, values and gradients w.r.t. q, k, v, except rows of padding,
+    which no tower reads."""
+    rng = np.random.default_rng(2)
+    q, k, v = (jnp.asarray(rng.normal(size=(4, 9, 3, 8)), dtype) for _ in range(3))
+    lengths = np.array([9, 4, 1, 6])
+    mask = jnp.asarray(np.arange(9)[None] < lengths[:, None])
+    weights = jnp.asarray(rng.normal(size=(4, 9, 3, 8)) * mask[..., None, None], jnp.float32)
+    fused = lambda q, k, v: layers.fused_attention(q, k, v, mask, implementation="xla")
+    plain = lambda q, k, v: layers.attention(q, k, v, mask)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == jnp.float32 else dict(rtol=0, atol=2e-2)
+    real = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(jax.jit(fused)(q, k, v), np.float32)[real],
+                               np.asarray(jax.jit(plain)(q, k, v), np.float32)[real], **tol)
+    grad = lambda f: jax.jit(jax.grad(
+        lambda *a: (f(*a).astype(jnp.float32) * weights).sum(), argnums=(0, 1, 2)))(q, k, v)
+    for a, b in zip(grad(fused), grad(plain), strict=True):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), **tol)
+
+
+def test_the_fused_attention_runs_where_cudnn_can_and_the_tower_is_the_same(monkeypatch):
+    """On this CPU the towers keep layers.attention; where fused_attention_ok says yes
+    (a GPU, bf16, a head width of a multiple of 8 up to 128), the bert tower's attention
+    goes through fused_attention, and its vectors are the same."""
+    attn = layers.SelfAttention(num_heads=2, init_std=0.5, dtype=jnp.bfloat16)
+    h = jnp.asarray(np.random.default_rng(3).normal(size=(3, 6, 32)), jnp.bfloat16)
+    mask = jnp.asarray(np.arange(6)[None] < np.array([[6], [2], [4]]))
+    params = attn.init(jax.random.PRNGKey(0), h, mask)
+    x = jnp.zeros((2, 5, 4, 32), jnp.bfloat16)
+    assert not layers.fused_attention_ok(x)  # (no GPU here)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert layers.fused_attention_ok(x)
+    assert not layers.fused_attention_ok(x.astype(jnp.float32))
+    assert not layers.fused_attention_ok(jnp.zeros((2, 5, 4, 12), jnp.bfloat16))
+    assert not layers.fused_attention_ok(jnp.zeros((2, 5, 1, 256), jnp.bfloat16))
+    with layers.portable_attention():  # (bundles: lowered for cpu, cuda and tpu at once)
+        assert not layers.fused_attention_ok(x)
+    assert layers.fused_attention_ok(x)
+
+    calls = []
+    real_fused = layers.fused_attention
+
+    def fused(q, k, v, mask):
+        calls.append(q.shape)
+        return real_fused(q, k, v, mask, implementation="xla")
+    monkeypatch.setattr(layers, "fused_attention", fused)
+    got = attn.apply(params, h, mask)
+    assert calls == [(3, 6, 2, 16)]
+    monkeypatch.setattr(layers, "fused_attention_ok", lambda q: False)
+    want = attn.apply(params, h, mask)
+    real = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(got, np.float32)[real],
+                               np.asarray(want, np.float32)[real], atol=3e-2)
+
+
 @pytest.mark.slow
 def test_attention_bias_and_its_gradient_equal_jax_dot_product_attention():
     """A shared bias [heads, keys, queries] (MPNet's relative positions): the values and
