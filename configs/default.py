@@ -24,7 +24,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.train = ml_collections.ConfigDict()
     c.train.encode_chunks = 0       # dual encoder: the towers encode the global batch this many
                                     # chunks at a time, recomputing each in the backward pass
-                                    # (GradCache: one chunk's activations alive; 0, 1: off)
+                                    # (GradCache: one chunk's activations alive; 0, 1: off;
+                                    # -1: the fewest whose compiled step fits the device's
+                                    # memory, from mesh.memory_plan's compiled peaks)
     c.checkpoint_every_steps = 400  # Orbax save cadence (a save also happens at the end)
     c.keep_checkpoints = 2          # how many recent checkpoints to keep
     c.eval_every_steps = 400        # evaluate on the "val" split every this many steps (0: off)

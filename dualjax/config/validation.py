@@ -248,12 +248,13 @@ def _check_batch(config: ml_collections.ConfigDict, task_list, num_devices: int)
                           "loss.num_mixed_negatives: the uniform draws have another sampling "
                           "probability; set one of them to 0")
     chunks = config.train.encode_chunks
-    if type(chunks) is not int or chunks < 0 or chunks > 1 and any(
+    if type(chunks) is not int or chunks < -1 or chunks > 1 and any(
             n % (chunks * num_devices) for n in (config.global_batch_size, mixed)):
         raise ConfigError(f"config.train.encode_chunks={chunks!r} must split "
                           "config.global_batch_size "
                           f"(and loss.num_mixed_negatives) into chunks of a multiple of the "
-                          f"{num_devices} devices of the mesh (0, 1: off)")
+                          f"{num_devices} devices of the mesh (0, 1: off; -1: the fewest "
+                          "that fit the device)")
     if chunks > 1 and (config.model.name == "pses" or any(
             d.name == specs.PRETRAIN and d.tasks.strip() == "mlm" for _, d, _ in task_list)):
         raise ConfigError(f"config.train.encode_chunks={chunks} chunks the dual encoder's in-batch "

@@ -108,6 +108,7 @@ class Run:
     ckpt: checkpoints.Checkpointer | None = None
     last_saved: int | None = None
     host_rows: Callable[[dict], dict] = dict  # lazy updates: lazy_rows.BatchRows
+    step_with: Callable[[int], step_lib.TrainStep] | None = None  # the step of K chunks
 
     @property
     def system(self) -> str:
@@ -260,11 +261,16 @@ def _build(spec: RunSpec, workdir, mesh, log, signals, tasks, splits, inputs, or
         raise ConfigError(f"config.{e}") from None
     state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(seed)
     table_updates = spec.optimizer.table_updates
-    train_step = step_lib.make_train_step(
-        objective, tx, schedule, state_sharding, sharding.batch_sharding(mesh),
-        sharding.replicated(mesh), spec.log_q_alpha, table_updates)
+
+    def step_with(chunks: int) -> step_lib.TrainStep:  # (train.encode_chunks=-1 chooses)
+        chunked = objectives.make(dataclasses.replace(spec.objective, encode_chunks=chunks),
+                                  model, mesh)
+        return step_lib.make_train_step(
+            chunked, tx, schedule, state_sharding, sharding.batch_sharding(mesh),
+            sharding.replicated(mesh), spec.log_q_alpha, table_updates)
     run = Run(spec, workdir, mesh, log, signals, list(tasks), splits, inputs, origin,
-              init_state, state_sharding, train_step, models.make_encoders(model), state)
+              init_state, state_sharding, step_with(spec.objective.encode_chunks),
+              models.make_encoders(model), state, step_with=step_with)
     if table_updates == "lazy" and jax.process_count() == 1:  # else the step finds the rows
         assert objective.tables is not None, "validated: lazy updates need token tables"
         run.host_rows = lazy_rows.BatchRows(objective.tables(state["params"]), state["params"])
@@ -352,8 +358,9 @@ def _train_loop(run: Run, evaluators, selection: Selection, hooks: Sequence[Hook
             local = next(run.data_iters[t])
             local["task"] = np.full(len(local["q_ids"]), t, np.int32)
             if step == start + 1:  # before the first step: its memory, at full length
-                memory_plan.before_first_step(run.spec, run.mesh, run.train_step, run.state,
-                                              _placed(run, local))
+                run.train_step = memory_plan.before_first_step(
+                    run.spec, run.mesh, run.train_step, run.state, _placed(run, local),
+                    run.step_with)
             if trim:  # each process's share must keep one shape: one process only
                 local = sides.trim_padding(local)
             is_eval, is_ckpt, is_log = _cadence(s, step, selection.patience)

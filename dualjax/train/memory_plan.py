@@ -108,24 +108,104 @@ def compiles(mode: str, device: jax.Device | None = None) -> bool:
     return mode == "compile" or (mode == "auto" and platform != "cpu")
 
 
+AUTO = -1  # train.encode_chunks: the fewest chunks whose compiled step fits
+MAX_AUTO_CHUNKS = 64
+
+
 def before_first_step(spec: Any, mesh: jax.sharding.Mesh, train_step: Any, state: Any,
-                      first_batch: Callable[[], dict]) -> MemoryPlan | None:
+                      first_batch: Callable[[], dict],
+                      step_with: Callable[[int], Any] | None = None) -> Any:
     """The run's plan (`spec`: its RunSpec), logged; ConfigError in one line when it
     does not fit. With a compiled plan the step is compiled for `first_batch()` (the
-    global batch, placed) and `train_step` keeps that executable for the run."""
+    global batch, placed) and keeps that executable for the run. With
+    train.encode_chunks=-1 the chunks are chosen first (`choose_chunks`, `step_with(K)`
+    making the step of K chunks). Returns the step the run takes."""
     mode = spec.mesh.memory_plan
+    chunks = spec.objective.encode_chunks
+    compiled = None
+    if chunks == AUTO:
+        assert step_with is not None, "train.encode_chunks=-1 needs the steps to choose from"
+        chunks, train_step, compiled = choose_chunks(spec, mesh, state, first_batch, step_with)
     if mode == "off":
-        return None
-    compiled = train_step.compile(state, first_batch()) if compiles(mode) else None
-    lora = spec.model.lora
-    layout = (f"{sharding.data_size(mesh)} x {mesh.shape[sharding.MODEL_AXIS]} data x model "
-              f"mesh, {spec.mesh.param_sharding} params, encode_chunks "
-              f"{spec.objective.encode_chunks or 1}"
-              + (f", LoRA rank {lora.rank}" if lora.rank else ""))
-    p = plan(state, compiled, layout)
+        return train_step
+    if compiled is None and compiles(mode):
+        compiled = train_step.compile(state, first_batch())
+    p = plan(state, compiled, _layout(spec, mesh, chunks))
     logging.info("Memory plan: %s", p.describe())
     check(p)
-    return p
+    return train_step
+
+
+def _layout(spec: Any, mesh: jax.sharding.Mesh, chunks: int) -> str:
+    lora = spec.model.lora
+    return (f"{sharding.data_size(mesh)} x {mesh.shape[sharding.MODEL_AXIS]} data x model "
+            f"mesh, {spec.mesh.param_sharding} params, encode_chunks {chunks or 1}"
+            + (f", LoRA rank {lora.rank}" if lora.rank else ""))
+
+
+def chunk_choices(global_batch: int, mixed: int, devices: int) -> list[int]:
+    """The encode_chunks K a batch can take: 1 and the powers of two that split the
+    global batch (and the mixed negatives) into chunks of a multiple of the devices, up
+    to MAX_AUTO_CHUNKS."""
+    out, k = [1], 2
+    while k <= MAX_AUTO_CHUNKS and not any(n % (k * devices) for n in (global_batch, mixed)):
+        out.append(k)
+        k *= 2
+    return out
+
+
+def choose_chunks(spec: Any, mesh: jax.sharding.Mesh, state: Any,
+                  first_batch: Callable[[], dict], step_with: Callable[[int], Any]
+                  ) -> tuple[int, Any, Any]:
+    """train.encode_chunks=-1: the fewest GradCache chunks whose step, compiled for the
+    first batch, fits the device's memory (a binary search over `chunk_choices`: the
+    peak falls as the chunks grow), each compiled step's peak logged with the choice.
+    Where nothing is compiled (mesh.memory_plan off, or auto on a CPU, whose host memory
+    is not planned) or the device's limit is not known: one chunk. ConfigError, with the
+    figures, when even the most chunks do not fit. Returns (K, its step, its compiled
+    step or None)."""
+    device = jax.devices()[0]
+    limit = device_limit(device)
+    choices = chunk_choices(spec.schedule.global_batch_size, spec.num_mixed_negatives,
+                            sharding.data_size(mesh))
+    chunkable = spec.objective.kind == "in_batch"
+    if (spec.mesh.memory_plan == "off" or not compiles(spec.mesh.memory_plan, device)
+            or limit is None or not chunkable):
+        why = ("only the dual encoder's in-batch objective chunks" if not chunkable
+               else "no device memory limit to fit" if limit is None or device.platform == "cpu"
+               else "mesh.memory_plan=off")
+        logging.info("train.encode_chunks=-1: 1 chunk (%s)", why)
+        return 1, step_with(1), None
+    batch = first_batch()
+    tried: dict[int, tuple[Any, Any, MemoryPlan]] = {}
+
+    def attempt(k: int) -> MemoryPlan:
+        step = step_with(k)
+        compiled = step.compile(state, batch)
+        tried[k] = (step, compiled, plan(state, compiled, _layout(spec, mesh, k), device))
+        return tried[k][2]
+
+    low, high = 1, len(choices) - 1  # one chunk first (a step that fits as it is, once)
+    if attempt(1).fits:
+        high = 0
+    elif high == 0 or not attempt(choices[high]).fits:
+        raise ConfigError(
+            f"config.train.encode_chunks=-1: even {choices[high]} chunks do not fit: "
+            f"{tried[choices[high]][2].describe()}. Split the step otherwise: "
+            "mesh.param_sharding=fsdp, a larger mesh.model_axis, model.lora_rank, "
+            "model.dtype=bfloat16 or a smaller global_batch_size")
+    while low < high:  # choices[high] fits; find the first that does
+        mid = (low + high) // 2
+        if attempt(choices[mid]).fits:
+            high = mid
+        else:
+            low = mid + 1
+    k = choices[high]
+    logging.info("train.encode_chunks=-1: %d chunks, the fewest that fit %.2f GiB on %s "
+                 "(compiled peaks: %s)", k, limit / GIB, device.device_kind,
+                 ", ".join(f"{c}: {(tried[c][2].peak or 0) / GIB:.2f} GiB"
+                           for c in sorted(tried)))
+    return k, tried[k][0], tried[k][1]
 
 
 def check(p: MemoryPlan) -> None:

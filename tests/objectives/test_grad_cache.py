@@ -225,7 +225,7 @@ def test_encode_chunks_config_checks_and_plumbing():
     for chunks in (0, 1, 2, 4):
         cfg.train.encode_chunks = chunks
         config_lib.validate(cfg, 8)
-    for chunks in (3, 8, -1):  # 3 does not divide 32; 32 / 8 = 4 rows for 8 devices
+    for chunks in (3, 8, -2):  # 3 does not divide 32; 32 / 8 = 4 rows for 8 devices
         cfg.train.encode_chunks = chunks
         with pytest.raises(errors.ConfigError, match=r"config\.train\.encode_chunks"):
             config_lib.validate(cfg, 8)

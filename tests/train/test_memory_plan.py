@@ -62,3 +62,73 @@ def test_a_plan_that_does_not_fit_is_refused_before_the_first_step(tmp_path, mon
         train.train_and_evaluate(tiny(mesh={"memory_plan": "compile"}), workdir)
     assert not os.path.isdir(os.path.join(workdir, "checkpoints")) or not os.listdir(
         os.path.join(workdir, "checkpoints"))
+
+
+def test_chunk_choices_split_the_batch_over_the_devices():
+    assert memory_plan.chunk_choices(256, 0, 8) == [1, 2, 4, 8, 16, 32]
+    assert memory_plan.chunk_choices(8192, 0, 1) == [1, 2, 4, 8, 16, 32, 64]
+    assert memory_plan.chunk_choices(48, 16, 8) == [1, 2]
+    assert memory_plan.chunk_choices(24, 0, 8) == [1]
+
+
+class _Compiled:
+    def __init__(self, peak):
+        self.peak = peak
+
+    def memory_analysis(self):
+        return type("M", (), dict(temp_size_in_bytes=self.peak, argument_size_in_bytes=0,
+                                  output_size_in_bytes=0, alias_size_in_bytes=0))
+
+
+def _choose(monkeypatch, peaks: dict, limit: int):
+    """choose_chunks over fake steps whose compiled peaks are `peaks` (by chunks)."""
+    import types
+    monkeypatch.setattr(memory_plan, "device_limit", lambda device: limit)
+    monkeypatch.setattr(memory_plan, "compiles", lambda mode, device=None: True)
+    compiled = []
+
+    def step_with(k):
+        def compile(state, batch):
+            compiled.append(k)
+            return _Compiled(peaks[k])
+        return types.SimpleNamespace(k=k, compile=compile)
+    spec = types.SimpleNamespace(
+        mesh=types.SimpleNamespace(memory_plan="compile", param_sharding="replicated"),
+        model=types.SimpleNamespace(lora=types.SimpleNamespace(rank=0)),
+        objective=types.SimpleNamespace(kind="in_batch"), num_mixed_negatives=0,
+        schedule=types.SimpleNamespace(global_batch_size=64))
+    mesh = sharding.make_mesh(8)
+    state = {"params": {}, "opt_state": {}}
+    k, step, _ = memory_plan.choose_chunks(spec, mesh, state, lambda: {}, step_with)
+    assert step.k == k
+    return k, compiled
+
+
+def test_encode_chunks_minus_one_searches_for_the_fewest_chunks_that_fit(monkeypatch):
+    """Over 1, 2, 4, 8 chunks (64 pairs on 8 devices): one chunk is compiled first and
+    kept when it fits; else the most chunks, then a binary search between; a limit that
+    even the most do not fit is one ConfigError line with the figures."""
+    peaks = {1: 800, 2: 420, 4: 230, 8: 150}
+    assert _choose(monkeypatch, peaks, 1000) == (1, [1])
+    assert _choose(monkeypatch, peaks, 500) == (2, [1, 8, 4, 2])
+    assert _choose(monkeypatch, peaks, 300) == (4, [1, 8, 4, 2])
+    assert _choose(monkeypatch, peaks, 200) == (8, [1, 8, 4])
+    with pytest.raises(errors.ConfigError, match=r"^config.train.encode_chunks=-1: even 8 "
+                                                 r"chunks do not fit: memory per device .*peak"):
+        _choose(monkeypatch, peaks, 100)
+
+
+@pytest.mark.slow
+def test_encode_chunks_minus_one_compiles_the_run_s_steps(tmp_path, monkeypatch):
+    """The search on a real run (a transformer at 64 tokens; a CPU has no limit, so one is
+    set that nothing fits): the steps of one chunk and of the most are compiled, and the
+    run is refused before its first step with the figures."""
+    cfg = tiny(mesh={"memory_plan": "compile"}, global_batch_size=256)
+    cfg.num_train_steps = cfg.checkpoint_every_steps = 1
+    cfg.model.update(max_len=64, tower="transformer")
+    cfg.model.transformer.update(num_layers=2, width=64, num_heads=4, mlp_dim=256)
+    cfg.train.encode_chunks = -1
+    monkeypatch.setattr(memory_plan, "device_limit", lambda device: 2 ** 20)
+    with pytest.raises(errors.ConfigError, match=r"even 32 chunks do not fit: .* encode_chunks "
+                                                 r"32\): .*peak [0-9.]+ GiB of the compiled"):
+        train.train_and_evaluate(cfg, str(tmp_path / "tight"))
