@@ -6,6 +6,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.example_parser import tf_example_pb2
 
+from dualjax.data import table_files
+
 _EXAMPLE = tf_example_pb2.Example  # what TFDS writes each record as
 
 
@@ -13,14 +15,14 @@ class Records:
     """A table's split as a random-access source of records, as TFDS's data source gives
     them, parsed without TFDS's per-feature Python: the raw tf.Example bytes that
     array_record reads (TFDS's own reader, its order and shards) decoded with protobuf's
-    C parser, each feature as the table's `features` declare it (builders._FEATURES:
-    text: bytes; int64: int; sequences: a list of bytes / an int64 array), several times
+    C parser, each feature as the table's `features` declare it (`table_files.kinds`:
+    text: bytes; int64: int; lists: a list of bytes / an int64 array), several times
     faster than TFDS's own decoding (BENCHMARKS.md, issue 46)."""
 
     def __init__(self, builder: tfds.core.DatasetBuilder, split: str, features: dict):
         self._tfds = builder.as_data_source(split=split)
         self._raw = getattr(self._tfds, "data_source", None)  # (None: TFDS decodes)
-        self._features = features
+        self._kinds = tuple(table_files.kinds(features).items())  # (told apart once)
 
     def __len__(self) -> int:
         return len(self._tfds)
@@ -36,15 +38,14 @@ class Records:
     def _parse(self, raw: bytes) -> dict:
         feature = _EXAMPLE.FromString(raw).features.feature
         out: dict = {}
-        for name, kind in self._features.items():
-            if isinstance(kind, tfds.features.Sequence):
-                if isinstance(kind.feature, tfds.features.Text):
-                    out[name] = list(feature[name].bytes_list.value)
-                else:
-                    out[name] = np.asarray(feature[name].int64_list.value, np.int64)
-            elif isinstance(kind, tfds.features.Text):  # (b"" is written as no value)
+        for name, kind in self._kinds:
+            if kind == "text":  # (b"" is written as no value)
                 values = feature[name].bytes_list.value
                 out[name] = values[0] if values else b""
-            else:  # np.int64
+            elif kind == "int64":
                 out[name] = int(feature[name].int64_list.value[0])
+            elif kind == "text list":
+                out[name] = list(feature[name].bytes_list.value)
+            else:
+                out[name] = np.asarray(feature[name].int64_list.value, np.int64)
         return out

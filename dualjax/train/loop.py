@@ -219,6 +219,8 @@ def _prepare_input(spec: RunSpec, workdir: str,
     for t in tasks:
         for split in splits[t.name]:
             t.eval_task(split)
+        if spec.schedule.num_train_steps and not t.pretraining:
+            t.train_source  # noqa: B018 (its table written here: by process 0 first)
     init_from = spec.start.init_from
     if init_from:  # pre-trained elsewhere: its vocabularies (later, its towers)
         warm_start.copy_vocabularies(init_from, workdir, spec.as_dict("model"))

@@ -5,7 +5,7 @@ sentence-transformers are installed, in one table and one JSON file.
     python scripts/bench/bench_accelerator.py --out=runs/bench_acc \
         [--squad=../shared/data/squad/dev-v1.1.json] [--tokenizer=all-MiniLM-L6-v2]
         [--shapes=minilm,bertbase] [--batch=8192] [--chunks=16] [--steps=12]
-        [--docs=200000] [--parts=train,encode,static,peer] [--json=FILE]
+        [--docs=200000] [--parts=data,train,encode,static,peer] [--again] [--json=FILE]
     python scripts/bench/bench_accelerator.py --toy --out=DIR   # minutes on a CPU (the suite's)
 
 What it does, as a user would (`python -m dualjax.main`, `dualjax.export`,
@@ -14,6 +14,8 @@ What it does, as a user would (`python -m dualjax.main`, `dualjax.export`,
   shapes with the given tokenizer's files and sentence-transformers' module files (the
   same folder loads in both), the SQuAD v1.1 dev (question, paragraph) pairs four times
   over (42,280; --toy: generated ones) and a corpus of --docs paragraphs;
+- data: the data stages of a run timed alone (the pairs file read and split, the
+  tables written, the pairs tokenized up front), on the SQuAD pairs or --pairs_file;
 - train: each shape at a global batch of --batch pairs (queries 32, paragraphs 128
   tokens, bf16 on an accelerator, --chunks GradCache chunks): the time from the command
   to the iterator's first batch and to the first step, the steady pairs/s (median of the
@@ -168,8 +170,11 @@ def device_info() -> dict:
             "peak_flops": peak, "jax": jax.__version__}
 
 
-def train(args, name: str, folder: str, pairs: str, accelerator: bool) -> dict:
-    """`dualjax.main` on the pairs from `folder`; the times and rates it shows."""
+def train(args, name: str, folder: str, pairs: str, accelerator: bool,
+          again: bool = False) -> dict:
+    """`dualjax.main` on the pairs from `folder`; the times and rates it shows. The
+    bench's own compilation cache (OUT/xla, emptied when the bench starts); `again`:
+    the same run once more, its tables and compiled programs kept from the first."""
     work = os.path.join(args.out, f"run_{name}")
     shutil.rmtree(work, ignore_errors=True)
     cmd = _python("-m", "dualjax.main", "--config=configs/default.py", f"--workdir={work}",
@@ -191,8 +196,9 @@ def train(args, name: str, folder: str, pairs: str, accelerator: bool) -> dict:
                   "--config.eval.untrained=False", "--config.eval.index=exact")
     start = time.perf_counter()
     marks, lines = {}, []
+    env = {**os.environ, "DUALJAX_COMPILATION_CACHE": os.path.join(args.out, "xla")}
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, env=env)
     for line in proc.stdout:
         lines.append(line)
         now = time.perf_counter() - start
@@ -201,7 +207,8 @@ def train(args, name: str, folder: str, pairs: str, accelerator: bool) -> dict:
         if re.search(r"step 1/\d+:", line):
             marks.setdefault("first_step_s", now)
     code = proc.wait()
-    result = {"name": name, "exit": code, "wall_s": round(time.perf_counter() - start, 1),
+    result = {"name": name + (" again" if again else ""), "exit": code,
+              "wall_s": round(time.perf_counter() - start, 1),
               **{k: round(v, 1) for k, v in marks.items()}}
     if code:
         result["error"] = "".join(lines[-5:])[-600:]
@@ -220,6 +227,37 @@ def train(args, name: str, folder: str, pairs: str, accelerator: bool) -> dict:
                   device_peak_gib=round(max((r.get("device_peak_gib", 0) for r in train_rows),
                                             default=0), 2) or None)
     return result
+
+
+def data_stages(args, pairs: str, tokenizer: str) -> dict:
+    """The data stages of a run, timed here (in this process, a fresh table folder): the
+    pairs file read and split with the evaluation tables written, the pairs table
+    written, and the pairs tokenized up front as the run does (`pipeline.ReadPairs`,
+    queries at 32 and documents at 128 tokens)."""
+    from dualjax.data import builders, pipeline
+    from dualjax.text.hf import HFTokenizer
+    from dualjax.text.sides import Inputs, Side
+    folder = os.path.join(args.out, "tfds_data")
+    shutil.rmtree(folder, ignore_errors=True)
+    spec = builders.DatasetSpec.of({
+        "name": "pairs", "path": pairs, "val_fraction": 0.01, "test_fraction": 0.02,
+        "skip_bad_lines": False, "candidates": "split", "min_cluster_coherence": 0.0}, 0)
+    tok = HFTokenizer.from_file(os.path.join(tokenizer, "tokenizer.json"))
+    times, start = {}, time.perf_counter()
+    builders.prepare(spec, folder, "queries")
+    builders.prepare(spec, folder, "corpus")
+    times["read_and_eval_tables_s"] = time.perf_counter() - start
+    mark = time.perf_counter()
+    source = builders.train_source(spec, folder)
+    times["pairs_table_s"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    pipeline.ReadPairs(source, Inputs(Side(tok, QUERY_LEN), Side(tok, DOC_LEN)))
+    times["tokenized_s"] = time.perf_counter() - mark
+    total = time.perf_counter() - start
+    with open(pairs) as f:
+        n = sum(1 for _ in f)
+    return {"pairs": n, **{k: round(v, 2) for k, v in times.items()},
+            "total_s": round(total, 2), "pairs_per_s": round(n / total, 1)}
 
 
 def index(args, name: str, bundle: str, corpus: str) -> dict:
@@ -372,6 +410,11 @@ def table(results: dict) -> str:
                      f"{t['device_peak_gib'] or '-'} GiB | | |")
         lines.append(f"| train {t['name']}: data ready, first step (s from the command) | "
                      f"{t.get('data_ready_s', '-')}, {t.get('first_step_s', '-')} | | |")
+    d = results.get("data")
+    if d:
+        lines.append(f"| data, {d['pairs']} pairs: read + eval tables, pairs table, tokenized "
+                     f"(s); pairs/s | {d['read_and_eval_tables_s']}, {d['pairs_table_s']}, "
+                     f"{d['tokenized_s']}; {d['pairs_per_s']} | | |")
     e = results.get("encode")
     if e and not e.get("exit"):
         row(f"encode {e['docs']} documents (docs/s)", e["docs_per_s"],
@@ -401,7 +444,12 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--docs", type=int, default=200_000)
     p.add_argument("--encode_batch", type=int, default=1024)
-    p.add_argument("--parts", default="train,encode,static,peer")
+    p.add_argument("--parts", default="data,train,encode,static,peer")
+    p.add_argument("--again", action="store_true",
+                   help="train each shape a second time, with the tables and the "
+                        "compilation cache of the first")
+    p.add_argument("--pairs_file", default="",
+                   help="the data part's pairs (TSV) instead of the SQuAD pairs")
     p.add_argument("--toy", action="store_true", help="tiny shapes and data (a CPU, tests)")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
@@ -421,8 +469,15 @@ def main(argv=None) -> dict:
     pairs, corpus = write_data(args.out, rows, 4, args.docs)
     results = {"device": info, "machine": f"{platform.node()}, {os.cpu_count()} cores",
                "batch": args.batch, "pairs": 4 * len(rows), "toy": args.toy}
+    for fresh in ("tfds", "xla"):  # a first run writes its tables and compiles
+        shutil.rmtree(os.path.join(args.out, fresh), ignore_errors=True)
+    if "data" in parts:
+        results["data"] = data_stages(args, args.pairs_file or pairs, tok)
     if "train" in parts or "encode" in parts:
-        results["train"] = [train(args, s, folders[s], pairs, accelerator) for s in shapes]
+        results["train"] = [r for s in shapes for r in (
+            [train(args, s, folders[s], pairs, accelerator)]
+            + ([train(args, s, folders[s], pairs, accelerator, again=True)]
+               if args.again else []))]
         print(json.dumps(results["train"]), flush=True)
     first = results.get("train", [{}])[0]
     if "encode" in parts and first.get("workdir"):

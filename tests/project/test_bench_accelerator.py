@@ -19,9 +19,11 @@ def test_the_accelerator_bench_runs_at_toy_size(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "bench"
-    results = bench.main(["--toy", f"--out={out}", "--parts=train,encode",
+    results = bench.main(["--toy", f"--out={out}", "--parts=data,train,encode",
                           f"--json={tmp_path / 'r.json'}"])
     assert json.loads((tmp_path / "r.json").read_text())["batch"] == 32
+    data = results["data"]
+    assert data["pairs"] == 1600 and data["pairs_per_s"] > 0 and data["tokenized_s"] > 0
     [run] = results["train"]
     assert run["exit"] == 0, run.get("error")
     assert run["pairs_per_s"] > 0 and 0 < run["data_ready_s"] < run["first_step_s"]
@@ -32,3 +34,4 @@ def test_the_accelerator_bench_runs_at_toy_size(tmp_path):
     assert os.path.isfile(out / "toy" / "modules.json")  # sentence-transformers reads it
     table = bench.table(results)
     assert "| train toy, batch 32 (pairs/s) |" in table and "encode 400 documents" in table
+    assert "| data, 1600 pairs: read + eval tables" in table
