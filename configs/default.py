@@ -143,11 +143,12 @@ def get_config() -> ml_collections.ConfigDict:
                                     # or "mean" ("": last_token); with one: its own
     c.model.lora_rank = 0           # LoRA adapters of this rank on the towers' projections,
                                     # the towers' own weights frozen (0: off, all train);
-                                    # the decoder and bert towers take them
+                                    # the decoder, bert and modernbert towers take them
     c.model.lora_alpha = 16.0       # the adapters' update is A B lora_alpha / lora_rank
     c.model.lora_targets = ""       # the projections adapted: decoder "query,key,value,out,
                                     # mlp_gate,mlp_up,mlp_down" (or Hugging Face's "q_proj,...,
-                                    # down_proj"), bert "query,key,value,out,mlp_in,mlp_out"
+                                    # down_proj"), bert "query,key,value,out,mlp_in,mlp_out",
+                                    # modernbert "qkv,out,mlp_in,mlp_out" (or "Wqkv,Wo,Wi")
                                     # ("": all of the tower's)
     c.model.lora_base_dtype = "bfloat16"  # the frozen weights' dtype with LoRA: "bfloat16" |
                                     # "float32"

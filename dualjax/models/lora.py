@@ -30,9 +30,11 @@ import numpy as np
 SUFFIXES = ("_lora_a", "_lora_b")
 TOWER_KEYS = ("tower", "query_tower", "doc_tower", "embed")  # a dual encoder's tower params
 BASE_DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-# Hugging Face's names of the projections, as PEFT's target_modules name them
-ALIASES = {"q_proj": "query", "k_proj": "key", "v_proj": "value", "o_proj": "out",
-           "gate_proj": "mlp_gate", "up_proj": "mlp_up", "down_proj": "mlp_down"}
+# Hugging Face's names of the projections, as PEFT's target_modules name them (ModernBERT's
+# "Wo" is both its attention's and its MLP's output, as PEFT matches it)
+ALIASES = {"q_proj": ("query",), "k_proj": ("key",), "v_proj": ("value",), "o_proj": ("out",),
+           "gate_proj": ("mlp_gate",), "up_proj": ("mlp_up",), "down_proj": ("mlp_down",),
+           "Wqkv": ("qkv",), "Wi": ("mlp_in",), "Wo": ("out", "mlp_out")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +57,8 @@ NO_LORA = LoraSpec()
 def parse_targets(value: str, available: tuple[str, ...]) -> tuple[str, ...]:
     """model.lora_targets ("query,value" or Hugging Face's "q_proj,v_proj"; "": all of
     `available`) as the tower's names; ValueError naming one that is not there."""
-    names = [ALIASES.get(t.strip(), t.strip()) for t in value.split(",") if t.strip()]
+    names = [name for t in value.split(",") if t.strip()
+             for name in ALIASES.get(t.strip(), (t.strip(),))]
     for name in names:
         if name not in available:
             raise ValueError(f"model.lora_targets: {name!r} names no weight of the tower; it "

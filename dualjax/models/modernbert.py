@@ -25,14 +25,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dualjax.models import lora as lora_lib
 from dualjax.models import towers
 from dualjax.models.decoder import rotate
 from dualjax.models.layers import _axes, _ones, _zeros, gelu
+from dualjax.models.lora import LoraSpec
 from dualjax.models.spec import Architecture, ModelSpec
 from dualjax.models.towers import _own_or_shared, masked_mean
 
 POOLINGS = ("cls", "mean")
 FAMILIES = ("modernbert",)
+# The projections LoRA may adapt (model.lora_targets; Hugging Face's Wqkv, Wo, Wi)
+LORA_TARGETS = ("qkv", "out", "mlp_in", "mlp_out")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,10 +119,12 @@ def _inverse_frequencies(d: int, theta: float) -> np.ndarray:
 
 
 class ModernBertLayer(nn.Module):
-    """x = x + Wo(attention(LN(x))) (no LN on layer 0); x = x + Wo(GeGLU(LN(x)))."""
+    """x = x + Wo(attention(LN(x))) (no LN on layer 0); x = x + Wo(GeGLU(LN(x))).
+    `lora`: adapters on the projections it names (LORA_TARGETS)."""
     config: ModernBertConfig
     index: int
     dtype: Any = jnp.float32
+    lora: LoraSpec = LoraSpec()
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
@@ -129,6 +135,9 @@ class ModernBertLayer(nn.Module):
         w = self.param("qkv_kernel", _axes(init, "embed", None, "heads", "kv"),
                        (c.hidden_size, 3, h, d))
         qkv = jnp.einsum("bne,ethd->tbnhd", y, w.astype(self.dtype))
+        adapted = lora_lib.delta(self, self.lora, "qkv", y, 3 * h * d, self.dtype)
+        if adapted is not None:  # [b, n, 3 h d] in the kernel's (3, h, d) order
+            qkv = qkv + jnp.moveaxis(adapted.reshape(*y.shape[:2], 3, h, d), 2, 0)
         if c.attention_bias:
             qkv = qkv + self.param("qkv_bias", _axes(_zeros, None, "heads", "kv"),
                                    (3, h, d)).astype(self.dtype)[:, None, None]
@@ -143,18 +152,24 @@ class ModernBertLayer(nn.Module):
         att = jax.nn.dot_product_attention(q, k, qkv[2], mask=keys)
         w_out = self.param("out_kernel", _axes(init, "heads", "kv", "embed"), (h, d, c.hidden_size))
         out = jnp.einsum("bnhd,hde->bne", att, w_out.astype(self.dtype))
+        adapted = lora_lib.delta(self, self.lora, "out", att.reshape(*att.shape[:2], h * d),
+                                 c.hidden_size, self.dtype)
+        out = out if adapted is None else out + adapted
         if c.attention_bias:
             out = out + self.param("out_bias", _axes(_zeros, "embed"),
                                    (c.hidden_size,)).astype(self.dtype)
         x = x + out
         y = _norm(c, self.dtype, "ln_mlp")(x)
-        wi = nn.Dense(2 * c.intermediate_size, use_bias=c.mlp_bias, dtype=self.dtype,
-                      name="mlp_in", kernel_init=_axes(init, "embed", "mlp"),
-                      bias_init=_axes(_zeros, "mlp"))(y)
-        a, g = jnp.split(wi, 2, axis=-1)
-        return x + nn.Dense(c.hidden_size, use_bias=c.mlp_bias, dtype=self.dtype,
-                            name="mlp_out", kernel_init=_axes(init, "mlp", "embed"),
-                            bias_init=_axes(_zeros, "embed"))(gelu(a) * g)
+
+        def dense(name: str, size: int, axes: tuple[str, str], z: jnp.ndarray) -> jnp.ndarray:
+            out = nn.Dense(size, use_bias=c.mlp_bias, dtype=self.dtype, name=name,
+                           kernel_init=_axes(init, *axes), bias_init=_axes(_zeros, axes[1]))(z)
+            adapted = lora_lib.delta(self, self.lora, name, z, size, self.dtype)
+            return out if adapted is None else out + adapted
+
+        a, g = jnp.split(dense("mlp_in", 2 * c.intermediate_size, ("embed", "mlp"), y), 2,
+                         axis=-1)
+        return x + dense("mlp_out", c.hidden_size, ("mlp", "embed"), gelu(a) * g)
 
 
 class ModernBertTower(nn.Module):
@@ -164,6 +179,7 @@ class ModernBertTower(nn.Module):
     dtype: Any = jnp.float32
     embed: nn.Module | None = None
     remat: bool = False  # each layer's activations recomputed in the backward pass
+    lora: LoraSpec = LoraSpec()
 
     @nn.compact
     def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray,
@@ -176,7 +192,7 @@ class ModernBertTower(nn.Module):
         x = _norm(c, self.dtype, "ln_embed")(table(ids).astype(self.dtype))
         layer = nn.remat(ModernBertLayer) if self.remat else ModernBertLayer
         for i in range(c.num_layers):
-            x = layer(c, i, self.dtype, name=f"layer_{i}")(x, mask)
+            x = layer(c, i, self.dtype, self.lora, name=f"layer_{i}")(x, mask)
         x = _norm(c, self.dtype, "ln_final")(x)
         self.sow("intermediates", "hidden_states", x)
         return x[:, 0].astype(jnp.float32) if c.pooling == "cls" else masked_mean(x, mask)
@@ -187,7 +203,7 @@ def _modernbert(spec: ModelSpec, vocab_size: int, name: str, embed: nn.Module | 
     """model.tower="modernbert": a ModernBERT of the pretrained start's sizes."""
     del vocab_size  # the start's own
     return ModernBertTower(architecture, towers.compute_dtype(spec), embed, spec.remat,
-                           name=name)
+                           spec.lora, name=name)
 
 
-towers.register("modernbert", _modernbert, from_pretrained=True)
+towers.register("modernbert", _modernbert, from_pretrained=True, lora_targets=LORA_TARGETS)

@@ -204,3 +204,31 @@ def test_bert_adapters_fold_into_its_weights():
     assert np.abs(out - plain.apply({"params": start.tower_params()}, ids, mask)).max() > 1e-2
     np.testing.assert_allclose(plain.apply({"params": lora.merge(moved, spec)}, ids, mask),
                                out, atol=1e-5)
+
+
+def test_modernbert_adapters_fold_into_its_weights():
+    """The modernbert tower takes adapters on its fused qkv, attention out and GeGLU MLP
+    projections; they fold into its weights exactly, and Hugging Face's (PEFT's) names
+    Wqkv, Wo, Wi name them ("Wo": the attention's and the MLP's output)."""
+    from dualjax.models.modernbert import LORA_TARGETS as MB_TARGETS
+    from dualjax.models.modernbert import ModernBertTower
+    start = pretrained.resolve(str(conftest.FIXTURES / "pretrained" / "tiny_modernbert"))
+    ids, mask = start.tokenizer().encode(["a text to encode", "and another one"], 16)
+    assert lora.parse_targets("Wqkv,Wo,Wi", MB_TARGETS) == ("qkv", "out", "mlp_out", "mlp_in")
+    spec = LoraSpec(rank=2, alpha=4.0, targets=MB_TARGETS, base_dtype="float32")
+    adapted = ModernBertTower(start.architecture, lora=spec)
+    params = overlay(nn.meta.unbox(adapted.init(jax.random.PRNGKey(0), ids, mask)["params"]),
+                     start.tower_params())
+    assert {"qkv_lora_a", "out_lora_b", "mlp_in_lora_a", "mlp_out_lora_b"} <= set(
+        params["layer_1"])
+    plain = ModernBertTower(start.architecture)
+    base = plain.apply({"params": start.tower_params()}, ids, mask)
+    np.testing.assert_allclose(adapted.apply({"params": params}, ids, mask), base, atol=1e-6)
+    rng = np.random.default_rng(0)
+    moved = jax.tree_util.tree_map_with_path(
+        lambda path, x: x + 0.3 * rng.standard_normal(x.shape).astype(np.float32)
+        if str(path[-1].key).endswith("_lora_b") else x, params)
+    out = adapted.apply({"params": moved}, ids, mask)
+    assert np.abs(out - base).max() > 1e-2
+    np.testing.assert_allclose(plain.apply({"params": lora.merge(moved, spec)}, ids, mask),
+                               out, atol=1e-5)
