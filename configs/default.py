@@ -84,8 +84,9 @@ def get_config() -> ml_collections.ConfigDict:
                                     # to label instead of the training queries
     c.data.worker_count = -1        # grain worker processes (0: read in the main process;
                                     # -1: none when the pairs are tokenized up front, as
-                                    # every source under 2 GiB of token ids is, else one a
-                                    # core but the main process's, at most 8)
+                                    # every source under 2 GiB of token ids is, or generated
+                                    # (pre-training), else one a core but the main one's,
+                                    # at most 8)
     c.data.prefetch_batches = 4     # training batches built ahead, by as many threads
     c.data.split_by = "article"     # reqa_squad: split "article"s into train/val/test
                                     # (val_fraction, test_fraction), or "question"s (Chang et

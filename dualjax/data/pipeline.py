@@ -191,17 +191,17 @@ class MixedNegatives(grain.transforms.RandomMap):
 MAX_AUTO_WORKERS = 8
 
 
-def workers(asked: int, pretokenized: bool) -> int:
-    """The grain worker processes for data.worker_count `asked`: itself, or for -1 none
-    when every pair was tokenized up front (a batch is then a gather of rows, which a
-    worker would only copy), else one a core but the main process's, at most
-    MAX_AUTO_WORKERS."""
+def workers(asked: int, none_because: str = "") -> int:
+    """The grain worker processes for data.worker_count `asked`: itself, or for -1 one a
+    core but the main process's, at most MAX_AUTO_WORKERS, unless `none_because` says
+    why a worker would not help (every pair tokenized up front: a batch is a gather of
+    rows, which a worker would only copy)."""
     if asked >= 0:
         return asked
-    chosen = 0 if pretokenized else min(len(os.sched_getaffinity(0)) - 1, MAX_AUTO_WORKERS)
+    cores = len(os.sched_getaffinity(0))
+    chosen = 0 if none_because else min(cores - 1, MAX_AUTO_WORKERS)
     logging.info("data.worker_count=-1: %d worker processes (%s)", chosen,
-                 "the pairs are tokenized up front" if pretokenized
-                 else f"{len(os.sched_getaffinity(0))} cores")
+                 none_because or f"{cores} cores")
     return chosen
 
 
@@ -213,6 +213,9 @@ def _iterate(ds: grain.MapDataset, worker_count: int, prefetch_batches: int
     ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=prefetch_batches,
                                               prefetch_buffer_size=prefetch_batches))
     if worker_count > 0:
+        from absl import flags
+        if not flags.FLAGS.is_parsed():  # (grain's workers read its flags; the commands
+            flags.FLAGS.mark_as_parsed()  # parse them, a notebook or a test may not)
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
     return iter(ds)
 
@@ -248,7 +251,8 @@ def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
         u = num_mixed_negatives // n_proc
         ds = ds.random_map(MixedNegatives(source, inputs.document, num_mixed_negatives,
                                           slice(i * u, (i + 1) * u)), seed=seed + 1)
-    return _iterate(ds, workers(worker_count, reader.pretokenized), prefetch_batches)
+    return _iterate(ds, workers(worker_count, "the pairs are tokenized up front"
+                                if reader.pretokenized else ""), prefetch_batches)
 
 
 class GeneratePairs(grain.transforms.Map):
@@ -284,5 +288,6 @@ def generated_iterator(generator, inputs: Inputs, global_batch_size: int,
     batches = grain.MapDataset.range(2 ** 62 // global_batch_size)
     ds = batches.map(lambda b: np.arange(b * global_batch_size + i * local,
                                          b * global_batch_size + (i + 1) * local))
-    return _iterate(ds.map(GeneratePairs(generator, inputs)), workers(worker_count, False),
-                    prefetch_batches)
+    return _iterate(ds.map(GeneratePairs(generator, inputs)),
+                    workers(worker_count, "the generator holds the whole collection, which "
+                            "each worker would copy"), prefetch_batches)

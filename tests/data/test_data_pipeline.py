@@ -581,11 +581,11 @@ def test_pretokenized_batches_equal_the_records_encoded_per_batch(train_src, tok
 
 def test_worker_count_minus_one_chooses_from_the_cores_and_the_pretokenizing(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)))
-    assert pipeline.workers(-1, pretokenized=True) == 0
-    assert pipeline.workers(-1, pretokenized=False) == 3
+    assert pipeline.workers(-1, "the pairs are tokenized up front") == 0
+    assert pipeline.workers(-1) == 3
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
-    assert pipeline.workers(-1, pretokenized=False) == pipeline.MAX_AUTO_WORKERS
-    assert pipeline.workers(2, pretokenized=True) == 2 and pipeline.workers(0, False) == 0
+    assert pipeline.workers(-1) == pipeline.MAX_AUTO_WORKERS
+    assert pipeline.workers(2, "tokenized") == 2 and pipeline.workers(0) == 0
 
 
 @pytest.mark.slow
@@ -593,8 +593,6 @@ def test_worker_processes_give_the_same_batches_and_resume(train_src, tokenizer,
     """A source too large to pretokenize (here: the limit set to 0) read by a grain worker
     process (data.worker_count=-1 on two cores): the batches of the main process alone,
     and a resumed iterator goes on with them; closed, it leaves no process behind."""
-    from absl import flags
-    flags.FLAGS.mark_as_parsed()  # (grain's workers read its flags; the commands parse them)
     monkeypatch.setattr(pipeline, "PRETOKENIZE_MAX_BYTES", 0)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     inputs = _inputs(tokenizer, 16)
