@@ -3,6 +3,7 @@ any one of them, a process killed, a coordinator port taken, process flags that 
 form a run (`runtime/peers.py`, `cli.init_processes`)."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -32,12 +33,18 @@ def start_index(bundle, corpus, out, extra=(), processes=2):
 
 
 def said(log: str) -> list[str]:
-    """What a process said: its lines but absl's log lines and gloo's (gloo writes "[Gloo]
-    Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"
-    from C++, whose second sentence can come out on a line of its own, between ours)."""
-    return [line for line in log.strip().splitlines()
-            if line.strip() and not line.startswith(("[Gloo]", "I1", "W1", "E1",
-                                                      "Expected number of connected peer"))]
+    """What a process said: its lines but absl's log lines and gloo's. Gloo writes
+    "[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks
+    is : 1" from C++, in pieces that can land between ours or split across lines
+    ("[Gloo] Rank " on one, "1 is connected ..." on the next), so its pieces are taken
+    out of the text wherever they are first."""
+    log = _GLOO.sub("", log)
+    return [line.strip() for line in log.strip().splitlines()
+            if line.strip() and not line.startswith(("I1", "W1", "E1"))]
+
+
+_GLOO = re.compile(r"\[Gloo\] Rank( \d+)? ?|(\d+ )?is connected to \d+ peer ranks\. ?"
+                   r"|Expected number of connected peer ranks is : \d+")
 
 
 def encoding(tmp_path, timeout=120) -> None:
