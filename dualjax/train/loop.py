@@ -265,8 +265,8 @@ def _build(spec: RunSpec, workdir, mesh, log, signals, tasks, splits, inputs, or
     table_updates = spec.optimizer.table_updates
 
     def step_with(chunks: int) -> step_lib.TrainStep:  # (train.encode_chunks=-1 chooses)
-        chunked = objectives.make(dataclasses.replace(spec.objective, encode_chunks=chunks),
-                                  model, mesh)
+        chunked = objective if chunks == spec.objective.encode_chunks else objectives.make(
+            dataclasses.replace(spec.objective, encode_chunks=chunks), model, mesh)
         return step_lib.make_train_step(
             chunked, tx, schedule, state_sharding, sharding.batch_sharding(mesh),
             sharding.replicated(mesh), spec.log_q_alpha, table_updates)
