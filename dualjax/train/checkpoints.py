@@ -30,15 +30,37 @@ def _is_disk_error(e: BaseException) -> bool:
             or any(status in str(e) for status in DISK_STATUS))
 
 
+def state_handler(replica_parallel: bool) -> ocp.PyTreeCheckpointHandler:
+    """The handler of the train state's item: Orbax's own, with its arrays' replica-parallel
+    writing (each replica of a replicated array writes a slice of it) only where asked.
+
+    Replica-parallel writing spreads a replicated array's bytes over the replicas, which
+    on several hosts spreads the writing over them. Its slices are programs compiled
+    per array shape when a process first saves: within one process they bought nothing
+    and cost seconds before the first checkpoint (BENCHMARKS.md, "The first checkpoint").
+    The files are the same either way, and either reads the other's."""
+    h = ocp.type_handlers
+    scalar = h.ScalarHandler()
+    registry = h.create_type_handler_registry(
+        (int, scalar), (float, scalar), (np.number, scalar), (np.ndarray, h.NumpyHandler()),
+        (jax.Array, h.ArrayHandler(use_replica_parallel=replica_parallel)),
+        (str, h.StringHandler()))
+    return ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
+
+
 class Checkpointer:
-    def __init__(self, workdir: str, max_to_keep: int):
+    def __init__(self, workdir: str, max_to_keep: int, replica_parallel: bool | None = None):
+        """replica_parallel: `state_handler`'s; None: with more than one process."""
+        if replica_parallel is None:
+            replica_parallel = jax.process_count() > 1
         self._root = os.path.join(os.path.abspath(workdir), "checkpoints")
         self._manager = ocp.CheckpointManager(
             self._root,
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True,
                 cleanup_tmp_directories=True),  # what a failed save left behind
-            item_names=("state", "data"))
+            item_handlers={"state": state_handler(replica_parallel),
+                           "data": ocp.JsonCheckpointHandler()})
         self._saving: int | None = None  # the step of the save in flight
 
     def latest_step(self) -> int | None:
@@ -72,13 +94,15 @@ class Checkpointer:
             self._manager.wait_until_finished()  # the previous save's errors are its own
             self._saving = step
             self._manager.save(step, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)))
+                state=ocp.args.PyTreeSave(state), data=ocp.args.JsonSave(data_state)))
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
         """The state at `step`, laid out as `abstract_state` (ShapeDtypeStructs with
         shardings), and the data iterator position saved with it."""
         restored = self._manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+            state=ocp.args.PyTreeRestore(abstract_state, restore_args=(
+                ocp.checkpoint_utils.construct_restore_args(abstract_state))),
+            data=ocp.args.JsonRestore()))
         return restored["state"], restored["data"]
 
     def wait(self) -> None:

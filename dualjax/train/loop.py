@@ -99,7 +99,7 @@ class Run:
     splits: dict[str, tuple[str, ...]]       # each task's evaluation splits
     inputs: sides.Inputs
     origin: pretrained.Pretrained | None     # model.pretrained's start
-    init_state: Callable[[int], step_lib.State]
+    init_state: Callable[[int], step_lib.State]  # seed -> the state, sharded (jitted)
     state_sharding: Any
     train_step: step_lib.TrainStep
     encoders: tuple[Callable, Callable]      # (params, inputs) -> unit vectors, per side
@@ -117,7 +117,8 @@ class Run:
 
     def first_params(self) -> dict:
         """The towers the run starts from (init_from's, model.pretrained's or random)."""
-        init = jax.jit(self.init_state, static_argnums=0)(self.spec.schedule.seed)["params"]
+        init = self.init_state(self.spec.schedule.seed)["params"]  # (the program `_build`
+        # compiled, not another)
         return warm_start.start_params(self.spec.start.init_from, self.spec.as_dict("model"),
                                        self.origin, init, sharding.replicated(self.mesh))
 
@@ -261,7 +262,8 @@ def _build(spec: RunSpec, workdir, mesh, log, signals, tasks, splits, inputs, or
             models.logical_axes(model, spec.inputs.max_lens))
     except ValueError as e:
         raise ConfigError(f"config.{e}") from None
-    state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)(seed)
+    init_state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)
+    state = init_state(seed)
     table_updates = spec.optimizer.table_updates
 
     def step_with(chunks: int) -> step_lib.TrainStep:  # (train.encode_chunks=-1 chooses)

@@ -14,6 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 from conftest import CONFIGS
 from helpers import preempt_at, tiny, train_rows
+from jax import monitoring
 
 from dualjax import errors, models
 from dualjax.config import validation as config_lib
@@ -46,7 +47,18 @@ def first_train_losses(tmp_path, key, values, **overrides):
 def test_tiny_run_writes_the_workdir_contract(tmp_path):
     cfg = tiny()
     cfg.eval.untrained, cfg.eval.baselines = True, "bm25,tfidf,identity"
-    results = train.train_and_evaluate(cfg, str(tmp_path))
+    lowered = []  # the programs lowered (made) during the run, by name
+
+    def listen(event, duration, fun_name="", **kwargs):
+        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+            lowered.append(fun_name)
+    monitoring.register_event_duration_secs_listener(listen)
+    try:
+        results = train.train_and_evaluate(cfg, str(tmp_path))
+    finally:
+        monitoring.unregister_event_duration_listener(listen)
+    # One program of the initial state: the untrained row's towers reuse the run's.
+    assert sum("init_state" in name for name in lowered) == 1, lowered
     systems = [("dual_encoder", "exact"), ("dual_encoder", "scann"), ("untrained", "exact"),
                ("bm25", "exact"), ("tfidf", "exact"), ("identity", "exact")]
     assert list(results) == [f"{s} [{i}]" for s, i in systems]
