@@ -3,11 +3,12 @@
 `train_and_evaluate(spec, workdir)` runs (`spec`: the run resolved once,
 `config.run.resolve`): workdir and mesh → `_prepare_input` (tables,
 vocabularies, the pretrained start) → `_build` (model, optimizer, sharded state, update
-step: a `Run`) → `_training_data` (`model_data`: what a model labels or scores first) →
-`_restore` (the latest checkpoint) → evaluators (built from its EvalSpec, `evaluators.py`;
-`selection.py`: eval.select_by and early stopping) → `_train_loop` (train rows, val
-evaluations, checkpoints, preemption) → `_final_evaluation`. Everything it writes goes
-under `workdir`.
+step: a frozen `Run` and its `Progress`, what moves as it trains) → `_training_data`
+(`model_data`: what a model labels or scores first) → `_restore` (the latest checkpoint)
+→ evaluators (built from its EvalSpec, `evaluators.py`; `selection.py`: eval.select_by
+and early stopping) → `_train_loop` (train rows, val evaluations, checkpoints,
+preemption) → `_final_evaluation` (`evaluation.py`). Everything it writes goes under
+`workdir`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -31,7 +32,6 @@ from dualjax.config import run as run_lib
 from dualjax.config.run import RunSpec
 from dualjax.errors import ConfigError, Preempted, PretrainedError
 from dualjax.eval import evaluators as evaluators_lib
-from dualjax.eval import scoring
 from dualjax.eval.metrics_log import MetricsLog
 from dualjax.objectives import optimizer
 from dualjax.runtime import malloc, processes, sharding
@@ -39,6 +39,7 @@ from dualjax.runtime.signals import Signals
 from dualjax.text import sides
 from dualjax.train import (
     checkpoints,
+    evaluation,
     lazy_rows,
     memory_plan,
     model_data,
@@ -86,29 +87,24 @@ def train_and_evaluate(spec: RunSpec | Any, workdir: str,
         return _train_and_evaluate(spec, workdir, mesh, hooks, signals, log, rebuilt)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Run:
-    """What the stages of one run share. `_build` makes it; `state` and `last_saved` move
-    as it trains."""
+    """What `_build` makes for one run: it does not change while the run trains (what
+    does is its `Progress`)."""
     spec: RunSpec
     workdir: str
     mesh: jax.sharding.Mesh
     log: MetricsLog
     signals: Signals
-    tasks: list[tasks_lib.Task]
+    tasks: tuple[tasks_lib.Task, ...]
     splits: dict[str, tuple[str, ...]]       # each task's evaluation splits
     inputs: sides.Inputs
     origin: pretrained.Pretrained | None     # model.pretrained's start
     init_state: Callable[[int], step_lib.State]  # seed -> the state, sharded (jitted)
     state_sharding: Any
-    train_step: step_lib.TrainStep
+    step_with: Callable[[int], step_lib.TrainStep]  # the step of K GradCache chunks
     encoders: tuple[Callable, Callable]      # (params, inputs) -> unit vectors, per side
-    state: step_lib.State
-    data_iters: list = dataclasses.field(default_factory=list)  # one per task
-    ckpt: checkpoints.Checkpointer | None = None
-    last_saved: int | None = None
     host_rows: Callable[[dict], dict] = dict  # lazy updates: lazy_rows.BatchRows
-    step_with: Callable[[int], step_lib.TrainStep] | None = None  # the step of K chunks
 
     @property
     def system(self) -> str:
@@ -128,13 +124,25 @@ class Run:
         return {name: (functools.partial(queries, p), functools.partial(documents, p))
                 for name, p in systems.items()}
 
-    def save(self, step: int) -> None:
+
+@dataclasses.dataclass
+class Progress:
+    """What moves as a run trains: the train state, the step function (`memory_plan` may
+    choose another before the first step), each task's data iterator, the checkpointer
+    (`_restore` opens it) and the step last saved."""
+    state: step_lib.State
+    train_step: step_lib.TrainStep
+    data_iters: list = dataclasses.field(default_factory=list)  # one per task
+    ckpt: checkpoints.Checkpointer | None = None
+    last_saved: int | None = None
+
+    def save(self, step: int, tasks: Sequence[tasks_lib.Task]) -> None:
         """A checkpoint of the state and the iterators' positions (one task: its own, as
         single-task checkpoints hold)."""
         positions = [it.get_state() for it in self.data_iters]
         assert self.ckpt is not None, "_restore opens the checkpointer"
-        self.ckpt.save(step, self.state, positions[0] if len(self.tasks) == 1 else
-                       {t.name: p for t, p in zip(self.tasks, positions, strict=True)})
+        self.ckpt.save(step, self.state, positions[0] if len(tasks) == 1 else
+                       {t.name: p for t, p in zip(tasks, positions, strict=True)})
         self.last_saved = step
 
 
@@ -146,22 +154,23 @@ def _train_and_evaluate(spec: RunSpec, workdir: str, mesh, hooks: Sequence[Hook]
                                                         rebuilt))
     spec = capped_steps(spec, tasks)
     s = spec.schedule
-    run = _build(spec, workdir, mesh, log, signals, tasks, *prepared)
+    run, progress = _build(spec, workdir, mesh, log, signals, tasks, *prepared)
     if s.num_train_steps:
-        run.data_iters = _training_data(run)
-    _restore(run)
+        progress.data_iters = _training_data(run)
+    _restore(run, progress)
     selection = Selection(spec.eval.select_by, s.early_stopping * s.eval_every_steps,
                           s.num_train_steps, workdir, run.system)
-    start = int(run.state["step"])
+    start = int(progress.state["step"])
     finished = start >= s.num_train_steps or selection.stopped_early(start)
     if processes.agree(finished and not s.rerun):
-        done = finished_results(log, tasks, run.splits, start)
+        done = evaluation.finished_results(log, tasks, run.splits, start)
         if processes.agree(done is not None):
             print(f"{workdir} finished at step {start}; its results are in metrics.jsonl and "
                   "report.md. To evaluate it again: --config.eval.rerun=True")
             return done or {}  # (process 0's rows; another process may not read them)
     # Evaluators (evaluators.py): each task's retrieval evaluation, then the typo sweep.
-    # They get encode functions; what their val rows decide (eval.select_by) is decided here.
+    # They get encode functions; what their val rows decide (eval.select_by) is decided
+    # in evaluation.py.
     evaluators = evaluators_lib.make(spec.eval, tasks, run.splits, run.inputs, mesh,
                                      workdir, log, main=processes.is_main())
     selection.choose(evaluators)
@@ -169,14 +178,15 @@ def _train_and_evaluate(spec: RunSpec, workdir: str, mesh, hooks: Sequence[Hook]
             selection.active and start and start < s.num_train_steps
             and s.eval_every_steps and start % s.eval_every_steps == 0
             and not any(r["step"] == start and r["split"] == "val" for r in log.read()))):
-        _validate(run, evaluators, selection, start)  # killed during the evaluation at its
-        # checkpoint: it decides what's best
+        # killed during the evaluation at its checkpoint: it decides what's best
+        evaluation.validate(evaluators, selection, run.systems_of, run.system,
+                            progress.state["params"], start)
     try:
-        _train_loop(run, evaluators, selection, hooks)
+        _train_loop(run, progress, evaluators, selection, hooks)
     finally:  # grain's worker processes and the batches they hold in shared memory
-        for it in run.data_iters:
+        for it in progress.data_iters:
             it.close()
-    return _final_evaluation(run, evaluators, selection)
+    return _final_evaluation(run, progress, evaluators, selection)
 
 
 def capped_steps(spec: RunSpec, tasks: Sequence[tasks_lib.Task]) -> RunSpec:
@@ -246,7 +256,8 @@ def _prepare_input(spec: RunSpec, workdir: str,
         lambda: [f for e in tests for f in inputs_lib.eval_fields(e)], start), start
 
 
-def _build(spec: RunSpec, workdir, mesh, log, signals, tasks, splits, inputs, origin) -> Run:
+def _build(spec: RunSpec, workdir, mesh, log, signals, tasks, splits, inputs, origin
+           ) -> tuple[Run, Progress]:
     """The model, the optimizer, the sharded state at its initialisation and the step."""
     model = models.make_model(spec.model, inputs.query.tokenizer.vocab_size,
                               inputs.feature_sizes(), num_tasks=len(tasks),
@@ -272,13 +283,13 @@ def _build(spec: RunSpec, workdir, mesh, log, signals, tasks, splits, inputs, or
         return step_lib.make_train_step(
             chunked, tx, schedule, state_sharding, sharding.batch_sharding(mesh),
             sharding.replicated(mesh), spec.log_q_alpha, table_updates)
-    run = Run(spec, workdir, mesh, log, signals, list(tasks), splits, inputs, origin,
-              init_state, state_sharding, step_with(spec.objective.encode_chunks),
-              models.make_encoders(model), state, step_with=step_with)
+    host_rows: Callable[[dict], dict] = dict
     if table_updates == "lazy" and jax.process_count() == 1:  # else the step finds the rows
         assert objective.tables is not None, "validated: lazy updates need token tables"
-        run.host_rows = lazy_rows.BatchRows(objective.tables(state["params"]), state["params"])
-    return run
+        host_rows = lazy_rows.BatchRows(objective.tables(state["params"]), state["params"])
+    run = Run(spec, workdir, mesh, log, signals, tuple(tasks), splits, inputs, origin,
+              init_state, state_sharding, step_with, models.make_encoders(model), host_rows)
+    return run, Progress(state, step_with(spec.objective.encode_chunks))
 
 
 def _training_data(run: Run) -> list:
@@ -299,15 +310,17 @@ def _training_data(run: Run) -> list:
     return iters
 
 
-def _restore(run: Run) -> None:
+def _restore(run: Run, progress: Progress) -> None:
     """The latest checkpoint's state and iterator positions, if there is one; else the
     start's towers (init_from's, model.pretrained's, or the initialisation as is)."""
     steps = run.spec.schedule.num_train_steps
-    run.ckpt = checkpoints.Checkpointer(run.workdir, run.spec.schedule.keep_checkpoints)
-    last = run.last_saved = run.ckpt.latest_step()
+    ckpt = progress.ckpt = checkpoints.Checkpointer(run.workdir,
+                                                    run.spec.schedule.keep_checkpoints)
+    last = progress.last_saved = ckpt.latest_step()
     if last is not None:
-        run.state, saved_data = run.ckpt.restore(last, checkpoints.abstract_like(run.state))
-        for t, it in zip(run.tasks, run.data_iters, strict=True):
+        progress.state, saved_data = ckpt.restore(last,
+                                                  checkpoints.abstract_like(progress.state))
+        for t, it in zip(run.tasks, progress.data_iters, strict=True):
             it.set_state(saved_data if len(run.tasks) == 1 else saved_data[t.name])
         logging.info("Resumed from %s at step %d", os.path.join(run.workdir, "checkpoints"),
                      last)
@@ -317,20 +330,12 @@ def _restore(run: Run) -> None:
                             "%d steps needs a new --workdir)", steps, last, last, steps)
         run.signals.stage = f"before training; the checkpoint of step {last} is kept"
     else:
-        run.state["params"] = warm_start.start_params(
+        progress.state["params"] = warm_start.start_params(
             run.spec.start.init_from, run.spec.as_dict("model"), run.origin,
-            run.state["params"], run.state_sharding["params"])
+            progress.state["params"], run.state_sharding["params"])
     run.log.truncate_after(last or 0)  # rows of steps this run will do (again)
     run.log.start_events((last or 0) + 1, json.dumps(
         run.spec.as_dict(), indent=2, default=str))
-
-
-def _validate(run: Run, evaluators, selection: Selection, step: int) -> None:
-    """Every task's val split, on the trained towers (the typo sweep waits for the end)."""
-    for ev in evaluators:
-        rows = ev.run(run.systems_of({run.system: run.state["params"]}), step).get("val")
-        if selection.best and ev is selection.evaluator:
-            selection.offer(rows, step, run.state["params"])
 
 
 def _cadence(s: run_lib.Schedule, step: int, patience: int) -> tuple[bool, bool, bool]:
@@ -345,11 +350,12 @@ def _cadence(s: run_lib.Schedule, step: int, patience: int) -> tuple[bool, bool,
     return is_eval, is_ckpt, is_ckpt or step % max(s.log_every_steps, 1) == 0
 
 
-def _train_loop(run: Run, evaluators, selection: Selection, hooks: Sequence[Hook]) -> None:
+def _train_loop(run: Run, progress: Progress, evaluators, selection: Selection,
+                hooks: Sequence[Hook]) -> None:
     """Steps from the state's to num_train_steps (or early stopping): train rows, val
     evaluations, checkpoints; a signal saves at the end of its step and raises Preempted."""
     s, signals = run.spec.schedule, run.signals
-    start = int(run.state["step"])
+    start = int(progress.state["step"])
     weights = [t.weight for t in run.tasks]
     trim = (jax.process_count() == 1 and run.system == "dual_encoder"
             and run.spec.objective.kind != "mlm")
@@ -359,17 +365,17 @@ def _train_loop(run: Run, evaluators, selection: Selection, hooks: Sequence[Hook
     try:
         for step in range(start + 1, last + 1):
             t = tasks_lib.task_at_step(step, weights, s.seed)
-            local = next(run.data_iters[t])
+            local = next(progress.data_iters[t])
             local["task"] = np.full(len(local["q_ids"]), t, np.int32)
             if step == start + 1:  # before the first step: its memory, at full length
-                run.train_step = memory_plan.before_first_step(
-                    run.spec, run.mesh, run.train_step, run.state, _placed(run, local),
-                    run.step_with)
+                progress.train_step = memory_plan.before_first_step(
+                    run.spec, run.mesh, progress.train_step, progress.state,
+                    _placed(run, local), run.step_with)
             if trim:  # each process's share must keep one shape: one process only
                 local = sides.trim_padding(local)
             is_eval, is_ckpt, is_log = _cadence(s, step, selection.patience)
-            run.state, step_metrics = run.train_step(
-                run.state, sharding.put_global_batch(run.host_rows(local), run.mesh),
+            progress.state, step_metrics = progress.train_step(
+                progress.state, sharding.put_global_batch(run.host_rows(local), run.mesh),
                 norms=is_log or bool(signals.received))
             rows.add(step, step_metrics)
             for hook in hooks:
@@ -379,19 +385,20 @@ def _train_loop(run: Run, evaluators, selection: Selection, hooks: Sequence[Hook
                 stop = ((stop or "a signal to another process")
                         if is_log and processes.any_process(bool(stop)) else None)
             if is_log or is_ckpt or stop:
-                rows.write(run.tasks[t].fields(), run.state["params"], run.last_saved)
+                rows.write(run.tasks[t].fields(), progress.state["params"], progress.last_saved)
             if is_ckpt or stop:
-                run.save(step)
+                progress.save(step, run.tasks)
             if stop:
                 raise Preempted(f"{stop}: saved a checkpoint at step {step} in "
                                 f"{run.workdir}; run the same command again to resume")
-            if is_eval and _evaluate_during_training(run, evaluators, selection, rows, step):
+            if is_eval and _evaluate_during_training(run, progress, evaluators, selection,
+                                                     rows, step):
                 break
     finally:  # also on errors: the saves already started finish before we leave
         signals.deferring = False
         rows.close()
-        if run.ckpt is not None:
-            run.ckpt.close()
+        if progress.ckpt is not None:
+            progress.ckpt.close()
 
 
 def _placed(run: Run, local: dict) -> Callable[[], dict]:
@@ -399,15 +406,16 @@ def _placed(run: Run, local: dict) -> Callable[[], dict]:
     return lambda: sharding.put_global_batch(run.host_rows(local), run.mesh)
 
 
-def _evaluate_during_training(run: Run, evaluators, selection: Selection, rows, step: int
-                              ) -> bool:
+def _evaluate_during_training(run: Run, progress: Progress, evaluators,
+                              selection: Selection, rows, step: int) -> bool:
     """The val evaluation of `step`; whether early stopping ends training there."""
     signals = run.signals
     signals.deferring = False  # evaluation stops at once: nothing to lose
     signals.stage = (f"during the evaluation at step {step}; the checkpoint of step "
-                     f"{run.last_saved} is kept" if run.last_saved is not None else
+                     f"{progress.last_saved} is kept" if progress.last_saved is not None else
                      f"during the evaluation at step {step}; nothing was saved")
-    _validate(run, evaluators, selection, step)
+    evaluation.validate(evaluators, selection, run.systems_of, run.system,
+                        progress.state["params"], step)
     rows.since = (step, time.perf_counter())  # evaluation time is not training time
     signals.deferring = True
     if not selection.stopped_early(step):
@@ -419,58 +427,19 @@ def _evaluate_during_training(run: Run, evaluators, selection: Selection, rows, 
     return True  # saved: a rerun finds it finished
 
 
-def _final_evaluation(run: Run, evaluators, selection: Selection) -> dict[str, dict]:
-    """Every evaluator on the trained towers, their start (eval.untrained) and the
-    baselines. The selecting task's val split comes first: when eval.select_by's best val
-    step is not the last, it joins the systems from there on."""
-    spec, system = run.spec, run.system
-    step = int(run.state["step"])  # num_train_steps, or where early stopping ended training
+def _final_evaluation(run: Run, progress: Progress, evaluators, selection: Selection
+                      ) -> dict[str, dict]:
+    """Every evaluator (`evaluation.final`) on the trained towers, their start
+    (eval.untrained) and the baselines."""
+    step = int(progress.state["step"])  # num_train_steps, or where early stopping ended
     run.signals.stage = (f"during the final evaluation; training is finished and saved at "
                          f"step {step}, and running again evaluates it")
-    systems = {system: run.state["params"]}
-    if spec.schedule.untrained:  # "start": init_from's or model.pretrained's towers as is
-        name = "start" if spec.start.init_from or run.origin else "untrained"
+    systems = {run.system: progress.state["params"]}
+    if run.spec.schedule.untrained:  # "start": init_from's or model.pretrained's towers
+        name = "start" if run.spec.start.init_from or run.origin else "untrained"
         try:
             systems[name] = run.first_params()
         except PretrainedError as e:  # resumed without the start's folder
             logging.warning("the final evaluation has no %r row: %s", name, e)
-    row_fields: dict[str, dict] = {}  # {"<system>_best": {"selected_step": its step}}
-    out = {}
-    for ev in evaluators:
-        if not ev.results:  # the typo sweep, a registered evaluator: written, not returned
-            ev.run(run.systems_of(systems), step, final=True)
-            continue
-        results = {}
-        if ev is selection.evaluator:
-            results = ev.run(run.systems_of(systems), step, final=True, splits=("val",))
-            if selection.best:
-                selection.offer(results["val"], step, run.state["params"])
-                best = selection.best.step
-                if best is not None and best != step:
-                    systems[f"{system}_best"] = jax.device_put(selection.best.params(),
-                                                               sharding.replicated(run.mesh))
-                    row_fields = {f"{system}_best": {"selected_step": best}}
-        results.update(ev.run(run.systems_of(systems), step, final=True, row_fields=row_fields,
-                              splits=[s for s in ev.splits if s not in results]))
-        out.update(labelled(ev.task, results[ev.splits[-1]]))
-    return out
-
-
-def labelled(task: evaluators_lib.Task, rows: Iterable[dict]) -> dict[str, dict]:
-    """{"[task: ]system [index]": row}, as `train_and_evaluate` returns a task's rows."""
-    return {(f"{task.name}: " if task.name else "") + scoring.row_label(r): r for r in rows}
-
-
-def finished_results(log: MetricsLog, tasks: Sequence[tasks_lib.Task],
-                     splits: dict[str, tuple[str, ...]], step: int) -> dict[str, dict] | None:
-    """What `train_and_evaluate` returned when it finished at `step`, read back from
-    metrics.jsonl; None if a task's final evaluation is not all there."""
-    rows, out = log.read(), {}
-    for task in (t for t in tasks if splits[t.name]):
-        last = splits[task.name][-1]
-        mine = [r for r in rows if r["step"] == step and r["split"] == last and "system" in r
-                and "typo_p" not in r and r.get("task", "") == task.name]
-        if not mine:
-            return None
-        out.update(labelled(task, mine))
-    return out
+    return evaluation.final(evaluators, selection, run.systems_of, run.system, systems, step,
+                            sharding.replicated(run.mesh))

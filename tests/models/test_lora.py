@@ -206,6 +206,7 @@ def test_bert_adapters_fold_into_its_weights():
                                out, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_modernbert_adapters_fold_into_its_weights():
     """The modernbert tower takes adapters on its fused qkv, attention out and GeGLU MLP
     projections; they fold into its weights exactly, and Hugging Face's (PEFT's) names

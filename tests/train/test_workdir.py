@@ -13,6 +13,7 @@ from conftest import load_config
 
 from dualjax import errors
 from dualjax.errors import WorkdirError
+from dualjax.eval import scoring
 from dualjax.eval.metrics_log import MetricsLog
 from dualjax.train import loop as train
 from dualjax.train import workdir
@@ -169,7 +170,7 @@ def test_fewer_steps_than_the_checkpoint_say_so_and_evaluate_once(tmp_path, capl
     assert "num_train_steps=2 is below the checkpoint's step 4" in caplog.text
     assert {r["step"] for r in MetricsLog(str(tmp_path)).read() if r["split"] == "test"} == {4}
     cfg.eval.rerun = False
-    monkeypatch.setattr(train.scoring, "evaluate_split",
+    monkeypatch.setattr(scoring, "evaluate_split",
                         lambda *a, **k: pytest.fail("evaluated again"))
     again = train.train_and_evaluate(cfg, str(tmp_path))
     assert {k: r["map@100"] for k, r in again.items()} == \
@@ -229,7 +230,7 @@ def test_a_signal_outside_training_stops_at_once_with_one_message(tmp_path, monk
     cfg = tiny(**{"num_train_steps": 4, "checkpoint_every_steps": 2, "eval_every_steps": 0,
                   "log_every_steps": 2,
                   "eval.index": "exact", "eval.untrained": False, "eval.baselines": ""})
-    make_tasks, evaluate_split = train.tasks_lib.make_tasks, train.scoring.evaluate_split
+    make_tasks, evaluate_split = train.tasks_lib.make_tasks, scoring.evaluate_split
 
     def signalled(original, sig):
         def f(*args, **kwargs):
@@ -243,7 +244,7 @@ def test_a_signal_outside_training_stops_at_once_with_one_message(tmp_path, monk
                                               "saved; run the same command again"):
         train.train_and_evaluate(cfg, str(run))
     monkeypatch.setattr(train.tasks_lib, "make_tasks", make_tasks)
-    monkeypatch.setattr(train.scoring, "evaluate_split", signalled(evaluate_split, signal.SIGINT))
+    monkeypatch.setattr(scoring, "evaluate_split", signalled(evaluate_split, signal.SIGINT))
     with pytest.raises(errors.Preempted, match="SIGINT: stopped during the final evaluation; "
                                               "training is finished and saved at step 4"):
         train.train_and_evaluate(cfg, str(run))
@@ -252,7 +253,7 @@ def test_a_signal_outside_training_stops_at_once_with_one_message(tmp_path, monk
     assert [m.split(":")[0] for m in progress] == ["step 2/4", "step 4/4"]
     assert "pairs/s" in progress[0]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
-    monkeypatch.setattr(train.scoring, "evaluate_split", evaluate_split)
+    monkeypatch.setattr(scoring, "evaluate_split", evaluate_split)
     results = train.train_and_evaluate(cfg, str(run))  # evaluates the finished run
     assert results["dual_encoder [exact]"]["num_queries"] > 0
     rows = MetricsLog(str(run)).read()
