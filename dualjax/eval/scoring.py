@@ -8,7 +8,7 @@ metrics.py.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -20,6 +20,7 @@ from dualjax.retrieval import ann, hybrid, metrics
 from dualjax.retrieval import baselines as baselines_lib
 from dualjax.retrieval.encoding import EncodeFn, encode_texts
 from dualjax.retrieval.task import RetrievalTask
+from dualjax.runtime.registry import Registry
 from dualjax.text import tokenizers, typos
 from dualjax.text.features import Fields
 from dualjax.text.sides import Inputs
@@ -142,7 +143,8 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
                    index_extra: str = "", hybrid_systems: Sequence[str] | None = None,
                    hybrid_weights: dict[str, float] | None = None
                    ) -> tuple[list[dict], dict[str, Ranking]]:
-    """Every system's metrics on one retrieval task (a query never retrieves itself).
+    """Every system's metrics on one retrieval task (a query never retrieves itself): each
+    tower's vectors go through the `TOWER_JOBS`, then the split through the `SPLIT_JOBS`.
 
     towers: system name -> (encode_queries, encode_documents), reading `inputs` (each
     side's tokens, max length and categorical fields). Each is searched exactly; with
@@ -158,45 +160,50 @@ def evaluate_split(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, Encode
     `spec.select_by` (else map@100); the row says it as "hybrid_weight". Returns (rows
     {"system", "index", metrics...}, {label: its `Ranking`}).
     """
-    split = Split.of(task, spec, inputs.document.tokenizer)
+    split = Split.of(task, spec, inputs.document.tokenizer, baselines=tuple(baselines),
+                     index_dir=index_dir, ann_systems=tuple(ann_systems),
+                     index_extra=index_extra,
+                     hybrid_systems=tuple(towers if hybrid_systems is None else hybrid_systems),
+                     hybrid_weights=hybrid_weights)
     enc: dict[str, Any] = dict(batch_size=spec.batch_size, mesh=mesh)
     for system, (encode_queries, encode_documents) in towers.items():
         corpus = encode_texts(encode_documents, split.dense.texts, inputs.document,
                               desc=f"{system}: corpus", fields=split.dense.fields, **enc)
         queries = encode_texts(encode_queries, task.queries, inputs.query,
                                desc=f"{system}: queries", fields=task.query_fields, **enc)
-        exact = _exact(split, system, corpus, queries)
-        if system in ann_systems:
-            _prefixes(split, system, corpus, queries)
-            if spec.index != "exact":
-                _approximate(split, system, corpus, queries, exact, index_dir, index_extra)
-    _lexical(split, baselines)
-    if spec.hybrid:
-        _hybrids(split, list(towers) if hybrid_systems is None else hybrid_systems,
-                 hybrid_weights)
+        for tower_job in TOWER_JOBS.values():
+            tower_job(split, system, corpus, queries)
+    for split_job in SPLIT_JOBS.values():
+        split_job(split)
     return split.rows, split.ranked
 
 
 @dataclasses.dataclass
 class Split:
     """One split's evaluation as its jobs share it: the task, the spec, the documents the
-    towers search (`dense`), k, the rows and rankings so far, and each system's exact
-    ranking (`scored`: (ids, scores), what the hybrids fuse). The jobs, in the order their
-    rows come: per tower its exact search (`_exact`), its Matryoshka prefixes
-    (`_prefixes`) and its approximate index (`_approximate`); then the lexical baselines
-    (`_lexical`); then each tower fused with the lexical system (`_hybrids`)."""
+    towers search (`dense`), k, what `evaluate_split` was asked (the baselines, where
+    and for which systems an approximate index, which towers the hybrids fuse and at
+    which weights), the rows and rankings so far, and each system's exact ranking
+    (`scored`: (ids, scores), what the hybrids fuse) and row (`exact`)."""
     task: RetrievalTask
     spec: EvalSpec
     dense: DenseCorpus
     k: int
+    baselines: tuple[str, ...] = ()
+    index_dir: str | None = None
+    ann_systems: tuple[str, ...] = ()
+    index_extra: str = ""
+    hybrid_systems: tuple[str, ...] = ()
+    hybrid_weights: dict[str, float] | None = None
     rows: list[dict] = dataclasses.field(default_factory=list)
     ranked: dict[str, Ranking] = dataclasses.field(default_factory=dict)
     scored: dict[str, tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
+    exact: dict[str, dict] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def of(cls, task: RetrievalTask, spec: EvalSpec, tokenizer) -> Split:
+    def of(cls, task: RetrievalTask, spec: EvalSpec, tokenizer, **asked) -> Split:
         k = min(spec.top_k, len(task.corpus))
-        return cls(task, spec, DenseCorpus.of(task, tokenizer, k), k)
+        return cls(task, spec, DenseCorpus.of(task, tokenizer, k), k, **asked)
 
     def add(self, system: str, kind: str, ranking: tuple[np.ndarray, np.ndarray],
             **extra) -> dict:
@@ -218,15 +225,31 @@ class Split:
         return self.dense.ranking(index.search(queries, self.dense.k, self.dense.exclude)), info
 
 
-def _exact(split: Split, system: str, corpus: np.ndarray, queries: np.ndarray) -> dict:
-    """`system`'s row searched exactly; its ranking is kept for the hybrids."""
+# The jobs of a split's evaluation, in the order their rows come. A tower job gets
+# (split, system, corpus vectors, query vectors) for each tower in turn; a split job
+# gets the split once the towers are done. Each decides from the split (its spec, what
+# was asked) whether it has anything to do, and adds rows with `split.add`. A job of
+# your own is one function registered here (tests/project/test_plugins.py registers one).
+TowerJob = Callable[[Split, str, np.ndarray, np.ndarray], None]
+SplitJob = Callable[[Split], None]
+TOWER_JOBS: Registry[TowerJob] = Registry(
+    "tower job", lambda name, known: KeyError(f"no tower job {name!r}; registered: {known}"))
+SPLIT_JOBS: Registry[SplitJob] = Registry(
+    "split job", lambda name, known: KeyError(f"no split job {name!r}; registered: {known}"))
+
+
+def _exact(split: Split, system: str, corpus: np.ndarray, queries: np.ndarray) -> None:
+    """`system`'s row searched exactly; its ranking is kept for the hybrids, its row for
+    the approximate index's gap."""
     split.scored[system], _ = split.search("exact", corpus, queries)
-    return split.add(system, "exact", split.scored[system])
+    split.exact[system] = split.add(system, "exact", split.scored[system])
 
 
 def _prefixes(split: Split, system: str, corpus: np.ndarray, queries: np.ndarray) -> None:
-    """`system@m` rows: the first m dimensions of its vectors (eval.dims, Matryoshka),
-    searched exactly."""
+    """`system@m` rows of the `ann_systems`: the first m dimensions of its vectors
+    (eval.dims, Matryoshka), searched exactly."""
+    if system not in split.ann_systems:
+        return
     for m in split.spec.dims:
         if m >= corpus.shape[1]:
             raise ValueError(f"eval.dims: {m} is not below {system}'s "
@@ -236,26 +259,29 @@ def _prefixes(split: Split, system: str, corpus: np.ndarray, queries: np.ndarray
         split.add(f"{system}@{m}", "exact", found)
 
 
-def _approximate(split: Split, system: str, corpus: np.ndarray, queries: np.ndarray,
-                 exact_row: dict, index_dir: str | None, index_extra: str) -> None:
-    """`system`'s row searched with spec.index ("scann" or "hnsw") beside its exact one:
-    the overlap of their top 10, the MAP@100 it loses, and the index's time to be ready."""
+def _approximate(split: Split, system: str, corpus: np.ndarray, queries: np.ndarray) -> None:
+    """The row of one of the `ann_systems` searched with spec.index ("scann" or "hnsw")
+    beside its exact one: the overlap of their top 10, the MAP@100 it loses, and the
+    index's time to be ready."""
     kind = split.spec.index
-    (ann_ids, ann_scores), info = split.search(kind, corpus, queries, directory=index_dir,
-                                               extra=index_extra)
+    if kind == "exact" or system not in split.ann_systems:
+        return
+    (ann_ids, ann_scores), info = split.search(kind, corpus, queries,
+                                               directory=split.index_dir,
+                                               extra=split.index_extra)
     row = split.add(system, kind, (ann_ids, ann_scores),
                     **{"ann_recall@10": ann_recall(ann_ids, split.scored[system][0])})
-    row["map@100_gap"] = exact_row["map@100"] - row["map@100"]
+    row["map@100_gap"] = split.exact[system]["map@100"] - row["map@100"]
     row["index_seconds"] = info["build_seconds"]
     row["index_built"] = info["built"]
     logging.info("%s %s: %s, ready in %.2fs, %.1f MB on disk", kind, system,
                  info["settings"], info["build_seconds"], info["bytes_on_disk"] / 2**20)
 
 
-def _lexical(split: Split, baselines: Sequence[str]) -> None:
+def _lexical(split: Split) -> None:
     """The lexical `baselines`' rows over the whole corpus; the ranking of eval.hybrid's
     lexical system is kept for the hybrids (a row only if it is a baseline too)."""
-    lexical = split.spec.hybrid
+    lexical, baselines = split.spec.hybrid, split.baselines
     task = split.task
     for name in dict.fromkeys(list(baselines) + ([lexical] if lexical else [])):
         scores, ids = baselines_lib.rank_texts(
@@ -266,24 +292,33 @@ def _lexical(split: Split, baselines: Sequence[str]) -> None:
             split.add(name, "exact", split.scored[name])
 
 
-def _hybrids(split: Split, systems: Sequence[str], weights: dict[str, float] | None) -> None:
-    """Each of `systems`' exact ranking fused with eval.hybrid's lexical one: by
-    reciprocal rank fusion, and by score interpolation at weights[system] (None: the
-    weight best on this split)."""
+def _hybrids(split: Split) -> None:
+    """With eval.hybrid, each of `hybrid_systems`' exact ranking fused with its lexical
+    one: by reciprocal rank fusion, and by score interpolation at
+    `hybrid_weights[system]` (None: the weight best on this split)."""
     spec, lexical, task, k = split.spec, split.spec.hybrid, split.task, split.k
-    for system in systems:
+    if not lexical:
+        return
+    for system in split.hybrid_systems:
         ids, scores = split.scored[lexical]
         split.add(f"{system}+{lexical}", "exact",
                   hybrid.fuse(split.scored[system], (ids, scores), k, rrf_k=spec.hybrid_rrf_k))
-        if weights is None:
+        if split.hybrid_weights is None:
             weight, _ = hybrid.choose_weight(split.scored[system], (ids, scores),
                                              task.relevant, k, spec.select_by or "map@100",
                                              grades=task.grades)
         else:
-            weight = weights.get(system, spec.hybrid_weight)
+            weight = split.hybrid_weights.get(system, spec.hybrid_weight)
         split.add(f"{system}+{lexical}_interp", "exact",
                   hybrid.fuse(split.scored[system], (ids, scores), k, weight),
                   hybrid_weight=weight)
+
+
+TOWER_JOBS.add("exact", _exact)  # first: the jobs after it compare with its ranking
+TOWER_JOBS.add("prefixes", _prefixes)
+TOWER_JOBS.add("approximate", _approximate)
+SPLIT_JOBS.add("lexical", _lexical)
+SPLIT_JOBS.add("hybrids", _hybrids)  # after the lexical ranking it fuses
 
 
 def typo_sweep(task: RetrievalTask, towers: dict[str, tuple[EncodeFn, EncodeFn]],

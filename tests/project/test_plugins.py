@@ -2,8 +2,9 @@
 (no edit under dualjax/) is named by the config, validated, trained and evaluated.
 
 A loss (`dualjax.losses.registry`), a tower (`dualjax.models.towers`), a searcher
-(`dualjax.retrieval.searchers`), a data source (`dualjax.data.sources`) and an evaluator
-(`dualjax.eval.evaluators`). docs/design.md shows the same examples."""
+(`dualjax.retrieval.searchers`), a data source (`dualjax.data.sources`), an evaluator
+(`dualjax.eval.evaluators`) and a job of the retrieval evaluation
+(`dualjax.eval.scoring.TOWER_JOBS`). docs/design.md shows the same examples."""
 import json
 import os
 
@@ -16,7 +17,7 @@ from conftest import load_config
 
 from dualjax import errors, losses
 from dualjax.data import clusters, sources
-from dualjax.eval import evaluators
+from dualjax.eval import evaluators, scoring
 from dualjax.losses import matrix, streaming
 from dualjax.losses.registry import LOSSES, Loss, register
 from dualjax.models import towers
@@ -244,6 +245,21 @@ def toy_evaluator():
     del evaluators.EVALUATORS["by_length"]
 
 
+# ----------------------------------------------------------------------------- a toy evaluation job
+def _centered(split, system, corpus, queries):
+    """A tower job: `system` searched with its documents' mean taken out of both sides."""
+    mean = corpus.mean(0, keepdims=True)
+    found, _ = split.search("exact", corpus - mean, queries - mean)
+    split.add(f"{system}-centered", "exact", found)
+
+
+@pytest.fixture
+def toy_job():
+    scoring.TOWER_JOBS.add("centered", _centered)
+    yield _centered
+    del scoring.TOWER_JOBS["centered"]
+
+
 def test_a_registered_loss_is_the_same_sharded_streamed_and_by_hand(toy_loss):
     rng = np.random.default_rng(0)
     unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
@@ -266,7 +282,7 @@ def test_a_registered_loss_is_the_same_sharded_streamed_and_by_hand(toy_loss):
 
 @pytest.mark.slow
 def test_registered_plugins_of_every_kind_train_and_evaluate_from_the_config(
-        toy_loss, toy_tower, toy_searcher, toy_source, toy_evaluator, tmp_path):
+        toy_loss, toy_tower, toy_searcher, toy_source, toy_evaluator, toy_job, tmp_path):
     from dualjax.train import loop as train
     cfg = load_config("tiny")
     cfg.eval.baselines = ""
@@ -289,6 +305,11 @@ def test_registered_plugins_of_every_kind_train_and_evaluate_from_the_config(
                                                                          "untrained"))
     assert trained > untrained + 0.05, (trained, untrained)  # 0.15 against 0.07
     assert results["dual_encoder [exact]"]["num_queries"] == 60  # the source's test split
+    # The job's row comes after each tower's own rows, before the next tower's.
+    assert list(results) == ["dual_encoder [exact]", f"dual_encoder [{NUMPY.name}]",
+                             "dual_encoder-centered [exact]", "untrained [exact]",
+                             "untrained-centered [exact]"]
+    assert 0 < results["dual_encoder-centered [exact]"]["map@100"] <= 1
     by_length = [r for r in rows if r.get("index") == "by_length"]
     assert {(r["split"], r["system"]) for r in by_length} == {
         (split, s) for split in ("val", "test") for s in ("dual_encoder", "untrained")}
