@@ -160,3 +160,23 @@ def test_every_input_file_of_every_task_is_recorded_and_named_by_its_key(tmp_pat
     assert workdir.check_data(str(run), files_of(cfg)) == sorted(
         [str(beir / "qrels" / "dev.tsv"), str(queries)])
     assert set(record(run)) == {f.path for f in files_of(cfg)}
+
+
+def test_the_pairs_table_is_written_while_process_0_goes_first(tmp_path):
+    """Every table a run reads is written inside `main_first` (process 0 first, the other
+    processes then read it): the evaluation tables and the training pairs' too, also
+    where no vocabulary is built from the pairs (a pretrained start's tokenizer)."""
+    from conftest import FIXTURES
+
+    from dualjax.config import run
+    from dualjax.train import tasks as tasks_lib
+    cfg = load_config("tiny")
+    cfg.model.update(tower="bert", tokenizer="hf",
+                     pretrained=str(FIXTURES / "pretrained" / "tiny_bert"))
+    spec = run.resolve(cfg, str(tmp_path))
+    tasks = tasks_lib.make_tasks(spec.tasks, spec.schedule.seed)
+    train._prepare_input(spec, str(tmp_path), tasks)
+    (task,) = tasks
+    written = os.listdir(os.path.join(task.tfds_dir, "synthetic_paraphrase"))
+    assert any(name.startswith("pairs-") for name in written), written
+    assert "train_source" in vars(task)  # (read there, not later outside main_first)
