@@ -92,6 +92,21 @@ def run_main(config: str, workdir: str, flags: dict, devices: int = 0) -> float:
     return time.time() - start
 
 
+def run_worker(cmd: list[str], env: dict | None = None) -> dict:
+    """Runs one measurement in a fresh process (`cmd`, from the repository's root) and
+    returns the JSON of its last stdout line; WorkerFailed with the tail of its stderr
+    if it fails. The one runner of the benchmarks' worker processes."""
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise WorkerFailed(f"{' '.join(cmd[:3])} ... exited {out.returncode}:\n"
+                           f"{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+class WorkerFailed(RuntimeError):
+    """A benchmark's worker process failed (`run_worker`)."""
+
+
 def dualjax_run(args, name: str, config: str, flags: dict) -> tuple[str, float | None]:
     """Runs (or reuses) one workdir, args.out/<slug(name)> (`run_main`); (workdir, wall
     seconds or None if reused)."""

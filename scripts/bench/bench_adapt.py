@@ -44,6 +44,9 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "scripts"))  # common.py
+import common  # noqa: E402
+
 SKIP = 4  # first steps left out of pairs/s: each new (query, document) length compiles
 
 
@@ -152,10 +155,7 @@ def run_st(args, precision: str = "fp32") -> dict:
         json.dump(pairs, f)
     cmd = [args.st_python, "-c", ST_WORKER, f.name, sources.folder_of("all-MiniLM-L6-v2"),
            str(args.threads), str(args.steps), "64", precision]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode:
-        raise SystemExit(f"sentence-transformers worker failed:\n{out.stderr[-3000:]}")
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = common.run_worker(cmd)  # (the sentence-transformers side)
     return {"side": f"sentence-transformers {precision}", "pairs_per_second":
             64 / median(got["times"][SKIP // 2:]), "step_s": got["times"],
             "peak_rss_mb": got["peak_rss_mb"]}
@@ -217,12 +217,8 @@ def run_steps(args) -> list[dict]:
     out = []
     for chunks, rank in ((c, r) for c in map(int, args.chunks.split(","))
                          for r in map(int, args.lora.split(","))):
-        got = subprocess.run([sys.executable, "-c", STEP_WORKER, REPO, str(args.q_len),
-                              str(args.d_len), str(chunks), str(args.steps), str(rank)],
-                             capture_output=True, text=True)
-        if got.returncode:
-            raise SystemExit(f"step worker failed:\n{got.stderr[-3000:]}")
-        r = json.loads(got.stdout.strip().splitlines()[-1])
+        r = common.run_worker([sys.executable, "-c", STEP_WORKER, REPO, str(args.q_len),
+                               str(args.d_len), str(chunks), str(args.steps), str(rank)])
         r["pairs_per_second"] = 64 / median(r["step_s"][1:])
         out.append(r)
         print(f"encode_chunks {chunks:2d}, LoRA rank {rank:2d}: train state "

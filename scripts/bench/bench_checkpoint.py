@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import common  # noqa: E402
+
 SHAPES = {  # (hidden, layers, heads, intermediate): their config.json files
     "MiniLM-L6 shape": (384, 6, 12, 1536),
     "BERT-base shape": (768, 12, 12, 3072),
@@ -74,9 +75,8 @@ def main() -> None:
     print("|---|---:|---:|---|---:|---:|")
     for shape in SHAPES:
         for rp in (True, False):
-            out = subprocess.run([sys.executable, __file__, shape, str(rp)], env=env,
-                                 cwd=REPO, capture_output=True, text=True, check=True)
-            r = json.loads(out.stdout.strip().splitlines()[-1])
+            r = common.run_worker([sys.executable, os.path.abspath(__file__), shape,
+                                   str(rp)], env=env)
             print(f"| {shape} | {r['arrays']} ({r['shapes']}) | {r['mb']:.0f} | "
                   f"{'yes' if rp else 'no'} | {r['save_1']:.2f} | {r['save_2']:.2f} |",
                   flush=True)

@@ -40,12 +40,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 DEVICES = 8
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "scripts"))  # common.py
+import common  # noqa: E402
+
 BASE_GB = 0.3     # the process with jax imported and the embeddings placed
 LIVE_SCORES = 3   # [rows, columns] f32 buffers alive at once (plain at 8,192: ~2.1)
 
@@ -187,23 +189,17 @@ def towers_table(rows: list[dict], layers: int, width: int, max_len: int) -> str
 
 def run_child(args: list[str], head: dict) -> dict:
     """This script with `args` in a fresh subprocess; its last stdout line as JSON."""
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), *args],
-                         capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        return {**head,
-                "error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    try:
+        return common.run_worker([sys.executable, os.path.abspath(__file__), *args])
+    except common.WorkerFailed as e:
+        return {**head, "error": str(e).strip().splitlines()[-1]}
 
 
 def run_one(batch: int, block: int, dim: int, steps: int) -> dict:
     """One configuration in a fresh subprocess."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", f"{batch},{block}",
            "--dim", str(dim), "--steps", str(steps)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        return {"batch": batch, "block": block, "error": (out.stderr.strip().splitlines()
-                                                          or [f"exit {out.returncode}"])[-1]}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(cmd[2:], {"batch": batch, "block": block})
 
 
 def table(rows: list[dict], dim: int) -> str:
