@@ -163,9 +163,12 @@ def read_pair_records(
         # A trailing newline at EOF ends the last line; it is not an empty line.
         raw_lines.pop()
 
+    del data  # (the lines hold their own bytes)
     pairs: list[PairRecord] = []
     bad: list[tuple[int, str]] = []  # (line number, reason)
+    same: dict[str, str] = {}  # one object per distinct text: pairs repeat their documents
     for lineno, raw in enumerate(raw_lines, start=1):
+        raw_lines[lineno - 1] = b""  # each line's bytes go once it is read
         try:
             record = _parse_line(raw, lineno, parse)
         except ValueError as e:
@@ -173,7 +176,8 @@ def read_pair_records(
                 raise DataError(f"{path}:{lineno}: {e}") from None
             bad.append((lineno, str(e)))
             continue
-        pairs.append(record)
+        q, d = record.query, record.document
+        pairs.append(record._replace(query=same.setdefault(q, q), document=same.setdefault(d, d)))
 
     if bad:
         shown = ", ".join(str(n) for n, _ in bad[:_MAX_REPORTED_LINES])

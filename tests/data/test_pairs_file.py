@@ -58,6 +58,18 @@ def test_jsonl_categorical_fields(tmp_path):
     assert read_pairs(path) == [("red shoes", "nike air"), ("pan", "frying pan")]
 
 
+def test_a_repeated_text_is_held_once(tmp_path):
+    """Pairs repeat their documents (a passage answers many queries): each distinct text
+    is one object in memory, however many lines carry it."""
+    passage = "a long passage that many questions are asked about " * 20
+    lines = [f"question {i}\t{passage}\n" for i in (0, 1, 2, 0)]
+    path = _write(tmp_path / "pairs.tsv", "".join(lines).encode())
+    records = pairs_file.read_pair_records(path)
+    assert [r.document for r in records] == [passage] * 4
+    assert len({id(r.document) for r in records}) == 1
+    assert records[3].query is records[0].query and records[1].query == "question 1"
+
+
 @pytest.mark.parametrize("fields,fragment", [
     ({"document_fields": ["shoes"]}, "'document_fields' must be an object"),
     ({"query_fields": {"tags": ["a", "b"]}}, "query_fields.tags must be a string"),
