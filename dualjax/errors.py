@@ -16,6 +16,8 @@ Import them from here (`from dualjax.errors import ConfigError`), never through 
 module that raises them: tests/project/test_layers.py checks it.
 """
 
+import signal
+
 
 class DualjaxError(Exception):
     """What dualjax raises on purpose: a message of one line that says what to do."""
@@ -70,4 +72,7 @@ class Terminated(BaseException):
 
 class PeerStopped(BaseException):
     """Another process of a multi-process command stopped or died (`runtime/peers.py`):
-    raised where this one is, so that its cleanup runs before it stops too."""
+    raised where this one is, so that its cleanup runs before it stops too. `signum`:
+    the signal that raises it (delivered again if a finalizer or a gc callback swallows
+    it: cli.py)."""
+    signum = int(signal.SIGUSR1)

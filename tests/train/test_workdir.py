@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import conftest
 import pytest
@@ -332,3 +333,26 @@ def test_a_signal_swallowed_by_a_finalizer_is_delivered_again():
         signal.signal(signal.SIGTERM, previous[0])
         signal.signal(signal.SIGINT, previous[1])
         sys.unraisablehook = previous[2]
+
+
+def test_another_process_stopping_swallowed_by_a_gc_callback_is_delivered_again():
+    """PeerStopped is raised in the main thread by SIGUSR1's handler wherever it is;
+    inside a gc callback (jax's `_xla_gc_callback`) Python prints it as ignored and goes
+    on (seen once in the suite: the process still ended, by the grace timer, with a
+    traceback before its one line). The commands' unraisable hook sends the signal
+    again instead, and prints nothing."""
+    from dualjax import cli
+    printed, got = [], []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
+    try:
+        hook = cli._signals_again(printed.append)
+        hook(SimpleNamespace(exc_type=errors.PeerStopped, exc_value=errors.PeerStopped("x")))
+        for _ in range(200):
+            if got:
+                break
+            time.sleep(0.01)
+        assert got == [signal.SIGUSR1] and printed == []
+        hook(SimpleNamespace(exc_type=ValueError, exc_value=ValueError("x")))
+        assert len(printed) == 1  # anything else: the hook it wraps
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
