@@ -177,7 +177,8 @@ def read_pair_records(
             bad.append((lineno, str(e)))
             continue
         q, d = record.query, record.document
-        pairs.append(record._replace(query=same.setdefault(q, q), document=same.setdefault(d, d)))
+        pairs.append(PairRecord(same.setdefault(q, q), same.setdefault(d, d),
+                                record.query_fields, record.document_fields))
 
     if bad:
         shown = ", ".join(str(n) for n, _ in bad[:_MAX_REPORTED_LINES])
