@@ -177,6 +177,7 @@ def test_fused_attention_equals_attention_on_right_padded_texts(dtype):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), **tol)
 
 
+@pytest.mark.slow
 def test_the_fused_attention_runs_where_cudnn_can_and_the_tower_is_the_same(monkeypatch):
     """On this CPU the towers keep layers.attention; where fused_attention_ok says yes
     (a GPU, bf16, a head width of a multiple of 8 up to 128), the bert tower's attention

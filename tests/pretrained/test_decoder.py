@@ -239,6 +239,7 @@ def write_safetensors(path, tensors: dict, dtype: str) -> None:
     pathlib.Path(path).write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["BF16", "F16"])
 def test_weights_published_in_bfloat16_or_float16_load(tmp_path, dtype, reference):
     """Decoder LLMs are published in bfloat16, which safetensors.numpy cannot read: the
