@@ -123,19 +123,21 @@ class Pretrained:
             tensors.update(weights_file.read(path))
         return tensors
 
-    def tower_params(self) -> dict[str, Any]:
-        """float32 numpy arrays: for "bert" and "decoder" that tower's whole parameter
-        tree; for "static" {"embedding": the table} (a `TokenTable`'s)."""
+    def tower_params(self, dtype: Any = np.float32) -> dict[str, Any]:
+        """numpy arrays in `dtype`, each converted once from the mapped file (a run that
+        keeps its frozen weights in bfloat16 never holds them in float32): for "bert" and
+        "decoder" that tower's whole parameter tree; for "static" {"embedding": the
+        table} (a `TokenTable`'s)."""
         tensors = self.weights()
         if self.kind == "static":
-            return {"embedding": np.asarray(tensors[self.table], np.float32)}
+            return {"embedding": np.asarray(tensors[self.table], dtype)}
         where = os.path.join(self.folder, WEIGHTS)
         if isinstance(self.architecture, DecoderConfig):
-            return decoder_params(tensors, self.architecture, where)
+            return decoder_params(tensors, self.architecture, where, dtype)
         if isinstance(self.architecture, ModernBertConfig):
-            return modernbert_params(tensors, self.architecture, where)
+            return modernbert_params(tensors, self.architecture, where, dtype)
         assert isinstance(self.architecture, BertConfig)  # kind "bert"
-        return bert_params(tensors, self.architecture, where)
+        return bert_params(tensors, self.architecture, where, dtype)
 
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)

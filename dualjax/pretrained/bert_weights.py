@@ -4,6 +4,8 @@ back (`bert_params`, `hf_tensors`, `hf_config`): the names of each family's laye
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 
@@ -34,10 +36,11 @@ _ATTENTION_NAMES = {
 }
 
 
-def bert_params(tensors: dict[str, np.ndarray], c: BertConfig, path: str) -> dict:
+def bert_params(tensors: dict[str, np.ndarray], c: BertConfig, path: str,
+                dtype: Any = np.float32) -> dict:
     """A Hugging Face BertModel's or MPNetModel's tensors (with or without the "bert." /
-    "mpnet." prefix) as a `BertTower`'s params; PretrainedError naming a missing tensor
-    or a wrong shape."""
+    "mpnet." prefix) as a `BertTower`'s params in `dtype`; PretrainedError naming a
+    missing tensor or a wrong shape."""
     t = {k.removeprefix(f"{c.family}."): v for k, v in tensors.items()}
     h, heads = c.hidden_size, c.num_heads
     d = h // heads
@@ -66,7 +69,7 @@ def bert_params(tensors: dict[str, np.ndarray], c: BertConfig, path: str) -> dic
                                  "mlp_in": {"kernel": w_in, "bias": b_in},
                                  "mlp_out": {"kernel": w_out, "bias": b_out},
                                  "ln_mlp": _norm(t, p + "output.LayerNorm")}
-    return jax.tree.map(lambda x: np.ascontiguousarray(x, np.float32), out)
+    return jax.tree.map(lambda x: np.ascontiguousarray(x, dtype), out)  # (one copy each)
 
 
 def hf_tensors(params: dict, c: BertConfig) -> dict[str, np.ndarray]:

@@ -10,6 +10,8 @@ a bare model (an embedder saved as Qwen2Model) has none.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 
@@ -20,8 +22,9 @@ _ATTENTION = (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj"))
 _MLP = (("mlp_gate", "gate_proj"), ("mlp_up", "up_proj"), ("mlp_down", "down_proj"))
 
 
-def decoder_params(tensors: dict[str, np.ndarray], c: DecoderConfig, path: str) -> dict:
-    """The tensors as float32 `DecoderTower` params; PretrainedError naming a missing
+def decoder_params(tensors: dict[str, np.ndarray], c: DecoderConfig, path: str,
+                   dtype: Any = np.float32) -> dict:
+    """The tensors as `DecoderTower` params in `dtype`; PretrainedError naming a missing
     tensor or one of another shape than config.json's sizes."""
     t = without_prefix(tensors, "model.")
     heads, kv, d, h = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
@@ -53,7 +56,7 @@ def decoder_params(tensors: dict[str, np.ndarray], c: DecoderConfig, path: str) 
                     dense["bias"] = t[f"{p}mlp.{theirs}.bias"]
                 layer[ours] = dense
             out[f"layer_{i}"] = layer
-    return jax.tree.map(lambda x: np.ascontiguousarray(x, np.float32), out)
+    return jax.tree.map(lambda x: np.ascontiguousarray(x, dtype), out)  # (one copy each)
 
 
 def hf_tensors(params: dict, c: DecoderConfig) -> dict[str, np.ndarray]:

@@ -10,6 +10,8 @@ checkpoint; ".bias" beside each where the config has biases.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 
@@ -17,8 +19,9 @@ from dualjax.models.modernbert import ModernBertConfig
 from dualjax.pretrained.weights_file import by_name, without_prefix
 
 
-def modernbert_params(tensors: dict[str, np.ndarray], c: ModernBertConfig, path: str) -> dict:
-    """The tensors as float32 `ModernBertTower` params; PretrainedError naming a missing
+def modernbert_params(tensors: dict[str, np.ndarray], c: ModernBertConfig, path: str,
+                      dtype: Any = np.float32) -> dict:
+    """The tensors as `ModernBertTower` params in `dtype`; PretrainedError naming a missing
     tensor or one of another shape than config.json's sizes."""
     t = without_prefix(tensors, "model.")
     h, heads, d = c.hidden_size, c.num_heads, c.head_dim
@@ -51,7 +54,7 @@ def modernbert_params(tensors: dict[str, np.ndarray], c: ModernBertConfig, path:
             if i:
                 layer["ln_attn"] = norm(p + "attn_norm")
             out[f"layer_{i}"] = layer
-    return jax.tree.map(lambda x: np.ascontiguousarray(x, np.float32), out)
+    return jax.tree.map(lambda x: np.ascontiguousarray(x, dtype), out)  # (one copy each)
 
 
 def hf_tensors(params: dict, c: ModernBertConfig) -> dict[str, np.ndarray]:

@@ -22,6 +22,7 @@ import shutil
 from typing import Any
 
 import jax
+import numpy as np
 from absl import logging
 
 from dualjax import pretrained
@@ -174,14 +175,25 @@ def _fit(ours: Any, theirs: Any) -> Any:
         return {**fitted, **{k: v for k, v in ours.items()
                              if k.endswith(lora.SUFFIXES) and k not in theirs}}
     if ours is not None and hasattr(ours, "dtype") and hasattr(theirs, "astype"):
-        return theirs.astype(ours.dtype)
+        return theirs.astype(ours.dtype, copy=False)  # (read in it: no copy)
     return theirs
+
+
+def _start_dtype(params: dict, whole_tower: bool) -> Any:
+    """The dtype to read a start's weights in: that of every weight they replace when
+    all share one (LoRA's frozen bfloat16: read as such, never widened to float32 first),
+    else float32 (`_fit` then casts each)."""
+    keys = ("tower", "query_tower", "doc_tower") if whole_tower else ()
+    dtypes = {np.dtype(x.dtype) for key in keys if key in params
+              for path, x in jax.tree_util.tree_leaves_with_path(params[key])
+              if not str(getattr(path[-1], "key", "")).endswith(lora.SUFFIXES)}
+    return dtypes.pop() if len(dtypes) == 1 else np.float32
 
 
 def pretrained_params(start: pretrained.Pretrained, params: dict) -> dict:
     """`params` with the start's weights: every bert or decoder tower whole, or every
     token table (a static start; the layers above it keep their initialisation)."""
-    tree = start.tower_params()
+    tree = start.tower_params(_start_dtype(params, bool(start.tower)))
     out = jax.tree.map(lambda x: x, params)  # a copy of the containers
     if start.tower:
         for key in ("tower", "query_tower", "doc_tower"):

@@ -233,3 +233,30 @@ def test_modernbert_adapters_fold_into_its_weights():
     assert np.abs(out - base).max() > 1e-2
     np.testing.assert_allclose(plain.apply({"params": lora.merge(moved, spec)}, ids, mask),
                                out, atol=1e-5)
+
+
+def test_a_start_is_read_in_the_frozen_weights_dtype(monkeypatch):
+    """A LoRA run keeps its frozen weights in bfloat16: the start's are read in bfloat16
+    (each converted once from the mapped file), never widened to a float32 tree first (a
+    7B start: 28 GB of host memory). A float32 run reads float32 as before."""
+    from dualjax.train import warm_start
+    start = pretrained.resolve(QWEN2)
+    asked = []
+    real = pretrained.Pretrained.tower_params
+    monkeypatch.setattr(pretrained.Pretrained, "tower_params",
+                        lambda self, dtype=np.float32: asked.append(np.dtype(dtype))
+                        or real(self, dtype))
+    full = real(start)
+    adapter = {"query_lora_a": np.zeros((2, 2), np.float32)}  # (adapters stay float32)
+    for base in ("bfloat16", "float32"):
+        frozen = jax.tree.map(lambda x, b=base: x.astype(b), full)
+        frozen["layer_0"]["attn"].update(adapter)
+        params = {"tower": frozen, "alpha": np.float32(10.0)}
+        out = warm_start.pretrained_params(start, params)["tower"]
+        assert asked[-1] == np.dtype(base)
+        assert out["layer_0"]["attn"]["query_lora_a"] is adapter["query_lora_a"]
+        jax.tree.map(lambda got, want, b=base: np.testing.assert_array_equal(
+            got, want.astype(b)), {k: v for k, v in out.items() if k != "layer_0"},
+            {k: v for k, v in full.items() if k != "layer_0"})
+        assert {x.dtype for x in jax.tree.leaves({k: v for k, v in out.items()
+                                                  if k != "layer_0"})} == {np.dtype(base)}
