@@ -179,21 +179,19 @@ def _fit(ours: Any, theirs: Any) -> Any:
     return theirs
 
 
-def _start_dtype(params: dict, whole_tower: bool) -> Any:
-    """The dtype to read a start's weights in: that of every weight they replace when
-    all share one (LoRA's frozen bfloat16: read as such, never widened to float32 first),
-    else float32 (`_fit` then casts each)."""
-    keys = ("tower", "query_tower", "doc_tower") if whole_tower else ()
-    dtypes = {np.dtype(x.dtype) for key in keys if key in params
-              for path, x in jax.tree_util.tree_leaves_with_path(params[key])
-              if not str(getattr(path[-1], "key", "")).endswith(lora.SUFFIXES)}
+def _start_dtype(params: dict) -> Any:
+    """The dtype to read a start's weights in: that of every frozen weight (`lora.
+    trainable`'s False: the towers' own, LoRA's frozen bfloat16 read as such, never
+    widened to float32 first) when all share one, else float32 (`_fit` casts each)."""
+    dtypes = {np.dtype(x.dtype) for t, x in zip(jax.tree.leaves(lora.trainable(params)),
+                                               jax.tree.leaves(params), strict=True) if not t}
     return dtypes.pop() if len(dtypes) == 1 else np.float32
 
 
 def pretrained_params(start: pretrained.Pretrained, params: dict) -> dict:
     """`params` with the start's weights: every bert or decoder tower whole, or every
     token table (a static start; the layers above it keep their initialisation)."""
-    tree = start.tower_params(_start_dtype(params, bool(start.tower)))
+    tree = start.tower_params(_start_dtype(params))
     out = jax.tree.map(lambda x: x, params)  # a copy of the containers
     if start.tower:
         for key in ("tower", "query_tower", "doc_tower"):
