@@ -2,11 +2,15 @@
 import os
 import tempfile
 
-# LLVM at -O0: the tests' programs are tiny, so XLA's compile time is most of the suite
-# and their run time little; -O0 compiles 30% faster (the cached-gradient equalities and
-# a cnn + transformer run, 58 -> 41 s). The program and its values are XLA's own either
-# way; the benchmarks, the quick start and users run at the default level.
-COMPILE_FLAGS = "--xla_backend_optimization_level=0"
+# The tests' programs are tiny, so XLA compiling them is most of the suite's time and
+# running them little (BENCHMARKS.md "Test suite wall time"). So the tests compile
+# cheaply: LLVM at -O0, XLA's classic CPU emitters instead of its fusion emitters (which
+# lower every fusion through MLIR first), and one LLVM module per program (no parallel
+# codegen split: two pytest workers already use both cores). The programs compute the
+# same operations either way; the benchmarks, the quick start and users run XLA's
+# defaults.
+COMPILE_FLAGS = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
+                 "--xla_cpu_parallel_codegen_split_count=1")
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + f" {COMPILE_FLAGS} --xla_force_host_platform_device_count=8"
 ).strip()
