@@ -18,7 +18,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One compilation cache for the session (and the CLI runs it starts): many tests train
 # the same tiny model, and XLA compiles for 8 devices take most of the suite's time.
 # A fresh directory each session, so a run of the suite costs what it costs in CI.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="dualjax-xla-"))
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # (the workers inherit the session's)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="dualjax-xla-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
