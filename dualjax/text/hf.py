@@ -134,11 +134,13 @@ class HFTokenizer:
         texts = [self._prepare(t) for t in texts]
         room = max_len - self._append  # (one left for the end token)
         if room <= self._specials:  # (only the special tokens fit: the plain way)
-            return _padded(self._ids(self._tok.encode_batch(texts, add_special_tokens=False),
-                                     max_len), max_len)
+            return _padded(self._ids(self._tok.encode_batch_fast(
+                texts, add_special_tokens=False), max_len), max_len)
         # Truncated and post-processed ([CLS] ... [SEP]) inside the library, in its own
-        # threads: per text in Python, that was a third of the time of a batch.
-        encodings = self._truncating(room).encode_batch(
+        # threads: per text in Python, that was a third of the time of a batch. The fast
+        # form leaves out the character offsets, which nothing here reads (BENCHMARKS.md,
+        # "Corpus encoding, static tower").
+        encodings = self._truncating(room).encode_batch_fast(
             texts, add_special_tokens=self.add_special_tokens)
         lists = [e.ids for e in encodings]
         if self.drop_unknown and self.unknown_id is not None:

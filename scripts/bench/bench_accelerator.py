@@ -6,6 +6,7 @@ sentence-transformers are installed, in one table and one JSON file.
         [--squad=../shared/data/squad/dev-v1.1.json] [--tokenizer=all-MiniLM-L6-v2]
         [--shapes=minilm,bertbase] [--batch=8192] [--chunks=16] [--steps=12]
         [--docs=200000] [--parts=data,train,encode,static,peer] [--again] [--json=FILE]
+        [--peer_python=PYTHON]
     python scripts/bench/bench_accelerator.py --toy --out=DIR   # minutes on a CPU (the suite's)
 
 What it does, as a user would (`python -m dualjax.main`, `dualjax.export`,
@@ -26,7 +27,11 @@ What it does, as a user would (`python -m dualjax.main`, `dualjax.export`,
   where its time went (host preparation, dispatch, storing, waiting for the host or
   the device: shard.json's encode_profile);
 - static: a WordLlama start (when fetched) indexed the same way, against the tokenizer
-  alone on the same texts and cores (the `tokenizers` library's batch encoding);
+  alone on the same texts and cores (the `tokenizers` library's batch encoding) and,
+  where --peer_python has sentence-transformers, against its StaticEmbedding: the same
+  run exported as a sentence-transformers folder (`dualjax.export
+  --format=sentence-transformers`: the same table, the truncation in its tokenizer)
+  encoding the same texts at the same batch size;
 - peer: sentence-transformers' CachedMultipleNegativesRankingLoss (mini-batches of 512,
   bf16 autocast on a GPU) and `encode` on the same folders and data, when installed.
 """
@@ -281,9 +286,10 @@ def index(args, name: str, bundle: str, corpus: str) -> dict:
     return result
 
 
-def export(workdir: str, out: str) -> str:
+def export(workdir: str, out: str, *flags: str) -> str:
     done = subprocess.run(_python("-m", "dualjax.export", f"--workdir={workdir}", f"--out={out}",
-                                  "--overwrite"), cwd=REPO, capture_output=True, text=True)
+                                  "--overwrite", *flags), cwd=REPO, capture_output=True,
+                          text=True)
     if done.returncode:
         raise RuntimeError(done.stderr[-600:])
     return out
@@ -291,7 +297,8 @@ def export(workdir: str, out: str) -> str:
 
 def tokenizer_alone(texts: list[str], bundle: str, repeats: int = 3) -> float:
     """Documents/s of the `tokenizers` library alone batch-encoding the texts (truncated
-    at the bundle's document length, in its own threads), median of `repeats`."""
+    at the bundle's document length, in its own threads; its fastest form, without
+    character offsets), median of `repeats`."""
     import tokenizers
 
     import dualjax
@@ -304,13 +311,14 @@ def tokenizer_alone(texts: list[str], bundle: str, repeats: int = 3) -> float:
         start = time.perf_counter()
         for at in range(0, len(texts), 256):
             batch = texts[at:at + 256]
-            tok.encode_batch([t.lower() for t in batch] if lower else batch)
+            tok.encode_batch_fast([t.lower() for t in batch] if lower else batch)
         rates.append(len(texts) / (time.perf_counter() - start))
     return statistics.median(rates)
 
 
 def static_bundle(args, corpus: str) -> str | None:
-    """An exported WordLlama start as it is (an evaluation-only run), or None unfetched."""
+    """An exported WordLlama start as it is (an evaluation-only run, OUT/run_static), or
+    None unfetched."""
     from dualjax import pretrained
     try:
         pretrained.resolve("wordllama")
@@ -339,6 +347,48 @@ def static_bundle(args, corpus: str) -> str | None:
     if done.returncode:
         raise RuntimeError(done.stderr[-600:])
     return export(run, os.path.join(args.out, "bundle_static"))
+
+
+# sentence-transformers' StaticEmbedding encoding a corpus (run by --peer_python, which
+# need not have dualjax): argv folder, corpus.jsonl, batch size, rounds; prints JSON, or
+# exits 3 where sentence-transformers is not installed.
+STATIC_PEER = """
+import json, statistics, sys, time
+try:
+    import torch
+    import sentence_transformers
+    from sentence_transformers import SentenceTransformer
+except ImportError:
+    sys.exit(3)
+folder, corpus, batch, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+texts = [json.loads(line)["text"] for line in open(corpus)]
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = SentenceTransformer(folder, device=device)
+model.encode(texts[:batch], batch_size=batch)  # warm
+rates = []
+for _ in range(rounds):
+    start = time.perf_counter()
+    model.encode(texts, batch_size=batch, convert_to_numpy=True)
+    rates.append(len(texts) / (time.perf_counter() - start))
+print(json.dumps({"docs_per_s": round(statistics.median(rates), 1),
+                  "rates": [round(r, 1) for r in rates],
+                  "sentence_transformers": sentence_transformers.__version__,
+                  "torch": torch.__version__, "device": device}))
+"""
+
+
+def static_peer(args, folder: str, corpus: str, rounds: int = 3) -> dict:
+    """sentence-transformers' StaticEmbedding (the folder `dualjax.export
+    --format=sentence-transformers` wrote) encoding the corpus: documents/s, median of
+    `rounds`; {} where --peer_python has no sentence-transformers."""
+    done = subprocess.run([args.peer_python, "-c", STATIC_PEER, folder, corpus,
+                           str(args.encode_batch), str(rounds)],
+                          capture_output=True, text=True)
+    if done.returncode == 3:
+        return {}
+    if done.returncode:
+        raise RuntimeError(done.stderr[-600:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 # ----------------------------------------------------------------------------- the peer
@@ -428,6 +478,10 @@ def table(results: dict) -> str:
         lines.append(f"| static tower (WordLlama) docs/s; the tokenizer alone | "
                      f"{s['docs_per_s']}; {s['tokenizer_alone_docs_per_s']} "
                      f"({s['docs_per_s'] / s['tokenizer_alone_docs_per_s']:.2f}x) | | |")
+        theirs = s.get("peer", {}).get("docs_per_s")
+        if theirs:
+            row("static tower (WordLlama) docs/s: dualjax.index; StaticEmbedding.encode",
+                s["docs_per_s"], theirs)
     return "\n".join(lines)
 
 
@@ -451,6 +505,9 @@ def main(argv=None) -> dict:
     p.add_argument("--pairs_file", default="",
                    help="the data part's pairs (TSV) instead of the SQuAD pairs")
     p.add_argument("--toy", action="store_true", help="tiny shapes and data (a CPU, tests)")
+    p.add_argument("--peer_python", default=sys.executable,
+                   help="the Python that runs sentence-transformers' StaticEmbedding (static "
+                        "part; skipped where it has no sentence-transformers)")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     if args.toy:
@@ -491,6 +548,10 @@ def main(argv=None) -> dict:
                 texts = [json.loads(line)["text"] for line in f]
             results["static"]["tokenizer_alone_docs_per_s"] = round(
                 tokenizer_alone(texts, bundle), 1)
+            folder = export(os.path.join(args.out, "run_static"),
+                            os.path.join(args.out, "st_static"),
+                            "--format=sentence-transformers")
+            results["static"]["peer"] = static_peer(args, folder, corpus)
     if "peer" in parts:
         with open(corpus) as f:
             texts = [json.loads(line)["text"] for line in f]

@@ -5,6 +5,7 @@ its table and JSON with the figures it names."""
 import importlib.util
 import json
 import os
+import sys
 
 import conftest
 import pytest
@@ -14,10 +15,7 @@ ROOT = str(conftest.REPO)
 
 @pytest.mark.slow
 def test_the_accelerator_bench_runs_at_toy_size(tmp_path):
-    spec = importlib.util.spec_from_file_location(
-        "bench_accelerator", os.path.join(ROOT, "scripts", "bench", "bench_accelerator.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench()
     out = tmp_path / "bench"
     results = bench.main(["--toy", f"--out={out}", "--parts=data,train,encode",
                           f"--json={tmp_path / 'r.json'}"])
@@ -35,3 +33,29 @@ def test_the_accelerator_bench_runs_at_toy_size(tmp_path):
     table = bench.table(results)
     assert "| train toy, batch 32 (pairs/s) |" in table and "encode 400 documents" in table
     assert "| data, 1600 pairs: read + eval tables" in table
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location(
+        "bench_accelerator", os.path.join(ROOT, "scripts", "bench", "bench_accelerator.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_static_row_sets_dualjax_beside_sentence_transformers_static_embedding(tmp_path):
+    bench = _bench()
+    results = {"device": {"kind": "cpu", "devices": 1, "platform": "cpu", "jax": "x"},
+               "machine": "vm", "static": {
+                   "docs_per_s": 6000.0, "tokenizer_alone_docs_per_s": 7500.0,
+                   "peer": {"docs_per_s": 4000.0}}}
+    lines = bench.table(results).splitlines()
+    assert "| static tower (WordLlama) docs/s; the tokenizer alone | 6000.0; 7500.0 (0.80x) | | |" \
+        in lines
+    assert ("| static tower (WordLlama) docs/s: dualjax.index; StaticEmbedding.encode | 6000.0 "
+            "| 4000.0 | 1.50x |") in lines
+    del results["static"]["peer"]  # sentence-transformers not installed: no row
+    assert "StaticEmbedding" not in bench.table(results)
+    # A Python without sentence-transformers (the test install's) gives no figure.
+    args = type("Args", (), {"peer_python": sys.executable, "encode_batch": 8})
+    assert bench.static_peer(args, str(tmp_path), str(tmp_path / "corpus.jsonl")) == {}
