@@ -114,8 +114,14 @@ def _fill(group: dict, absent: Mapping[str, Any]) -> None:
 def upgrade(config: ml_collections.ConfigDict | Mapping) -> ml_collections.ConfigDict:
     """A copy of `config` (a ConfigDict or a saved config.json's dict) with today's keys:
     each key it lacks set as `ABSENT` says (its data groups' as `ABSENT_DATA`)."""
-    plain = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else (
-        copy.deepcopy(dict(config)))
+    return ml_collections.ConfigDict(upgraded(
+        config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config))
+
+
+def upgraded(saved: Mapping) -> dict:
+    """`upgrade` of a plain dict (a saved config.json's), as a plain dict: what a workdir's
+    saved config is compared with a run's in (`train.workdir.config_changes`)."""
+    plain = copy.deepcopy(dict(saved))
     _fill(plain, ABSENT)
     groups = [plain.get("data")] + [t.get("data") for t in (plain["tasks"] or {}).values()]
     for group in groups:
@@ -123,7 +129,7 @@ def upgrade(config: ml_collections.ConfigDict | Mapping) -> ml_collections.Confi
             _fill(group, ABSENT_DATA)
     for t in (plain["tasks"] or {}).values():
         t.setdefault("weight", 1.0)
-    return ml_collections.ConfigDict(plain)
+    return plain
 
 
 # ----------------------------------------------------------------------------- the spec

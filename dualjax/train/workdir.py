@@ -36,6 +36,7 @@ from typing import Any
 from absl import logging
 
 from dualjax.config.keys import flatten
+from dualjax.config.run import upgraded
 from dualjax.errors import WorkdirError
 from dualjax.runtime.files import (
     MARKER,
@@ -61,9 +62,11 @@ def _resumable(key: str) -> bool:
 
 
 def config_changes(saved: dict, config: dict) -> tuple[list[str], list[str]]:
-    """(refused, allowed): "key: old -> new" for each key that differs (a key the saved
-    config lacks counts as unchanged at an off value: 0, "" or False)."""
-    old, new = flatten(saved), flatten(config)
+    """(refused, allowed): "key: old -> new" for each key that differs. A key the saved
+    config lacks takes the value dualjax had before the key existed (`config.run.upgrade`:
+    a workdir saved before `model.lora_alpha` ran without LoRA, at today's default), and
+    any other key it lacks counts as unchanged at an off value (0, "" or False)."""
+    old, new = flatten(upgraded(saved)), flatten(config)
     refused: list[str] = []
     allowed: list[str] = []
     for key in sorted(set(old) | set(new)):

@@ -663,4 +663,4 @@ def test_max_epochs_caps_the_steps_by_the_training_items():
     saved = {k: v for k, v in cfg.to_dict().items() if k != "max_epochs"}
     assert workdir_lib.config_changes(saved, cfg.to_dict()) == ([], [])
     cfg.max_epochs = 2.0
-    assert workdir_lib.config_changes(saved, cfg.to_dict())[0] == ["max_epochs: '(absent)' -> 2.0"]
+    assert workdir_lib.config_changes(saved, cfg.to_dict())[0] == ["max_epochs: 0.0 -> 2.0"]

@@ -356,3 +356,19 @@ def test_another_process_stopping_swallowed_by_a_gc_callback_is_delivered_again(
         assert len(printed) == 1  # anything else: the hook it wraps
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_workdir_saved_before_keys_with_non_off_defaults_resumes():
+    """A config.json written before model.lora_alpha (16.0), data.pseudo_weight (0.5) and
+    the like existed recorded a run that did what those defaults do: resuming it under
+    today's config changes nothing, and a real change is still refused, by its values."""
+    cfg = tiny()
+    saved = cfg.to_dict()
+    for group, key in (("model", "lora_alpha"), ("model", "lora_base_dtype"),
+                       ("model", "feature_dim"), ("loss", "log_q_alpha"),
+                       ("data", "pseudo_weight"), ("data", "candidate_unit")):
+        del saved[group][key]
+    assert workdir.config_changes(saved, cfg.to_dict()) == ([], [])
+    cfg.model.lora_base_dtype = "float32"
+    assert workdir.config_changes(saved, cfg.to_dict())[0] == [
+        "model.lora_base_dtype: 'bfloat16' -> 'float32'"]
