@@ -26,7 +26,7 @@ import numpy as np
 from absl import logging
 
 from dualjax import pretrained
-from dualjax.config.run import StartSpec
+from dualjax.config.run import StartSpec, upgraded
 from dualjax.errors import ConfigError
 from dualjax.models import lora
 from dualjax.models.dual_encoder import SIMILARITY_PARAMS, token_tables
@@ -46,11 +46,14 @@ VOCABULARY_SETTINGS = ("tokenizer", "tokenizer_path", "vocab_size", "trigram_voc
 
 
 def _saved_model(init_from: str) -> dict:
+    """init_from's config.model, upgraded (`config.run.upgraded`: a key it lacks at the
+    value dualjax had before the key existed); {} where it cannot be read."""
     try:
         with open(os.path.join(init_from, "config.json")) as f:
-            return json.load(f).get("model", {})
+            saved = json.load(f)
     except (OSError, ValueError):
         return {}
+    return upgraded(saved).get("model", {}) if isinstance(saved, dict) else {}
 
 
 def copy_vocabularies(init_from: str, workdir: str, model: dict | None = None) -> None:

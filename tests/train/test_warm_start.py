@@ -129,3 +129,21 @@ def test_init_from_refuses_another_vocabulary(pretrained, tmp_path, key, value):
     with pytest.raises(ConfigError, match=f"built its vocabulary with {key}=.* this run asks "
                                           f"for {value!r}"):
         train.train_and_evaluate(cfg, str(tmp_path))
+
+
+def test_an_init_from_saved_before_a_vocabulary_key_is_read_at_that_keys_old_value(tmp_path):
+    """An init_from whose config.json predates model.feature_dim built its feature tables
+    at 32 (what dualjax did then): a run asking for 64 is refused by name, one asking
+    for 32 is not."""
+    from dualjax.errors import ConfigError
+    from dualjax.train import warm_start
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "vocab.json").write_text("{}")
+    (old / "config.json").write_text(json.dumps({"model": {"tokenizer": "word"}}))
+    model = {"tokenizer": "word", "feature_dim": 64}
+    with pytest.raises(ConfigError, match=r"model.feature_dim=32, this run asks for 64"):
+        warm_start.copy_vocabularies(str(old), str(tmp_path / "new"), model)
+    (tmp_path / "new").mkdir()
+    warm_start.copy_vocabularies(str(old), str(tmp_path / "new"), {**model, "feature_dim": 32})
+    assert (tmp_path / "new" / "vocab.json").exists()
