@@ -53,6 +53,8 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "scripts"))  # common.py
+import common  # noqa: E402
 
 SHAPES = {"minilm": dict(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536),
           "bertbase": dict(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072),
@@ -350,8 +352,8 @@ def static_bundle(args, corpus: str) -> str | None:
 
 
 # sentence-transformers' StaticEmbedding encoding a corpus (run by --peer_python, which
-# need not have dualjax): argv folder, corpus.jsonl, batch size, rounds; prints JSON, or
-# exits 3 where sentence-transformers is not installed.
+# need not have dualjax): argv folder, corpus.jsonl, batch size, rounds; prints its
+# figures as JSON, {} where sentence-transformers is not installed.
 STATIC_PEER = """
 import json, statistics, sys, time
 try:
@@ -359,7 +361,8 @@ try:
     import sentence_transformers
     from sentence_transformers import SentenceTransformer
 except ImportError:
-    sys.exit(3)
+    print("{}")
+    sys.exit(0)
 folder, corpus, batch, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 texts = [json.loads(line)["text"] for line in open(corpus)]
 device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -381,14 +384,8 @@ def static_peer(args, folder: str, corpus: str, rounds: int = 3) -> dict:
     """sentence-transformers' StaticEmbedding (the folder `dualjax.export
     --format=sentence-transformers` wrote) encoding the corpus: documents/s, median of
     `rounds`; {} where --peer_python has no sentence-transformers."""
-    done = subprocess.run([args.peer_python, "-c", STATIC_PEER, folder, corpus,
-                           str(args.encode_batch), str(rounds)],
-                          capture_output=True, text=True)
-    if done.returncode == 3:
-        return {}
-    if done.returncode:
-        raise RuntimeError(done.stderr[-600:])
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return common.run_worker([args.peer_python, "-c", STATIC_PEER, folder, corpus,
+                              str(args.encode_batch), str(rounds)])
 
 
 # ----------------------------------------------------------------------------- the peer
