@@ -46,9 +46,6 @@ def check_model(config: ml_collections.ConfigDict, workdir: str = "") -> int | N
     return models.vector_dim(specs.model_spec(config.model), architecture)
 
 
-REMAT_TOWERS = ("decoder", "modernbert")  # the towers model.remat applies to
-
-
 def _check_lora(model: ml_collections.ConfigDict) -> None:
     """model.remat on towers that have it; model.lora_*: a rank of 0 (off) or more, on
     towers that take adapters, targets they have, and a known dtype for the frozen
@@ -57,10 +54,11 @@ def _check_lora(model: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config.model.lora_rank={model.lora_rank} must be 0 (off) or a "
                           "positive rank")
     if model.remat:
-        bad = [t for t in specs.tower_names(model) if t not in REMAT_TOWERS]
+        bad = [t for t in specs.tower_names(model) if not towers.TOWERS[t].remat]
         if bad:
+            remat = [t for t in towers.TOWERS if towers.TOWERS[t].remat]
             raise ConfigError(f"config.model.remat: the {bad[0]} tower has no layers it "
-                              f"recomputes (the {' and '.join(REMAT_TOWERS)} towers do); "
+                              f"recomputes (the {' and '.join(remat)} towers do); "
                               "set it to False")
     if not model.lora_rank:
         return
@@ -161,7 +159,8 @@ def _check_model_axis(config: ml_collections.ConfigDict, architecture) -> None:
 
 def _check_towers(model: ml_collections.ConfigDict) -> None:
     """config.model: known towers and compute dtype, per-side towers and a shared token
-    table only with two towers, and the cnn / transformer settings of the towers in use."""
+    table only with two towers, and the settings of the towers in use (each tower's own
+    checks, `towers.Tower.check`; a plugin's group holding only keys it takes)."""
     for key in ("tower", "query_tower", "doc_tower"):
         if key == "tower" or model[key]:
             one_of(f"model.{key}", model[key], dual_encoder.tower_kinds())
@@ -171,20 +170,24 @@ def _check_towers(model: ml_collections.ConfigDict) -> None:
             raise ConfigError(f"config.model.{key}={model[key]!r} needs two towers: set "
                               "config.model.shared_towers=False")
     used = specs.tower_names(model)
-    try:  # the cnn / transformer settings of the towers in use are checked making the spec
+    for kind in dict.fromkeys(used):
+        unknown = towers.unknown_options(kind, model.get(kind) or {}) if (
+            kind not in towers.BUILT_IN) else []
+        if unknown:
+            raise ConfigError(f"config.model.{kind}.{unknown[0]}: the {kind} tower takes no "
+                              f"such setting (it takes: {', '.join(towers.takes(kind)[0])})")
+    max_lens = {key if model[key] else "max_len": length for key, length in
+                zip(("query_max_len", "doc_max_len"), specs.max_lens(model), strict=True)}
+    try:  # a tower's settings are checked making the spec, then by the tower's own check
         spec = specs.model_spec(model)
-        if "transformer" in used:
-            max_positions = spec.transformer.max_positions
-            for key, length in zip(("query_max_len", "doc_max_len"), specs.max_lens(model),
-                                   strict=True):
-                if length > max_positions:
-                    key = key if model[key] else "max_len"  # the key that set it
-                    raise ValueError(f"model.{key}={length} is longer than "
-                                     f"model.transformer.max_positions={max_positions}")
+        for kind in dict.fromkeys(used):
+            check = towers.TOWERS[kind].check
+            if check is not None:
+                check(towers.tower_settings(spec, kind), max_lens)
     except ValueError as e:
         raise ConfigError(f"config.{e}") from None
-    if "cnn" in used and model.cnn_filters <= 0:
-        raise ConfigError(f"config.model.cnn_filters={model.cnn_filters} must be > 0")
+    if any(towers.TOWERS[kind].from_pretrained for kind in used):
+        return  # (the start's width: checked with the start)
     if towers.output_dim(spec, used[0]) != towers.output_dim(spec, used[1]):
         raise ConfigError(f"config.model.query_tower={used[0]!r} and model.doc_tower={used[1]!r} "
                           "must output vectors of one size: set model.output_dim to "
@@ -304,11 +307,12 @@ def _check_features(model: ml_collections.ConfigDict) -> None:
     sides = specs.feature_specs(model)
     for key, spec, tower in zip(("query_features", "doc_features"), sides,
                                 specs.tower_names(model), strict=True):
-        if spec and tower in ("bow", "bert", "decoder", "modernbert"):
+        if spec and not towers.TOWERS[tower].features:
+            takers = [t for t in towers.TOWERS if towers.TOWERS[t].features]
             raise ConfigError(f"config.model.{key}={model[key]!r}: the {tower} tower has no "
                               "layer above its pooled vector to feed categorical features "
-                              "to; use model.tower (or query_tower / doc_tower) bow_mlp, cnn or "
-                              "transformer")
+                              "to; use model.tower (or query_tower / doc_tower) "
+                              f"{', '.join(takers[:-1])} or {takers[-1]}")
     if model.shared_towers and sides[0] != sides[1]:
         raise ConfigError(f"config.model.query_features={model.query_features!r} and "
                           f"model.doc_features={model.doc_features!r} differ, but one shared "

@@ -17,7 +17,7 @@ from dualjax.data.builders import DatasetSpec
 from dualjax.data.pretraining import PRETRAIN
 from dualjax.errors import ConfigError
 from dualjax.eval.scoring import EvalSpec
-from dualjax.models import lora, towers
+from dualjax.models import cnn, lora, towers
 from dualjax.models.lora import LoraSpec
 from dualjax.models.spec import ModelSpec, PsesSpec, TransformerSpec
 from dualjax.objectives import ObjectiveSpec, PsesLoss
@@ -50,7 +50,7 @@ def model_spec(model: ml_collections.ConfigDict) -> ModelSpec:
         shared_embedding=bool(model.shared_embedding),
         embed_dim=model.embed_dim, hidden_dim=model.hidden_dim, output_dim=model.output_dim,
         embed_init_std=model.embed_init_std,
-        cnn_windows=towers.parse_windows(model.cnn_windows) if "cnn" in used else (),
+        cnn_windows=cnn.parse_windows(model.cnn_windows) if "cnn" in used else (),
         # (read only for a cnn: a workdir saved before the cnn tower has no such key)
         cnn_filters=model.cnn_filters if "cnn" in used else ModelSpec.cnn_filters,
         dtype=model.dtype, remat=bool(model.remat),

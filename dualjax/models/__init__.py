@@ -8,6 +8,12 @@ from collections.abc import Callable
 
 import jax
 
+# Each tower's module registers it (`towers.TOWERS`), in the order model.tower's errors
+# list them.
+# isort: off
+from dualjax.models import bow, cnn, transformer  # noqa: F401
+from dualjax.models import bert, decoder, modernbert  # noqa: F401
+# isort: on
 from dualjax.models import dual_encoder, pses, towers
 from dualjax.models.spec import ModelSpec
 
@@ -29,9 +35,7 @@ def vector_dim(spec: ModelSpec, architecture=None) -> int:
     if spec.name == "pses":
         return spec.pses.shared_dim + (spec.pses.specific_dim if spec.pses.score == "concat"
                                        else 0)
-    if towers.TOWERS[spec.query_tower].from_pretrained:  # the start's width
-        return architecture.hidden_size
-    return towers.output_dim(spec, spec.query_tower)
+    return towers.output_dim(spec, spec.query_tower, architecture)
 
 
 def logical_axes(model, max_lens: tuple[int, int]):

@@ -18,7 +18,7 @@ layers. Otherwise the layers are BERT's.
 
 Its sizes come from the pretrained folder's config.json (`BertConfig.from_hf`), never
 from the run's config, and are saved with the run (WORKDIR/pretrained.json). Parameters
-carry the same logical axis names as `towers.TransformerTower`'s, so FSDP shards them
+carry the same logical axis names as `transformer.TransformerTower`'s, so FSDP shards them
 alike; compute dtype as every tower's (`model.dtype`).
 """
 
@@ -34,8 +34,8 @@ import numpy as np
 from dualjax.models import towers
 from dualjax.models.layers import SelfAttention, _axes, _layer_norm, feed_forward
 from dualjax.models.lora import LoraSpec
-from dualjax.models.spec import Architecture, ModelSpec
-from dualjax.models.towers import _own_or_shared, masked_mean
+from dualjax.models.spec import Architecture
+from dualjax.models.towers import masked_mean, own_or_shared
 
 POOLINGS = ("mean", "cls")
 FAMILIES = ("bert", "mpnet")  # Hugging Face model_type values the tower reads
@@ -131,7 +131,7 @@ class BertTower(nn.Module):
             raise ValueError(f"bert tower: texts of {length} tokens are longer than its "
                              f"{c.max_length} positions")
         init = nn.initializers.normal(stddev=c.init_std)
-        table = _own_or_shared(self.embed, c.vocab_size, c.hidden_size, c.init_std)
+        table = own_or_shared(self.embed, c.vocab_size, c.hidden_size, c.init_std)
         pos = self.param("pos_embed", _axes(init, "position", "embed"),
                          (c.max_positions, c.hidden_size))
         x = table(ids) + pos[None, c.position_offset:c.position_offset + length]
@@ -185,14 +185,15 @@ def _log_thresholds(num_buckets: int, max_distance: int) -> np.ndarray:
     return np.array([n[np.argmax(bucket >= b)] for b in range(max_exact + 1, half)], np.int32)
 
 
-def _bert(spec: ModelSpec, vocab_size: int, name: str, embed: nn.Module | None = None, *,
-          architecture: BertConfig) -> nn.Module:
+def make_bert(vocab_size: int, name: str, embed: nn.Module | None = None, *,
+              architecture: BertConfig, dtype: Any, lora: LoraSpec) -> nn.Module:
     """model.tower="bert": a BERT-family encoder of the pretrained start's sizes
     (`architecture`; its weights replace the initialisation, `train.warm_start`)."""
     del vocab_size  # the start's own (architecture.vocab_size)
-    return BertTower(architecture, towers.compute_dtype(spec), embed, spec.lora, name=name)
+    return BertTower(architecture, dtype, embed, lora, name=name)
 
 
 # The projections LoRA may adapt (model.lora_targets)
 LORA_TARGETS = ("query", "key", "value", "out", "mlp_in", "mlp_out")
-towers.register("bert", _bert, from_pretrained=True, lora_targets=LORA_TARGETS)
+towers.register("bert", make_bert, from_pretrained=True, lora_targets=LORA_TARGETS,
+                features=False, width=lambda s: s["architecture"].hidden_size)

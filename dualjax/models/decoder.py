@@ -42,8 +42,8 @@ from dualjax.models import lora as lora_lib
 from dualjax.models import towers
 from dualjax.models.layers import _axes, _ones, _zeros
 from dualjax.models.lora import LoraSpec
-from dualjax.models.spec import Architecture, ModelSpec
-from dualjax.models.towers import _own_or_shared, masked_mean
+from dualjax.models.spec import Architecture
+from dualjax.models.towers import masked_mean, own_or_shared
 
 POOLINGS = ("last_token", "mean")
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # Hugging Face model_type values
@@ -319,7 +319,7 @@ class DecoderTower(nn.Module):
         if extra is not None:  # the config checks reject this earlier, naming the key
             raise ValueError("the decoder tower has no layer above its states to feed "
                              "categorical features to")
-        table = _own_or_shared(self.embed, c.vocab_size, c.hidden_size, c.init_std)
+        table = own_or_shared(self.embed, c.vocab_size, c.hidden_size, c.init_std)
         positions = jnp.maximum(jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
         x = table(ids).astype(self.dtype)
         layer = nn.remat(DecoderLayer) if self.remat else DecoderLayer
@@ -332,13 +332,14 @@ class DecoderTower(nn.Module):
         return masked_mean(x, mask) if c.pooling == "mean" else last_token(x, mask)
 
 
-def _decoder(spec: ModelSpec, vocab_size: int, name: str, embed: nn.Module | None = None, *,
-             architecture: DecoderConfig) -> nn.Module:
+def make_decoder(vocab_size: int, name: str, embed: nn.Module | None = None, *,
+                 architecture: DecoderConfig, dtype: Any, lora: LoraSpec, remat: bool
+                 ) -> nn.Module:
     """model.tower="decoder": a decoder LLM of the pretrained start's sizes
     (`architecture`; its weights replace the initialisation, `train.warm_start`)."""
     del vocab_size  # the start's own (architecture.vocab_size)
-    return DecoderTower(architecture, towers.compute_dtype(spec), embed, spec.lora, spec.remat,
-                        name=name)
+    return DecoderTower(architecture, dtype, embed, lora, remat, name=name)
 
 
-towers.register("decoder", _decoder, from_pretrained=True, lora_targets=LORA_TARGETS)
+towers.register("decoder", make_decoder, from_pretrained=True, lora_targets=LORA_TARGETS,
+                remat=True, features=False, width=lambda s: s["architecture"].hidden_size)

@@ -17,9 +17,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from dualjax.models import bert as _bert  # noqa: F401 (registers the "bert" tower)
-from dualjax.models import decoder as _decoder  # noqa: F401 (registers "decoder")
-from dualjax.models import modernbert as _modernbert  # noqa: F401 (registers it)
 from dualjax.models import towers
 from dualjax.models.spec import ModelSpec
 from dualjax.models.towers import TOWERS

@@ -1,4 +1,4 @@
-"""The Transformer's building blocks, shared by the transformer tower (towers.py) and the
+"""The Transformer's building blocks, shared by the transformer tower (transformer.py) and the
 bert tower (bert.py): multi-head self-attention over padded texts, the MLP with its GELU,
 LayerNorm, and the logical axis names their weights carry (`_axes`)."""
 from __future__ import annotations

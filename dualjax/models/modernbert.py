@@ -30,8 +30,8 @@ from dualjax.models import towers
 from dualjax.models.decoder import rotate
 from dualjax.models.layers import _axes, _ones, _zeros, gelu
 from dualjax.models.lora import LoraSpec
-from dualjax.models.spec import Architecture, ModelSpec
-from dualjax.models.towers import _own_or_shared, masked_mean
+from dualjax.models.spec import Architecture
+from dualjax.models.towers import masked_mean, own_or_shared
 
 POOLINGS = ("cls", "mean")
 FAMILIES = ("modernbert",)
@@ -188,7 +188,7 @@ class ModernBertTower(nn.Module):
         if extra is not None:  # the config checks reject this earlier, naming the key
             raise ValueError("the modernbert tower has no layer above its states to feed "
                              "categorical features to")
-        table = _own_or_shared(self.embed, c.vocab_size, c.hidden_size, c.init_std)
+        table = own_or_shared(self.embed, c.vocab_size, c.hidden_size, c.init_std)
         x = _norm(c, self.dtype, "ln_embed")(table(ids).astype(self.dtype))
         layer = nn.remat(ModernBertLayer) if self.remat else ModernBertLayer
         for i in range(c.num_layers):
@@ -198,12 +198,13 @@ class ModernBertTower(nn.Module):
         return x[:, 0].astype(jnp.float32) if c.pooling == "cls" else masked_mean(x, mask)
 
 
-def _modernbert(spec: ModelSpec, vocab_size: int, name: str, embed: nn.Module | None = None,
-                *, architecture: ModernBertConfig) -> nn.Module:
+def make_modernbert(vocab_size: int, name: str, embed: nn.Module | None = None, *,
+                    architecture: ModernBertConfig, dtype: Any, lora: LoraSpec, remat: bool
+                    ) -> nn.Module:
     """model.tower="modernbert": a ModernBERT of the pretrained start's sizes."""
     del vocab_size  # the start's own
-    return ModernBertTower(architecture, towers.compute_dtype(spec), embed, spec.remat,
-                           spec.lora, name=name)
+    return ModernBertTower(architecture, dtype, embed, remat, lora, name=name)
 
 
-towers.register("modernbert", _modernbert, from_pretrained=True, lora_targets=LORA_TARGETS)
+towers.register("modernbert", make_modernbert, from_pretrained=True, lora_targets=LORA_TARGETS,
+                remat=True, features=False, width=lambda s: s["architecture"].hidden_size)

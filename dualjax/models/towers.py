@@ -1,14 +1,19 @@
-"""Text towers: Flax linen modules mapping token ids to one vector per text.
+"""Text towers: the registry (`TOWERS`, `register`, `build`) and what the towers share.
+
+A tower is a Flax linen module mapping token ids to one vector per text, and one module of
+dualjax/models/ defines it and registers it: bow.py ("bow", "bow_mlp"), cnn.py,
+transformer.py, bert.py, decoder.py, modernbert.py; a plugin registers its own the same
+way (docs/design.md). A tower's factory takes the vocabulary size, the module name, the
+shared token table (or None) and its settings as keyword arguments: the model-wide
+settings it names in its signature (`model_settings`: model.embed_dim, model.output_dim,
+the compute dtype, ...), the start's `architecture` for a tower built from a pretrained
+start, and for a plugin the config group named after it (model.<name>).
 
 Each tower takes `ids` int32 [batch, len] and `mask` bool [batch, len] (True on real
 tokens), and optionally `extra` float [batch, e] (categorical feature vectors, appended
 to the text vector before the tower's dense layers: bow_mlp's MLP, cnn's and the
 transformer's output layer), and returns float32 [batch, dim]. Towers are looked up by
-name in `TOWERS`
-(`model.tower`, or `model.query_tower` / `model.doc_tower` per side); each constructor
-takes the `ModelSpec` (models/spec.py), the vocabulary size, the module name and optionally a
-token-embedding module to use instead of its own table (`model.shared_embedding`: one
-table for both sides, built by `make_embedding`).
+name in `TOWERS` (`model.tower`, or `model.query_tower` / `model.doc_tower` per side).
 
 Compute dtype (`model.dtype`, `compute_dtype`): "bfloat16" runs every tower's activations
 in bfloat16 (token vectors cast after the lookup, Dense / Conv / attention matmuls with
@@ -28,7 +33,8 @@ gives the names.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -36,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dualjax.models.layers import SelfAttention, _axes, _layer_norm, _zeros, feed_forward
+from dualjax.models.layers import _axes
 from dualjax.models.spec import ModelSpec
 from dualjax.runtime.registry import Registry
 
@@ -64,42 +70,13 @@ def masked_max(x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
     return jnp.where(mask.any(axis=1, keepdims=True), x, 0.0)
 
 
-def parse_windows(windows: str) -> tuple[int, ...]:
-    """model.cnn_windows ("3,4,5") as a tuple of distinct positive ints; ValueError if not."""
-    try:
-        out = tuple(int(w) for w in windows.split(",") if w.strip())
-    except ValueError:
-        out = ()
-    if not out or min(out) <= 0 or len(set(out)) != len(out):
-        raise ValueError(f"model.cnn_windows={windows!r} must be distinct positive window sizes "
-                         "separated by commas, like '5' or '3,4,5'")
-    return out
-
-
 def compute_dtype(spec: ModelSpec) -> Any:
     """The towers' activation dtype (model.dtype)."""
     return DTYPES[spec.dtype]
 
 
-def embedding_dim(spec: ModelSpec, tower: str) -> int:
-    """Width of the token table of tower `tower` (the Transformer's width, else embed_dim)."""
-    return spec.transformer.width if tower == "transformer" else spec.embed_dim
-
-
-def output_dim(spec: ModelSpec, tower: str) -> int:
-    """Size of the vectors tower `tower` returns (embed_dim for bow, else output_dim)."""
-    return spec.embed_dim if tower == "bow" else spec.output_dim
-
-
-def make_embedding(spec: ModelSpec, vocab_size: int, tower: str,
-                   name: str | None = "embed") -> TokenTable:
-    """The token table [vocab_size, embedding_dim] that tower `tower` would make for itself
-    (its width and init), for `model.shared_embedding`."""
-    std = spec.transformer.init_std if tower == "transformer" else spec.embed_init_std
-    return _table(vocab_size, embedding_dim(spec, tower), std, name)
-
-
-def _table(vocab_size: int, dim: int, std: float, name: str | None) -> TokenTable:
+def token_table(vocab_size: int, dim: int, std: float, name: str | None) -> TokenTable:
+    """A token table [vocab_size, dim] initialised from N(0, std), its axes named."""
     return TokenTable(vocab_size, dim, name=name,
                       embedding_init=_axes(nn.initializers.normal(stddev=std), "vocab", "embed"))
 
@@ -170,239 +147,143 @@ class TokenTable(nn.Embed):
         return bag_sum(table, ids, mask, dtype)
 
 
-def _own_or_shared(embed: nn.Module | None, vocab_size: int, dim: int, std: float
-                   ) -> nn.Module:
+def own_or_shared(embed: nn.Module | None, vocab_size: int, dim: int, std: float
+                  ) -> nn.Module:
     """`embed` if given, else the tower's own table "embed" (call inside nn.compact)."""
-    return embed if embed is not None else _table(vocab_size, dim, std, "embed")
+    return embed if embed is not None else token_table(vocab_size, dim, std, "embed")
 
 
-def _concat(x: jnp.ndarray, extra: jnp.ndarray | None) -> jnp.ndarray:
+def concat(x: jnp.ndarray, extra: jnp.ndarray | None) -> jnp.ndarray:
     """x [b, d] with the categorical feature vectors extra [b, e] appended (if any), in x's
     dtype (the feature tables are float32 params; their vectors join the compute dtype)."""
     return x if extra is None else jnp.concatenate([x, extra.astype(x.dtype)], axis=-1)
 
 
-class BowTower(nn.Module):
-    """Mean of word embeddings over non-pad tokens (Gillick et al. 2018); the token vectors
-    in `dtype`, their mean accumulated and returned in float32."""
-    vocab_size: int
-    embed_dim: int
-    init_std: float = 1.0
-    embed: nn.Module | None = None  # a shared token table instead of this tower's own
-    dtype: Any = jnp.float32  # activations (model.dtype); the table stays float32
-
-    @nn.compact
-    def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray,
-                 extra: jnp.ndarray | None = None) -> jnp.ndarray:
-        if extra is not None:  # config_lib rejects this earlier, with the key to change
-            raise ValueError("the bow tower has no layer above the mean to feed categorical "
-                             "features to; use bow_mlp, cnn or transformer")
-        table = _own_or_shared(self.embed, self.vocab_size, self.embed_dim, self.init_std)
-        return table.bag(ids, mask, self.dtype) / jnp.maximum(
-            mask.sum(axis=1, keepdims=True, dtype=jnp.float32), 1.0)
-
-
-class BowMlpTower(nn.Module):
-    """Mean-pooled word embeddings, then a 2-layer tanh MLP (Chang et al. 2020)."""
-    vocab_size: int
-    embed_dim: int
-    hidden_dim: int
-    output_dim: int
-    init_std: float = 1.0
-    embed: nn.Module | None = None
-    dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray,
-                 extra: jnp.ndarray | None = None) -> jnp.ndarray:
-        x = BowTower(self.vocab_size, self.embed_dim, self.init_std, self.embed, self.dtype,
-                     name="bow")(ids, mask).astype(self.dtype)
-        x = _concat(x, extra)
-        x = jnp.tanh(nn.Dense(self.hidden_dim, dtype=self.dtype, name="hidden")(x))
-        return jnp.tanh(nn.Dense(self.output_dim, dtype=self.dtype, name="output")(x)
-                        ).astype(jnp.float32)
-
-
-class CnnTower(nn.Module):
-    """Bonadiman et al. 2019 §2.1.1: word embeddings -> 1-D convolutions ('SAME') of each
-    window size with `filters` filters -> tanh -> max over the text's positions ->
-    concatenated [batch, len(windows) * filters] -> linear [batch, output_dim].
-
-    Pad embeddings are zeroed before the convolutions, so a window running past the text's
-    end sees the same zeros as the 'SAME' padding of a text without pads.
-    """
-    vocab_size: int
-    embed_dim: int
-    windows: tuple[int, ...]
-    filters: int
-    output_dim: int
-    init_std: float = 1.0
-    embed: nn.Module | None = None
-    dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray,
-                 extra: jnp.ndarray | None = None) -> jnp.ndarray:
-        table = _own_or_shared(self.embed, self.vocab_size, self.embed_dim, self.init_std)
-        x = jnp.where(mask[..., None], table(ids).astype(self.dtype), 0)  # [b, len, embed]
-        pooled = [masked_max(jnp.tanh(nn.Conv(self.filters, (w,), padding="SAME",
-                                              dtype=self.dtype, name=f"conv_{w}")(x)), mask)
-                  for w in self.windows]  # each [b, filters]
-        return nn.Dense(self.output_dim, dtype=self.dtype, name="output")(
-            _concat(jnp.concatenate(pooled, axis=-1), extra)).astype(jnp.float32)
-
-
-class EncoderLayer(nn.Module):
-    """Pre-LN Transformer layer: x + attn(LN(x)), then x + MLP(LN(x)) (GELU)."""
-    num_heads: int
-    mlp_dim: int
-    init_std: float
-    dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
-        x = x + SelfAttention(self.num_heads, self.init_std, self.dtype, name="attn")(
-                _layer_norm(self.dtype, "ln_attn")(x), mask)
-        return x + feed_forward(_layer_norm(self.dtype, "ln_mlp")(x), self.mlp_dim,
-                                self.init_std, self.dtype)
-
-
-class TransformerTower(nn.Module):
-    """Chang et al. 2020 §4.1: token + learned position embeddings, a learned [CLS] vector
-    prepended (inside the tower: the tokenizer knows nothing of it), pre-LN encoder layers
-    with attention masked by the padding mask, a final LayerNorm, and a linear layer to
-    output_dim on the [CLS] state (pooling="cls") or on the mean of the text's token states
-    (pooling="mean", accumulated in float32). Activations in `dtype` (model.dtype), params
-    float32, softmax and LayerNorm statistics in float32, output float32.
-
-    Texts may have any length up to max_positions (the [CLS] vector has no position).
-    """
-    vocab_size: int
-    num_layers: int
-    width: int
-    num_heads: int
-    mlp_dim: int
-    output_dim: int
-    max_positions: int = 512
-    pooling: str = "cls"
-    init_std: float = 0.02
-    dtype: Any = jnp.float32
-    embed: nn.Module | None = None
-
-    @nn.compact
-    def __call__(self, ids: jnp.ndarray, mask: jnp.ndarray, extra: jnp.ndarray | None = None,
-                 replace: jnp.ndarray | None = None, replacement: jnp.ndarray | None = None,
-                 return_states: bool = False) -> jnp.ndarray | tuple[jnp.ndarray, jnp.ndarray]:
-        """The text vectors [b, output_dim]; with `replace` (bool [b, len]) those tokens'
-        embeddings are `replacement` [width] instead (MLM's [MASK]); with
-        `return_states`, also the final token states [b, len, width] (float32)."""
-        batch, length = ids.shape
-        if length > self.max_positions:
-            raise ValueError(f"transformer tower: texts of {length} tokens are longer than "
-                             f"model.transformer.max_positions={self.max_positions}")
-        init = nn.initializers.normal(stddev=self.init_std)
-        table = _own_or_shared(self.embed, self.vocab_size, self.width, self.init_std)
-        pos = self.param("pos_embed", _axes(init, "position", "embed"),
-                         (self.max_positions, self.width))
-        cls = self.param("cls", _axes(init, "embed"), (self.width,))
-        tokens = table(ids)
-        if replace is not None:
-            assert replacement is not None, "replace comes with its replacement"
-            tokens = jnp.where(replace[..., None], replacement.astype(tokens.dtype), tokens)
-        x = tokens.astype(self.dtype) + pos[None, :length].astype(self.dtype)
-        x = jnp.concatenate([jnp.broadcast_to(cls.astype(self.dtype), (batch, 1, self.width)),
-                             x], axis=1)  # [b, 1 + len, width]
-        keys = jnp.concatenate([jnp.ones((batch, 1), bool), mask], axis=1)
-        for i in range(self.num_layers):
-            x = EncoderLayer(self.num_heads, self.mlp_dim, self.init_std, self.dtype,
-                             name=f"layer_{i}")(x, keys)
-        x = _layer_norm(self.dtype, "ln_final")(x).astype(jnp.float32)
-        pooled = x[:, 0] if self.pooling == "cls" else masked_mean(x[:, 1:], mask)
-        pooled = _concat(pooled, extra)
-        out = nn.Dense(self.output_dim, dtype=self.dtype, name="output",
-                       kernel_init=_axes(init, "embed", "output"),
-                       bias_init=_axes(_zeros, "output"))(pooled.astype(self.dtype))
-        return (out.astype(jnp.float32), x[:, 1:]) if return_states else out.astype(jnp.float32)
-
-
 # ----------------------------------------------------------------------------- registry
-def _bow(spec: ModelSpec, vocab_size: int, name: str,
-         embed: nn.Module | None = None) -> nn.Module:
-    return BowTower(vocab_size, spec.embed_dim, spec.embed_init_std, embed, compute_dtype(spec),
-                    name=name)
-
-
-def _bow_mlp(spec: ModelSpec, vocab_size: int, name: str,
-             embed: nn.Module | None = None) -> nn.Module:
-    return BowMlpTower(vocab_size, spec.embed_dim, spec.hidden_dim, spec.output_dim,
-                       spec.embed_init_std, embed, compute_dtype(spec), name=name)
-
-
-def _cnn(spec: ModelSpec, vocab_size: int, name: str,
-         embed: nn.Module | None = None) -> nn.Module:
-    return CnnTower(vocab_size, spec.embed_dim, spec.cnn_windows, spec.cnn_filters,
-                    spec.output_dim, spec.embed_init_std, embed, compute_dtype(spec), name=name)
-
-
-def _transformer(spec: ModelSpec, vocab_size: int, name: str,
-                 embed: nn.Module | None = None) -> nn.Module:
-    t = spec.transformer
-    return TransformerTower(vocab_size, t.num_layers, t.width, t.num_heads, t.mlp_dim,
-                            spec.output_dim, t.max_positions, t.pooling, t.init_std,
-                            compute_dtype(spec), embed, name=name)
-
-
-# name -> factory(spec, vocab_size, name, embed=None, **options) -> the tower module.
+# factory(vocab_size, name, embed=None, **settings) -> the tower module.
 TowerFactory = Callable[..., nn.Module]
+Settings = Mapping[str, Any]
+
+
+def _output_dim(settings: Settings) -> int:
+    return settings["output_dim"]
+
+
+def _embed_table(settings: Settings) -> tuple[int, float]:
+    return settings["embed_dim"], settings["embed_init_std"]
 
 
 class Tower(NamedTuple):
-    """A registered tower: its factory, and whether it is built from a pretrained
-    start's architecture (model.pretrained: its sizes, then its weights), which the
-    factory then gets as `architecture=` (a `BertConfig` for "bert", a `DecoderConfig`
-    for "decoder"); and the names of the projections LoRA may adapt (`models.lora`;
-    empty: it takes no adapters)."""
+    """A registered tower, as its module declares it.
+
+    make: its factory (`register`'s docstring).
+    from_pretrained: built from a pretrained start's architecture (model.pretrained: its
+      sizes, then its weights), which the factory gets as `architecture=`.
+    lora_targets: the names of the projections LoRA may adapt (`models.lora`; empty: it
+      takes no adapters).
+    remat: it has layers that model.remat recomputes in the backward pass.
+    features: it has a layer above its pooled vector for categorical feature vectors
+      (model.query_features / doc_features) to join.
+    width: the size of its vectors, from its settings (`tower_settings`).
+    table: (width, init std) of its token table, from its settings: what a table shared
+      by both sides (model.shared_embedding) is made with.
+    check: its settings' checks, given the sides' max lengths by the key that set each
+      ({"query_max_len": 64, "doc_max_len": 256}, or {"max_len": 128}): ValueError
+      naming the key of a value that cannot work; None: none.
+    """
     make: TowerFactory
     from_pretrained: bool = False
     lora_targets: tuple[str, ...] = ()
+    remat: bool = False
+    features: bool = True
+    width: Callable[[Settings], int] = _output_dim
+    table: Callable[[Settings], tuple[int, float]] = _embed_table
+    check: Callable[[Settings, Mapping[str, int]], None] | None = None
 
 
 TOWERS: Registry[Tower] = Registry(
     "tower", lambda name, known: ValueError(f"model.tower={name!r} is not one of: {known}"))
-for _name, _factory in (("bow", _bow), ("bow_mlp", _bow_mlp), ("cnn", _cnn),
-                        ("transformer", _transformer)):
-    TOWERS.add(_name, Tower(_factory))
-# dualjax's own, whose settings are ModelSpec's fields or a pretrained start's ("bert",
-# "decoder": models/bert.py and models/decoder.py register them)
-BUILT_IN = (*TOWERS, "bert", "decoder", "modernbert")
+# dualjax's own (models/bow.py, cnn.py, transformer.py, bert.py, decoder.py,
+# modernbert.py), whose settings are the model-wide keys (`model_settings`) or a
+# pretrained start's; a plugin's own settings are its group model.<name>.
+BUILT_IN = ("bow", "bow_mlp", "cnn", "transformer", "bert", "decoder", "modernbert")
 
 
-def register(name: str, factory: TowerFactory, from_pretrained: bool = False,
-             lora_targets: tuple[str, ...] = ()) -> TowerFactory:
+def register(name: str, factory: TowerFactory, **declared: Any) -> TowerFactory:
     """Adds tower `name` (ValueError if the name is taken); returns `factory`.
 
-    factory(spec, vocab_size, name, embed=None, **options) -> a Flax module whose
+    factory(vocab_size, name, embed=None, **settings) -> a Flax module whose
     __call__(ids [b, len] int32, mask [b, len] bool, extra=None) gives the text vectors
-    [b, spec.output_dim] (the model normalises them); `embed`: the token table the two
-    sides share (model.shared_embedding), else None; `options`: the config group
-    model.<name>, when the config has one (`ModelSpec.options_of`), and with
-    `from_pretrained` the start's architecture (`architecture=`, model.pretrained's).
-    lora_targets: the names of its projections that take LoRA adapters
-    (model.lora_targets; the module adds `models.lora.delta` where it projects, reading
-    `spec.lora`). docs/design.md walks through one; tests/project/test_plugins.py
+    [b, width] (the model normalises them); `embed`: the token table the two sides share
+    (model.shared_embedding), else None. Its keyword arguments are its settings: each
+    one named like a model-wide setting (`model_settings`: output_dim, dtype, lora, ...)
+    gets the run's value; the config group model.<name> (a plugin's own settings) is
+    passed whole, and a key of it the factory does not take is a config error. `declared`:
+    the `Tower` fields beyond `make` (from_pretrained, lora_targets, remat, features,
+    width, table, check). docs/design.md walks through one; tests/project/test_plugins.py
     registers one from a test file."""
-    TOWERS.add(name, Tower(factory, from_pretrained, lora_targets))
+    TOWERS.add(name, Tower(factory, **declared))
     return factory
+
+
+def model_settings(spec: ModelSpec, architecture: Any = None) -> dict[str, Any]:
+    """The model-wide settings a tower's factory may name: the `ModelSpec` fields the
+    towers read (the model.* keys of today's configs), the compute dtype as a jnp dtype,
+    and a pretrained start's `architecture` (None without one)."""
+    return {"embed_dim": spec.embed_dim, "hidden_dim": spec.hidden_dim,
+            "output_dim": spec.output_dim, "embed_init_std": spec.embed_init_std,
+            "cnn_windows": spec.cnn_windows, "cnn_filters": spec.cnn_filters,
+            "transformer": spec.transformer, "dtype": compute_dtype(spec),
+            "remat": spec.remat, "lora": spec.lora, "architecture": architecture}
+
+
+def tower_settings(spec: ModelSpec, kind: str, architecture: Any = None) -> dict[str, Any]:
+    """Every setting tower `kind` could read: the model-wide ones with its own group's
+    (model.<kind>) over them."""
+    return {**model_settings(spec, architecture), **spec.options_of(kind)}
+
+
+def takes(kind: str) -> tuple[tuple[str, ...], bool]:
+    """(the keyword arguments tower `kind`'s factory names beyond its first three,
+    whether it also takes any others (**kwargs))."""
+    params = list(inspect.signature(TOWERS[kind].make).parameters.values())[3:]
+    named = tuple(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    return named, any(p.kind == p.VAR_KEYWORD for p in params)
+
+
+def unknown_options(kind: str, options: Mapping[str, Any]) -> list[str]:
+    """The keys of tower `kind`'s group model.<kind> its factory does not take."""
+    named, anything = takes(kind)
+    return [] if anything else [k for k in options if k not in named]
 
 
 def build(kind: str, spec: ModelSpec, vocab_size: int, name: str,
           embed: nn.Module | None = None, architecture: Any = None) -> nn.Module:
-    """Tower `kind`'s module, with its settings (`spec.options_of`) and, for a tower built
-    from a pretrained start, the start's `architecture` (ValueError without one)."""
+    """Tower `kind`'s module, its factory given the settings it names (`register`) and,
+    for a tower built from a pretrained start, the start's `architecture` (ValueError
+    without one)."""
     tower = TOWERS[kind]
-    extra = {}
-    if tower.from_pretrained:
-        if architecture is None:  # the config checks say so earlier, naming the keys
-            raise ValueError(f"model.tower={kind!r} takes its sizes from model.pretrained")
-        extra = {"architecture": architecture}
-    return tower.make(spec, vocab_size, name, embed, **spec.options_of(kind), **extra)
+    if tower.from_pretrained and architecture is None:  # the config checks say so first
+        raise ValueError(f"model.tower={kind!r} takes its sizes from model.pretrained")
+    wide, own = model_settings(spec, architecture), spec.options_of(kind)
+    named, _ = takes(kind)
+    kwargs = {k: wide[k] for k in named if k in wide and k not in own}
+    return tower.make(vocab_size, name, embed, **kwargs, **own)
+
+
+def output_dim(spec: ModelSpec, kind: str, architecture: Any = None) -> int:
+    """The size of the vectors tower `kind` returns (`Tower.width`)."""
+    return TOWERS[kind].width(tower_settings(spec, kind, architecture))
+
+
+def embedding_dim(spec: ModelSpec, kind: str) -> int:
+    """The width of tower `kind`'s token table (`Tower.table`)."""
+    return TOWERS[kind].table(tower_settings(spec, kind))[0]
+
+
+def make_embedding(spec: ModelSpec, vocab_size: int, kind: str,
+                   name: str | None = "embed") -> TokenTable:
+    """The token table [vocab_size, width] that tower `kind` would make for itself (its
+    width and init: `Tower.table`), for `model.shared_embedding`."""
+    dim, std = TOWERS[kind].table(tower_settings(spec, kind))
+    return token_table(vocab_size, dim, std, name)

@@ -31,8 +31,8 @@ MODEL_AXIS = "model"
 PARAM_SHARDINGS = ("replicated", "fsdp")
 MEMORY_PLANS = ("auto", "compile", "off")  # mesh.memory_plan (train/memory_plan.py)
 FSDP_MIN_SIZE = 2 ** 14  # elements: smaller arrays (biases, norms, scales) stay replicated
-# Logical axis names (towers.py) in the order FSDP prefers to split them: a table's rows
-# first, then the MLP's and heads' wide dimensions, then the embedding width.
+# Logical axis names (the towers of dualjax/models/) in the order FSDP prefers to split
+# them: a table's rows first, then the MLP's and heads' wide dimensions, then the embedding width.
 FSDP_AXES = ("vocab", "mlp", "heads", "position", "output", "embed", "kv")
 # The logical axes the `model` axis splits (tensor parallelism): a weight's heads or MLP
 # columns; a token table's rows when they divide (else it stays whole on `model`).

@@ -141,7 +141,7 @@ def test_recomputation_replays_the_dropout_masks(monkeypatch):
     # computation keeping its activations (one forward pass, its own masks): the backward
     # pass's recomputation drew exactly the forward pass's masks.
     monkeypatch.setitem(towers.TOWERS, "dropout_test", towers.Tower(
-        lambda cfg, vocab, name, embed=None: DropoutTower(vocab, name=name)))
+        lambda vocab, name, embed=None: DropoutTower(vocab, name=name)))
     model = dual_encoder.make_model(model_spec(model_cfg("dropout_test")), VOCAB)
     loss_fn = losses.sharded("in_batch_softmax", sharding.make_mesh())
     batch, extras = make_batch(negatives=False)
@@ -171,7 +171,7 @@ def test_every_chunk_and_side_draws_its_own_dropout_masks(monkeypatch):
     # side: the same rng would draw the same masks, and row r of chunk j would equal row r
     # of chunk 0, a side's chunk j the other sides' chunk j. Each draws its own.
     monkeypatch.setitem(towers.TOWERS, "dropout_test", towers.Tower(
-        lambda cfg, vocab, name, embed=None: DropoutTower(vocab, name=name)))
+        lambda vocab, name, embed=None: DropoutTower(vocab, name=name)))
     cfg = model_cfg("dropout_test")
     assert cfg.shared_towers
     model = dual_encoder.make_model(model_spec(cfg), VOCAB)

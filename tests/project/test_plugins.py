@@ -82,8 +82,9 @@ class MaxPoolTower(nn.Module):
         return nn.Dense(self.output_dim, name="out")(x)
 
 
-def make_max_pool(spec, vocab_size, name, embed=None, width=64):  # width: model.max_pool
-    return MaxPoolTower(vocab_size, width, spec.output_dim, embed, name=name)
+def make_max_pool(vocab_size, name, embed=None, *, output_dim, width=64):
+    # output_dim: model.output_dim (a model-wide setting it names); width: model.max_pool's
+    return MaxPoolTower(vocab_size, width, output_dim, embed, name=name)
 
 
 @pytest.fixture
@@ -357,3 +358,45 @@ def test_a_registered_source_checks_its_settings_by_key(toy_source, tmp_path):
     cfg.data.toy_size = 3
     with pytest.raises(errors.DataError, match=r"data.toy_size=3: give at least 10"):
         train.train_and_evaluate(cfg, str(tmp_path))
+
+
+def test_a_tower_factory_gets_the_model_settings_it_names_and_its_group_by_key(toy_tower):
+    from dualjax.config import specs, validation
+    cfg = load_config("tiny")
+    cfg.model.tower = "max_pool"
+    cfg.model.output_dim = 24
+    cfg.model.max_pool = {"width": 48}
+    tower = towers.build("max_pool", specs.model_spec(cfg.model), 100, "tower")
+    assert (tower.width, tower.output_dim) == (48, 24)  # its group's, the model's
+    cfg.model.max_pool = {"width": 48, "depth": 2}
+    with pytest.raises(errors.ConfigError, match=r"config\.model\.max_pool\.depth: the "
+                       r"max_pool tower takes no such setting \(it takes: output_dim, width\)"):
+        validation.validate(cfg, 8)
+
+
+def test_what_a_tower_declares_is_what_the_config_checks_allow(monkeypatch):
+    from dualjax.config import validation
+    monkeypatch.setitem(towers.TOWERS, "max_pool", towers.Tower(make_max_pool, remat=True,
+                                                                features=False))
+    cfg = load_config("tiny")
+    cfg.model.tower = "max_pool"
+    cfg.model.remat = True
+    validation.validate(cfg, 8)  # it has layers to recompute
+    cfg.model.query_features = cfg.model.doc_features = "colour:4"
+    with pytest.raises(errors.ConfigError, match=r"the max_pool tower has no layer above its "
+                       "pooled vector .* bow_mlp, cnn or transformer"):
+        validation.validate(cfg, 8)
+    cfg.model.tower, cfg.model.query_features, cfg.model.doc_features = "bow_mlp", "", ""
+    with pytest.raises(errors.ConfigError, match=r"config\.model\.remat: the bow_mlp tower has "
+                       "no layers it recomputes \\(the decoder and modernbert and max_pool"):
+        validation.validate(cfg, 8)
+
+
+def test_dualjax_own_towers_take_their_settings_as_keyword_arguments():
+    """Every built-in factory is (vocab_size, name, embed, **its settings), each setting a
+    model-wide one (`towers.model_settings`): none reads a ModelSpec or a config."""
+    from dualjax.models.spec import ModelSpec
+    wide = towers.model_settings(ModelSpec())
+    for kind in towers.BUILT_IN:
+        named, anything = towers.takes(kind)
+        assert named and not anything and set(named) <= set(wide), (kind, named)
