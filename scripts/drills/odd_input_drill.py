@@ -14,7 +14,17 @@ import shlex
 import shutil
 import sys
 
-from serving_drill import ROOT, Case, Setup, _copy, _edit, _hits, _module, _python, _run
+from serving_drill import (
+    ROOT,
+    Case,
+    Setup,
+    copy_into,
+    edit_file,
+    module_command,
+    parse_hits,
+    python_command,
+    run_command,
+)
 
 SCRIPTS = {"zh": "北京大学的图书馆很大", "ar": "مكتبة الجامعة كبيرة جدا",
            "ru": "Библиотека университета очень большая", "el": "Η βιβλιοθήκη είναι μεγάλη",
@@ -23,18 +33,18 @@ NO_TOKEN = {"e1": "🙂🎉", "e2": "?!", "e3": "👍 ..."}
 TINY = ("--config=configs/tiny.py", "--config.eval.index=exact")
 
 
-def _sh(argv: list[str], then: str = "") -> list[str]:
+def shell(argv: list[str], then: str = "") -> list[str]:
     """`argv` run by bash with stderr into stdout (the check reads both), then `then`."""
     return ["bash", "-c", f"{shlex.join(argv)} 2>&1; echo exit=$?{'; ' + then if then else ''}"]
 
 
-def _exit(stdout: str) -> int:
+def exit_code(stdout: str) -> int:
     found = re.findall(r"^exit=(\d+)$", stdout, re.M)
     return int(found[0]) if found else -1
 
 
-def _main(workdir: str, *flags: str) -> list[str]:
-    return _module("main", f"--workdir={workdir}", *TINY, *flags)
+def main_command(workdir: str, *flags: str) -> list[str]:
+    return module_command("main", f"--workdir={workdir}", *TINY, *flags)
 
 
 # ----------------------------------------------------------------------------- class 1
@@ -44,18 +54,18 @@ def _scripts_index(s: Setup, d: str) -> None:
     os.makedirs(os.path.join(d, "beir"))
     with open(os.path.join(d, "beir", "corpus.jsonl"), "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    done = _run(_module("index", f"--encoder={s.bundle}", f"--corpus={d}/beir",
+    done = run_command(module_command("index", f"--encoder={s.bundle}", f"--corpus={d}/beir",
                         f"--out={d}/idx", "--kind=exact"))
     assert done.returncode == 0, done.stderr[-2000:]
 
 
 def _each_script_first(s: Setup, stdout: str) -> bool:
-    firsts = [h[1] for h in _hits(stdout)]
+    firsts = [h[1] for h in parse_hits(stdout)]
     return firsts == list(SCRIPTS)
 
 
 def _nothing_for_no_token(s: Setup, stdout: str) -> bool:
-    return not _hits(stdout) and stdout.count("nothing to search for") == 2
+    return not parse_hits(stdout) and stdout.count("nothing to search for") == 2
 
 
 def _pairs(lines: list[str]):
@@ -72,7 +82,7 @@ SCRIPT_PAIRS = [f"{a} {b} {i}?\t{b} {a} {i}" for i in range(12) for a, b in _THI
 
 def _vocab_has_scripts(s: Setup, stdout: str) -> bool:
     vocab = re.findall(r"^vocab: (.*)$", stdout, re.M)
-    return _exit(stdout) == 0 and bool(vocab) and \
+    return exit_code(stdout) == 0 and bool(vocab) and \
         {"自", "велосипед", "साइकिल", "ποδηλατο", "دراجة"} <= set(vocab[0].split())
 
 
@@ -80,8 +90,9 @@ def _vocab_has_scripts(s: Setup, stdout: str) -> bool:
 def _rewritten_under_its_workdir(s: Setup, d: str) -> None:
     """A run of 5 steps on a pairs file, then the file rewritten with other words."""
     _pairs(SCRIPT_PAIRS)(s, d)
-    done = _run(_main(f"{d}/w", "--config.data.name=pairs", f"--config.data.path={d}/pairs.tsv",
-                      "--config.data.test_fraction=0.2", "--config.num_train_steps=5"))
+    done = run_command(main_command(
+        f"{d}/w", "--config.data.name=pairs", f"--config.data.path={d}/pairs.tsv",
+        "--config.data.test_fraction=0.2", "--config.num_train_steps=5"))
     assert done.returncode == 0, done.stderr[-2000:]
     _pairs([f"how do i fix my {w} {i}?\thow can i repair my {w} {i}"
             for i in range(12) for w in ("lamp", "door", "sink")])(s, d)
@@ -89,14 +100,14 @@ def _rewritten_under_its_workdir(s: Setup, d: str) -> None:
 
 def _index_in_a_bundle_copy(s: Setup, d: str) -> None:
     """A copy of the bundle with an index folder put inside it by hand."""
-    bundle = _copy(s.bundle, d, "bundle")
+    bundle = copy_into(s.bundle, d, "bundle")
     shutil.copytree(s.indexes["exact"], os.path.join(bundle, "idx"))
 
 
 def _cut_weights(s: Setup, d: str) -> None:
     bert = os.path.join(d, "bert")
     shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "pretrained", "tiny_bert"), bert)
-    _edit(os.path.join(bert, "model.safetensors"), lambda b: b[:len(b) // 2])
+    edit_file(os.path.join(bert, "model.safetensors"), lambda b: b[:len(b) // 2])
 
 
 
@@ -108,7 +119,7 @@ def _foreign_workdir(s: Setup, d: str) -> None:
 
 
 def _scann_file_changed(s: Setup, d: str) -> None:
-    idx = _copy(s.indexes["scann"], d, "idx")
+    idx = copy_into(s.indexes["scann"], d, "idx")
     searcher = [os.path.join(base, n) for base, _, names in os.walk(idx) for n in names
                 if n.endswith(".npy") and base != idx]
     with open(sorted(searcher)[0], "r+b") as f:
@@ -158,7 +169,7 @@ print(*lines, sep="\\n")
 """
 
 
-def _big_corpus(s: Setup, d: str) -> None:
+def big_corpus(s: Setup, d: str) -> None:
     """400,000 short documents: an index build of several seconds, to be stopped."""
     os.makedirs(os.path.join(d, "big"))
     with open(os.path.join(d, "big", "corpus.tsv"), "w") as f:
@@ -170,27 +181,27 @@ def _stopped_in_one_line(s: Setup, stdout: str) -> bool:
 
 
 def _torn_metrics(s: Setup, d: str) -> None:
-    run = _copy(s.workdir, d, "run")
+    run = copy_into(s.workdir, d, "run")
     with open(os.path.join(run, "metrics.jsonl"), "a") as f:
         f.write('{"step": 40, "split": "te')
 
 
 def _cut_back(s: Setup, stdout: str) -> bool:
-    return _exit(stdout) == 0 and "torn" in stdout and "Traceback" not in stdout
+    return exit_code(stdout) == 0 and "torn" in stdout and "Traceback" not in stdout
 
 
 # ----------------------------------------------------------------------------- class 9
 def _below_checkpoint(s: Setup, d: str) -> None:
-    _copy(s.workdir, d, "run")
+    copy_into(s.workdir, d, "run")
 
 
 def _says_the_step(s: Setup, stdout: str) -> bool:
-    return _exit(stdout) == 0 and re.search(r"checkpoint.*step \d+", stdout) is not None
+    return exit_code(stdout) == 0 and re.search(r"checkpoint.*step \d+", stdout) is not None
 
 
 def _beir_with_training(s: Setup, d: str) -> None:
     """The drill's BEIR folder with a query per document and a train split."""
-    beir = _copy(s.corpus, d, "beir")
+    beir = copy_into(s.corpus, d, "beir")
     ids = [i for i in s.texts if i.startswith("d")]
     with open(os.path.join(beir, "queries.jsonl"), "w") as f:
         f.writelines(json.dumps({"_id": f"q{i}", "text": s.texts[i]}) + "\n" for i in ids)
@@ -201,12 +212,12 @@ def _beir_with_training(s: Setup, d: str) -> None:
 
 
 def _beir_ids(s: Setup, stdout: str) -> bool:
-    hits = _hits(stdout)
+    hits = parse_hits(stdout)
     return bool(hits) and all(re.fullmatch(r"d\d+|huge", h[1]) for h in hits)
 
 
 def _encode(s: Setup, arg: str) -> list[str]:
-    return _python("-c", "import sys, dualjax\ntry:\n dualjax.Encoder.load(sys.argv[1])"
+    return python_command("-c", "import sys, dualjax\ntry:\n dualjax.Encoder.load(sys.argv[1])"
                    f".encode_queries({arg})\nexcept TypeError as e: sys.exit(str(e))", s.bundle)
 
 
@@ -215,60 +226,61 @@ def cases() -> list[Case]:
     return [
         # 1. text in every script
         Case("a corpus in six scripts: each verbatim query finds its document", lambda s, d:
-             _module("search", f"--encoder={s.bundle}", f"--index={d}/idx", "--k=1",
+             module_command("search", f"--encoder={s.bundle}", f"--index={d}/idx", "--k=1",
                      *scripts_query), "answered", check=_each_script_first,
              mutate=_scripts_index),
         Case("'?!' and emoji queries: nothing to search for (no shared vector)", lambda s, d:
-             _module("search", f"--encoder={s.bundle}", f"--index={d}/idx", "--query=?!",
+             module_command("search", f"--encoder={s.bundle}", f"--index={d}/idx", "--query=?!",
                      "--query=🙂"), "answered", check=_nothing_for_no_token,
              mutate=_scripts_index),
-        Case("pairs in six scripts, with digits, train", lambda s, d: _sh(
-            _main(f"{d}/w", "--config.data.name=pairs", f"--config.data.path={d}/pairs.tsv",
+        Case("pairs in six scripts, with digits, train", lambda s, d: shell(
+            main_command(f"{d}/w", "--config.data.name=pairs", f"--config.data.path={d}/pairs.tsv",
                   "--config.data.test_fraction=0.2", "--config.num_train_steps=5"),
             f"{shlex.quote(sys.executable)} -c \"import json; print('vocab:', "
             f"*json.load(open('{d}/w/vocab.json'))['vocab'])\""), "answered",
              check=_vocab_has_scripts, mutate=_pairs(SCRIPT_PAIRS), slow=True),
-        Case("a pair whose document is emoji only", lambda s, d: _main(
+        Case("a pair whose document is emoji only", lambda s, d: main_command(
             f"{d}/w", "--config.data.name=pairs", f"--config.data.path={d}/pairs.tsv"),
              "refused", r"pairs\.tsv:3: document has no letter or digit",
              mutate=_pairs(SCRIPT_PAIRS[:2] + ["什么\t🙂🎉"]), slow=True),
         # 2. a metric's cutoff
-        Case("--config.eval.top_k=5 (below recall@100's cutoff)", lambda s, d: _main(
+        Case("--config.eval.top_k=5 (below recall@100's cutoff)", lambda s, d: main_command(
             f"{d}/w", "--config.eval.top_k=5"), "refused", "eval.top_k", slow=True),
         # 3. data changed under a workdir
-        Case("a pairs file rewritten under its workdir, then more steps", lambda s, d: _main(
+        Case("a pairs file rewritten under its workdir, then more steps", lambda s, d: main_command(
             f"{d}/w", "--config.data.name=pairs", f"--config.data.path={d}/pairs.tsv",
             "--config.data.test_fraction=0.2", "--config.num_train_steps=10"), "refused",
              r"pairs\.tsv \(data\.path\) changed .*--config\.data\.rebuild=True",
              mutate=_rewritten_under_its_workdir, slow=True),
         # 4. a folder that is not a workdir; outputs inside each other
-        Case("index --out=<a folder inside its bundle>", lambda s, d: _module(
+        Case("index --out=<a folder inside its bundle>", lambda s, d: module_command(
             "index", f"--encoder={s.bundle}", f"--corpus={s.corpus}",
             f"--out={s.bundle}/idx"), "refused", "inside the bundle"),
-        Case("export --overwrite of a bundle holding an index", lambda s, d: _module(
+        Case("export --overwrite of a bundle holding an index", lambda s, d: module_command(
             "export", f"--workdir={s.workdir}", f"--out={d}/bundle", "--overwrite"),
              "refused", r"holds idx/.*not the bundle's", mutate=_index_in_a_bundle_copy),
-        Case("--workdir holding a user's config.json and metrics.jsonl", lambda s, d: _main(
+        Case("--workdir holding a user's config.json and metrics.jsonl", lambda s, d: main_command(
             f"{d}/mine"), "refused", "not a dualjax run's", mutate=_foreign_workdir, slow=True),
         # 5. every file of an index
-        Case("a file of the ScaNN searcher changed in place", lambda s, d: _module(
+        Case("a file of the ScaNN searcher changed in place", lambda s, d: module_command(
             "search", f"--encoder={s.bundle}", f"--index={d}/idx", "--query=bike"),
              "refused", r"idx/.*: changed since the index was written",
              mutate=_scann_file_changed),
         # 6. races and signals
-        Case("two index runs into one new --out at once", lambda s, d: _python(
+        Case("two index runs into one new --out at once", lambda s, d: python_command(
             "-c", _RACE, s.bundle, s.corpus, f"{d}/idx"), "answered", check=_one_refused),
-        Case("what a killed index run left (OUT.tmpPID) is removed", lambda s, d: _sh(
-            _module("index", f"--encoder={s.bundle}", f"--corpus={s.corpus}",
+        Case("what a killed index run left (OUT.tmpPID) is removed", lambda s, d: shell(
+            module_command("index", f"--encoder={s.bundle}", f"--corpus={s.corpus}",
                     f"--out={d}/idx", "--kind=exact"),
             f"echo left: $(ls {shlex.quote(d)})"), "answered",
-             check=lambda s, out: _exit(out) == 0 and "\nleft: idx\n" in out,
+             check=lambda s, out: exit_code(out) == 0 and "\nleft: idx\n" in out,
              mutate=_dead_writer_left),
-        Case("Ctrl-C during an index build", lambda s, d: _python(
+        Case("Ctrl-C during an index build", lambda s, d: python_command(
             "-c", _INTERRUPT, s.bundle, f"{d}/big/corpus.tsv", f"{d}/idx", "6"), "answered",
-             check=_stopped_in_one_line, mutate=_big_corpus),
-        Case("a torn last line of metrics.jsonl, then the run again", lambda s, d: _sh(
-            _main(f"{d}/run")), "answered", check=_cut_back, mutate=_torn_metrics, slow=True),
+             check=_stopped_in_one_line, mutate=big_corpus),
+        Case("a torn last line of metrics.jsonl, then the run again", lambda s, d: shell(
+            main_command(f"{d}/run")), "answered", check=_cut_back, mutate=_torn_metrics,
+             slow=True),
         # 7. one line, not a traceback
         *[Case(f"Encoder.encode_queries({arg})", lambda s, d, arg=arg: _encode(s, arg),
                "refused", names)
@@ -276,20 +288,20 @@ def cases() -> list[Case]:
                              ("[b'x']", "text 0 is bytes b'x', not str"),
                              ("None", "not NoneType"))],
         Case("model.pretrained=<a BERT folder whose model.safetensors is cut short>",
-             lambda s, d: _main(f"{d}/w", f"--config.model.pretrained={d}/bert",
+             lambda s, d: main_command(f"{d}/w", f"--config.model.pretrained={d}/bert",
                                 "--config.model.tower=bert", "--config.model.tokenizer=hf"),
              "refused", r"bert/model\.safetensors: not a whole safetensors file",
              mutate=_cut_weights, slow=True),
         # 9. the smaller items
-        Case("search --workdir --task=nope on a one-task run", lambda s, d: _module(
+        Case("search --workdir --task=nope on a one-task run", lambda s, d: module_command(
             "search", f"--workdir={s.workdir}", "--task=nope", "--query=bike"), "refused",
              "single task"),
-        Case("num_train_steps below the checkpoint's step", lambda s, d: _sh(
-            _main(f"{d}/run", "--config.num_train_steps=5")), "answered",
+        Case("num_train_steps below the checkpoint's step", lambda s, d: shell(
+            main_command(f"{d}/run", "--config.num_train_steps=5")), "answered",
              check=_says_the_step, mutate=_below_checkpoint, slow=True),
-        Case("search --workdir on a BEIR run prints the corpus ids", lambda s, d: _sh(
-            _main(f"{d}/w", "--config.data.name=beir", f"--config.data.path={d}/beir",
+        Case("search --workdir on a BEIR run prints the corpus ids", lambda s, d: shell(
+            main_command(f"{d}/w", "--config.data.name=beir", f"--config.data.path={d}/beir",
                   "--config.num_train_steps=5"),
-            shlex.join(_module("search", f"--workdir={d}/w", "--query=bike", "--k=3"))),
+            shlex.join(module_command("search", f"--workdir={d}/w", "--query=bike", "--k=3"))),
              "answered", check=_beir_ids, mutate=_beir_with_training, slow=True),
     ]

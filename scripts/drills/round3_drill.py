@@ -14,8 +14,17 @@ import re
 import shlex
 import sys
 
-from odd_input_drill import TINY, _big_corpus, _exit, _main, _sh
-from serving_drill import ROOT, Case, Setup, _copy, _edit, _hits, _module, _python
+from odd_input_drill import TINY, big_corpus, exit_code, main_command, shell
+from serving_drill import (
+    ROOT,
+    Case,
+    Setup,
+    copy_into,
+    edit_file,
+    module_command,
+    parse_hits,
+    python_command,
+)
 
 LONG_PROMPT = ("Represent this question for retrieving the paragraphs that answer it best "
                "among all the documents of the collection taking every word into account")
@@ -61,7 +70,7 @@ print(*sum(said, []), sep="\\n")
 
 def _two(s: Setup, d: str, corpus: str, mode: str = "none",
          extra: tuple[list[str], list[str]] = ([], [])) -> list[str]:
-    return _python("-c", _TWO, s.bundle, corpus, f"{d}/idx", mode, json.dumps(extra))
+    return python_command("-c", _TWO, s.bundle, corpus, f"{d}/idx", mode, json.dumps(extra))
 
 
 def _summary(stdout: str) -> dict:
@@ -104,14 +113,14 @@ def _half_corpus(s: Setup, d: str) -> None:
 
 
 def _shard_of_another_quantization(s: Setup, d: str) -> None:
-    idx = _copy(s.indexes["exact"], d, "idx")
+    idx = copy_into(s.indexes["exact"], d, "idx")
     path = os.path.join(idx, "shard-00000-of-00001", "shard.json")
 
     def change(data: bytes) -> bytes:
         meta = json.loads(data)
         meta["build"] = {**meta["build"], "quantize": "int8"}
         return json.dumps(meta).encode()
-    _edit(path, change)
+    edit_file(path, change)
 
 
 _PORT_TAKEN = """
@@ -170,7 +179,7 @@ def _spaced_beir(s: Setup, d: str) -> None:
 
 def _six_columns(s: Setup, stdout: str) -> bool:
     columns = re.findall(r"^columns: (.*)$", stdout, re.M)
-    return _exit(stdout) == 0 and bool(columns) and columns[0].split() == ["6"] \
+    return exit_code(stdout) == 0 and bool(columns) and columns[0].split() == ["6"] \
         and "%20" in stdout
 
 
@@ -189,7 +198,7 @@ def _pseudo_run_cut(s: Setup, d: str) -> None:
 
 def _pseudo_command(s: Setup, run: str, steps: int = 2) -> list[str]:
     bert = os.path.join(ROOT, "tests", "fixtures", "pretrained", "tiny_bert")
-    return _module("main", f"--workdir={run}", *TINY, "--config.model.tower=bert",
+    return module_command("main", f"--workdir={run}", *TINY, "--config.model.tower=bert",
                    "--config.model.tokenizer=hf", f"--config.model.pretrained={bert}",
                    "--config.data.name=pretrain", f"--config.data.path={s.corpus}",
                    "--config.data.tasks=pseudo", "--config.data.ignore_identical_ids=False",
@@ -198,49 +207,49 @@ def _pseudo_command(s: Setup, run: str, steps: int = 2) -> list[str]:
 
 
 def _pseudo(s: Setup, run: str):
-    from serving_drill import _run
-    return _run(_pseudo_command(s, run))
+    from serving_drill import run_command
+    return run_command(_pseudo_command(s, run))
 
 
 def _made_again(s: Setup, stdout: str) -> bool:
-    return _exit(stdout) == 0 and "pseudo_pairs.jsonl: no end record" in stdout \
+    return exit_code(stdout) == 0 and "pseudo_pairs.jsonl: no end record" in stdout \
         and "the pairs are made again" in stdout
 
 
 def _binary_index(s: Setup, d: str) -> None:
-    from serving_drill import _run
-    done = _run(_module("index", f"--encoder={s.bundle}", f"--corpus={s.corpus}",
+    from serving_drill import run_command
+    done = run_command(module_command("index", f"--encoder={s.bundle}", f"--corpus={s.corpus}",
                         f"--out={d}/idx", "--kind=exact", "--quantize=binary"))
     assert done.returncode == 0, done.stderr[-2000:]
 
 
 def _cosines(s: Setup, stdout: str) -> bool:
-    hits = _hits(stdout)
+    hits = parse_hits(stdout)
     return bool(hits) and all(-1 <= h[0] <= 1 for h in hits)
 
 
 def _nothing_written(names: str):
     """Refused in one line naming `names`, and no workdir made (`ls` says so)."""
     def check(s: Setup, stdout: str) -> bool:
-        return _exit(stdout) == 1 and re.search(names, stdout) is not None \
+        return exit_code(stdout) == 1 and re.search(names, stdout) is not None \
             and "workdir: absent" in stdout and "Traceback" not in stdout
     return check
 
 
 def _refused_then(argv: list[str], d: str) -> list[str]:
-    return _sh(argv, f"test -e {shlex.quote(d)}/w && echo workdir: present || "
+    return shell(argv, f"test -e {shlex.quote(d)}/w && echo workdir: present || "
                      "echo workdir: absent")
 
 
 def _diverged_then_corrected(s: Setup, d: str) -> list[str]:
-    first = _main(f"{d}/w", "--config.optimizer.learning_rate=1e38")
-    second = _main(f"{d}/w")
+    first = main_command(f"{d}/w", "--config.optimizer.learning_rate=1e38")
+    second = main_command(f"{d}/w")
     return ["bash", "-c", f"{shlex.join(first)} > /dev/null 2>&1; {shlex.join(second)} 2>&1; "
                           "echo exit=$?"]
 
 
 def _encoder_dim(s: Setup, arg: str) -> list[str]:
-    return _python("-c", "import sys, dualjax\ntry:\n dualjax.Encoder.load(sys.argv[1], "
+    return python_command("-c", "import sys, dualjax\ntry:\n dualjax.Encoder.load(sys.argv[1], "
                    f"dim={arg})\nexcept TypeError as e: sys.exit(str(e))", s.bundle)
 
 
@@ -259,7 +268,7 @@ def cases() -> list[Case]:
              check=_both_refused(r"different --corpus: process 0 \S+corpus.jsonl \([\d,]+ "
                                  r"bytes, digest \w+\), process 1 \S+half.jsonl"),
              mutate=_half_corpus),
-        Case("an index shard built with another quantization", lambda s, d: _module(
+        Case("an index shard built with another quantization", lambda s, d: module_command(
             "search", f"--encoder={s.bundle}", f"--index={d}/idx", "--query=bike"),
              "refused", r"shard-00000-of-00001 was built with another quantize",
              mutate=_shard_of_another_quantization),
@@ -267,76 +276,76 @@ def cases() -> list[Case]:
         Case("SIGTERM to process 1 of a two-process index build", lambda s, d: _two(
             s, d, big(d), "SIGTERM:1"), "answered", check=_both_stopped(
             [143, 143], r"process 1 was stopped by SIGTERM; this process stops too"),
-             mutate=_big_corpus),
+             mutate=big_corpus),
         Case("kill -9 of process 0 of a two-process index build", lambda s, d: _two(
             s, d, big(d), "SIGKILL:0"), "answered", check=_both_stopped(
             [-9, 1], r"process 0 stopped answering for 3 s", r"\['idx.tmp\d+'\]"),
-             mutate=_big_corpus),
+             mutate=big_corpus),
         Case("kill -9 of process 1 of a two-process index build", lambda s, d: _two(
             s, d, big(d), "SIGKILL:1"), "answered", check=_both_stopped(
-            [1, -9], r"process 1 stopped answering for 3 s"), mutate=_big_corpus),
-        Case("a coordinator port already in use", lambda s, d: _python(
+            [1, -9], r"process 1 stopped answering for 3 s"), mutate=big_corpus),
+        Case("a coordinator port already in use", lambda s, d: python_command(
             "-c", _PORT_TAKEN, s.bundle, s.corpus, f"{d}/idx"), "refused",
              r"port \d+ is already in use on this host"),
-        Case("index --num_processes=0", lambda s, d: _module(
+        Case("index --num_processes=0", lambda s, d: module_command(
             "index", f"--encoder={s.bundle}", f"--corpus={s.corpus}", f"--out={d}/idx",
             "--coordinator_address=localhost:1", "--num_processes=0", "--process_id=0"),
              "refused", r"--num_processes=0: give how many processes"),
-        Case("index --distributed outside a cluster", lambda s, d: _module(
+        Case("index --distributed outside a cluster", lambda s, d: module_command(
             "index", f"--encoder={s.bundle}", f"--corpus={s.corpus}", f"--out={d}/idx",
             "--distributed"), "refused", r"--distributed: no cluster found"),
         Case("SIGTERM to one of two training processes while the data is prepared",
-             lambda s, d: _python("-c", _TWO_TRAINING, f"{d}/w"), "answered",
+             lambda s, d: python_command("-c", _TWO_TRAINING, f"{d}/w"), "answered",
              check=_both_stopped([143, 143], r"process 1 was stopped by SIGTERM"), slow=True),
         # 3. config checks before anything is written
         Case("loss.matryoshka_dims=32 on a 16-wide model", lambda s, d: _refused_then(
-            _main(f"{d}/w", "--config.loss.matryoshka_dims=32"), d), "answered",
+            main_command(f"{d}/w", "--config.loss.matryoshka_dims=32"), d), "answered",
              check=_nothing_written(r"config.loss.matryoshka_dims='32': 32 is not below the "
                                     r"model's 16 dimensions")),
         Case("eval.dims=32 on a 16-wide model", lambda s, d: _refused_then(
-            _main(f"{d}/w", "--config.eval.dims=32"), d), "answered",
+            main_command(f"{d}/w", "--config.eval.dims=32"), d), "answered",
              check=_nothing_written(r"config.eval.dims='32': 32 is not below")),
         Case("mesh.model_axis that splits no transformer head", lambda s, d: _refused_then(
-            _main(f"{d}/w", "--config.model.tower=transformer", "--config.mesh.model_axis=2",
+            main_command(f"{d}/w", "--config.model.tower=transformer", "--config.mesh.model_axis=2",
                   "--config.model.transformer.num_heads=3",
                   "--config.model.transformer.width=48"), d), "answered",
              check=_nothing_written(r"model_axis=2 does not divide the 3 heads of params/"),
              env=two_devices),
         Case("a run that diverged before its first checkpoint, corrected", lambda s, d:
              _diverged_then_corrected(s, d), "answered",
-             check=lambda s, out: _exit(out) == 0 and "starts over with the new config" in out,
+             check=lambda s, out: exit_code(out) == 0 and "starts over with the new config" in out,
              slow=True),
         # 4. prompts that leave room
         Case("a 23-word query prompt at max_len 16", lambda s, d: _refused_then(
-            _main(f"{d}/w", f"--config.model.query_prompt={LONG_PROMPT}"), d), "answered",
+            main_command(f"{d}/w", f"--config.model.query_prompt={LONG_PROMPT}"), d), "answered",
              check=_nothing_written(r"config.model.query_prompt=.* takes \d+ of the side's 16 "
                                     r"tokens")),
         # 5. run files trec_eval reads
-        Case("BEIR ids with spaces: run files of six columns", lambda s, d: _sh(
-            _main(f"{d}/w", "--config.data.name=beir", f"--config.data.path={d}/beir",
+        Case("BEIR ids with spaces: run files of six columns", lambda s, d: shell(
+            main_command(f"{d}/w", "--config.data.name=beir", f"--config.data.path={d}/beir",
                   "--config.num_train_steps=5"),
             f"echo columns: $(cat {shlex.quote(d)}/w/runs/*.trec | awk '{{print NF}}' | "
             f"sort -u); head -1 {shlex.quote(d)}/w/runs/test_dual_encoder.trec"),
              "answered", check=_six_columns, mutate=_spaced_beir, slow=True),
         # 6. files a run made, checked whole
-        Case("pseudo_pairs.jsonl cut short, then resumed", lambda s, d: _sh(
+        Case("pseudo_pairs.jsonl cut short, then resumed", lambda s, d: shell(
             _pseudo_command(s, f"{d}/run", 3)), "answered", check=_made_again,
              mutate=_pseudo_run_cut, slow=True),
         # 7. messages
-        Case("search --hybrid_weight=0.3 without --hybrid", lambda s, d: _module(
+        Case("search --hybrid_weight=0.3 without --hybrid", lambda s, d: module_command(
             "search", f"--encoder={s.bundle}", f"--index={s.indexes['exact']}",
             "--query=bike", "--hybrid_weight=0.3"), "refused", r"give --hybrid too"),
-        Case("export --workdir=<a bundle>", lambda s, d: _module(
+        Case("export --workdir=<a bundle>", lambda s, d: module_command(
             "export", f"--workdir={s.bundle}", f"--out={d}/b"), "refused",
              r"is a bundle, not a training workdir"),
-        Case("export --format=sentence-transformers --platforms=cpu", lambda s, d: _module(
+        Case("export --format=sentence-transformers --platforms=cpu", lambda s, d: module_command(
             "export", f"--workdir={s.workdir}", f"--out={d}/b",
             "--format=sentence-transformers", "--platforms=cpu"), "refused",
              r"--platforms is for --format=bundle"),
         *[Case(f"Encoder.load(dim={arg})", lambda s, d, arg=arg: _encoder_dim(s, arg),
                "refused", rf"dim={re.escape(shown)}: give the number of dimensions as an int")
           for arg, shown in (('"8"', "'8'"), ("True", "True"))],
-        Case("search over a binary index prints cosines", lambda s, d: _module(
+        Case("search over a binary index prints cosines", lambda s, d: module_command(
             "search", f"--encoder={s.bundle}", f"--index={d}/idx", "--query=bike", "--k=5"),
              "answered", check=_cosines, mutate=_binary_index),
     ]

@@ -62,15 +62,15 @@ class Setup:
     texts: dict[str, str]         # id -> text of the corpus
 
 
-def _python(*args: str) -> list[str]:
+def python_command(*args: str) -> list[str]:
     return [sys.executable, *args]
 
 
-def _module(name: str, *args: str) -> list[str]:
-    return _python("-m", f"dualjax.{name}", *args)
+def module_command(name: str, *args: str) -> list[str]:
+    return python_command("-m", f"dualjax.{name}", *args)
 
 
-def _run(cmd: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+def run_command(cmd: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, **(env or {})})
 
@@ -82,12 +82,12 @@ def prepare(out: str, workdir: str | None = None, bundle: str | None = None,
     os.makedirs(out, exist_ok=True)
     if workdir is None:
         workdir = os.path.join(out, "run")
-        done = _run(_module("main", "--config=configs/tiny.py", f"--workdir={workdir}",
-                            "--config.eval.index=exact"))
+        done = run_command(module_command("main", "--config=configs/tiny.py",
+                                          f"--workdir={workdir}", "--config.eval.index=exact"))
         assert done.returncode == 0, done.stderr[-2000:]
     if bundle is None:
         bundle = os.path.join(out, "bundle")
-        done = _run(_module("export", f"--workdir={workdir}", f"--out={bundle}",
+        done = run_command(module_command("export", f"--workdir={workdir}", f"--out={bundle}",
                             "--platforms=cpu"))
         assert done.returncode == 0, done.stderr[-2000:]
     rows = corpus_rows()
@@ -101,7 +101,7 @@ def prepare(out: str, workdir: str | None = None, bundle: str | None = None,
     with futures.ThreadPoolExecutor(len(kinds)) as pool:
         for kind in kinds:
             indexes[kind] = os.path.join(out, f"index_{kind}")
-            jobs[kind] = pool.submit(_run, _module(
+            jobs[kind] = pool.submit(run_command, module_command(
                 "index", f"--encoder={bundle}", f"--corpus={corpus}",
                 f"--out={indexes[kind]}", f"--kind={kind}"))
     for _kind, job in jobs.items():
@@ -121,13 +121,13 @@ class Case:
     slow: bool = False            # starts training: left out of the test suite's drill
 
 
-def _copy(src: str, case_dir: str, name: str) -> str:
+def copy_into(src: str, case_dir: str, name: str) -> str:
     dst = os.path.join(case_dir, name)
     shutil.copytree(src, dst)
     return dst
 
 
-def _edit(path: str, change: Callable[[bytes], bytes]) -> None:
+def edit_file(path: str, change: Callable[[bytes], bytes]) -> None:
     with open(path, "rb") as f:
         data = f.read()
     with open(path, "wb") as f:
@@ -140,13 +140,13 @@ SHARD = "shard-00000-of-00001"  # a one-process index's one shard (corpus.jsonl,
 def _broken_index(file: str, change: Callable[[bytes], bytes]):
     def mutate(s: Setup, case_dir: str) -> None:
         where = file if file == "index.json" else os.path.join(SHARD, file)
-        _edit(os.path.join(_copy(s.indexes["exact"], case_dir, "idx"), where), change)
+        edit_file(os.path.join(copy_into(s.indexes["exact"], case_dir, "idx"), where), change)
     return mutate
 
 
 def _broken_bundle(file: str, change: Callable[[bytes], bytes]):
     def mutate(s: Setup, case_dir: str) -> None:
-        _edit(os.path.join(_copy(s.bundle, case_dir, "bundle"), file), change)
+        edit_file(os.path.join(copy_into(s.bundle, case_dir, "bundle"), file), change)
     return mutate
 
 
@@ -176,32 +176,32 @@ def _reorder_rows(data: bytes) -> bytes:
 def _search(s: Setup, kind: str = "exact", *args: str, case_dir: str | None = None,
             encoder: str | None = None) -> list[str]:
     idx = os.path.join(case_dir, "idx") if case_dir else s.indexes[kind]
-    return _module("search", f"--encoder={encoder or s.bundle}", f"--index={idx}", *args)
+    return module_command("search", f"--encoder={encoder or s.bundle}", f"--index={idx}", *args)
 
 
-def _hits(stdout: str) -> list[tuple[float, str, str]]:
+def parse_hits(stdout: str) -> list[tuple[float, str, str]]:
     """(score, id, text) of every printed hit."""
     return [(float(m[1]), m[2], m[3]) for m in
             re.finditer(r"^\s*\d+\. ([+-]\d\.\d+)  \[([^\]]*)\]  (.*)$", stdout, re.M)]
 
 
 def _verbatim_first(s: Setup, stdout: str) -> bool:
-    hits = _hits(stdout)
+    hits = parse_hits(stdout)
     return bool(hits) and hits[0][1] == "d3" and abs(hits[0][0] - 1) < 1e-3
 
 
 def _all_but_empty(s: Setup, stdout: str) -> bool:
-    return len(_hits(stdout)) == len(s.texts) - 1  # every document but the empty one
+    return len(parse_hits(stdout)) == len(s.texts) - 1  # every document but the empty one
 
 
 def _printed_cut(s: Setup, stdout: str) -> bool:
-    huge = [h for h in _hits(stdout) if h[1] == "huge"]
+    huge = [h for h in parse_hits(stdout) if h[1] == "huge"]
     return bool(huge) and max(map(len, stdout.splitlines())) < 1000 and \
         f"[{BIG:,} characters]" in huge[0][2]
 
 
 def _no_empty(s: Setup, stdout: str) -> bool:
-    hits = _hits(stdout)
+    hits = parse_hits(stdout)
     return bool(hits) and "empty" not in [h[1] for h in hits]
 
 
@@ -237,12 +237,12 @@ def _verbatim(s: Setup) -> str:
 
 CASES = [
     # 1. outputs never over inputs
-    Case("index --out=<its BEIR corpus folder>", lambda s, d: _module(
+    Case("index --out=<its BEIR corpus folder>", lambda s, d: module_command(
         "index", f"--encoder={s.bundle}", f"--corpus={s.corpus}", f"--out={s.corpus}"),
         "refused", "own input"),
-    Case("export --out=<its workdir>", lambda s, d: _module(
+    Case("export --out=<its workdir>", lambda s, d: module_command(
         "export", f"--workdir={s.workdir}", f"--out={s.workdir}"), "refused", "own input"),
-    Case("index --out=<its bundle>", lambda s, d: _module(
+    Case("index --out=<its bundle>", lambda s, d: module_command(
         "index", f"--encoder={s.bundle}", f"--corpus={s.corpus}", f"--out={s.bundle}"),
         "refused", "own input"),
     # 2-3. files that disagree
@@ -256,24 +256,24 @@ CASES = [
         s, "exact", "--query=bike", encoder=os.path.join(d, "bundle")), "refused",
         r"vocab\.json", mutate=_broken_bundle("vocab.json", _swap_two_words)),
     # 4. a bare string
-    Case("Encoder.encode_queries('a string')", lambda s, d: _python(
+    Case("Encoder.encode_queries('a string')", lambda s, d: python_command(
         "-c", "import sys, dualjax\ntry:\n dualjax.Encoder.load(sys.argv[1])"
         ".encode_queries('a string')\nexcept TypeError as e: sys.exit(str(e))", s.bundle),
         "refused", "not one string"),
     # 5. init_from with another vocabulary
-    Case("init_from with another model.vocab_size", lambda s, d: _module(
+    Case("init_from with another model.vocab_size", lambda s, d: module_command(
         "main", "--config=configs/tiny.py", f"--workdir={os.path.join(d, 'w')}",
         f"--config.init_from={s.workdir}", "--config.model.vocab_size=400"),
         "refused", "vocab_size", slow=True),
     # 7. one-line errors
-    Case("index --kind=hnsw without faiss", lambda s, d: _module(
+    Case("index --kind=hnsw without faiss", lambda s, d: module_command(
         "index", f"--encoder={s.bundle}", f"--corpus={s.corpus}",
         f"--out={os.path.join(d, 'idx')}", "--kind=hnsw"), "refused", "faiss",
         mutate=_hide_faiss, env={"PYTHONPATH": "{case}/nofaiss"}),
     *[Case(f"search --k={k} ({kind})", lambda s, d, k=k, kind=kind: _search(
         s, kind, "--query=bike", f"--k={k}"), "refused", r"--k=")
       for kind in ("exact", "scann", "hnsw") for k in (-3, 0)],
-    *[Case(f"index --batch_size={b}", lambda s, d, b=b: _module(
+    *[Case(f"index --batch_size={b}", lambda s, d, b=b: module_command(
         "index", f"--encoder={s.bundle}", f"--corpus={s.corpus}",
         f"--out={os.path.join(d, 'idx')}", f"--batch_size={b}"), "refused", "--batch_size")
       for b in (0, -5)],
@@ -302,13 +302,13 @@ CASES = [
       for file, where in (("query.jax_export", "bundle"), ("params.msgpack", "bundle"),
                           ("embeddings.npy", "index"), ("index.json", "index"),
                           ("corpus.jsonl", "index"))],
-    Case("export --out=<a file>", lambda s, d: _module(
+    Case("export --out=<a file>", lambda s, d: module_command(
         "export", f"--workdir={s.workdir}", f"--out={os.path.join(d, 'a_file')}"),
         "refused", "is a file", mutate=_file),
-    Case("index --out= (empty)", lambda s, d: _module(
+    Case("index --out= (empty)", lambda s, d: module_command(
         "index", f"--encoder={s.bundle}", f"--corpus={s.corpus}", "--out="), "refused",
         "--out is empty"),
-    Case("export --platforms=bogus", lambda s, d: _module(
+    Case("export --platforms=bogus", lambda s, d: module_command(
         "export", f"--workdir={s.workdir}", f"--out={os.path.join(d, 'b')}",
         "--platforms=bogus"), "refused", "bogus"),
     # 8. --help
@@ -363,7 +363,7 @@ def run_case(s: Setup, case: Case, i: int) -> dict:
     if case.mutate:
         case.mutate(s, d)
     env = {k: v.replace("{case}", d) for k, v in (case.env or {}).items()}
-    done = _run(case.command(s, d), env)
+    done = run_command(case.command(s, d), env)
     said = [line for line in done.stderr.splitlines() if not _log_line(line)]
     result = {"case": case.name, "expect": case.expect, "exit": done.returncode,
               "traceback": "Traceback" in done.stderr}

@@ -209,6 +209,10 @@ def script_imports(scripts: pathlib.Path) -> list[str]:
             if top in stems and top != path.stem and not (
                     stems[top] == path.parent.name in ("drills", "fixtures")):
                 out.append(f"{path.relative_to(scripts)} imports {top}")
+        for node in ast.walk(ast.parse(path.read_text())):  # what they share is public
+            if isinstance(node, ast.ImportFrom) and node.module in stems:
+                out += [f"{path.relative_to(scripts)} imports {node.module}.{a.name}"
+                        for a in node.names if a.name.startswith("_")]
     return out
 
 
@@ -225,3 +229,7 @@ def test_the_scripts_guard_sees_a_script_importing_another(tmp_path):
     (tmp_path / "bench" / "a.py").write_text("from b import helper\nimport common\n")
     (tmp_path / "bench" / "b.py").write_text("")
     assert script_imports(tmp_path) == ["bench/a.py imports b"]
+    (tmp_path / "drills").mkdir()
+    (tmp_path / "drills" / "c.py").write_text("from d import shared, _private\n")
+    (tmp_path / "drills" / "d.py").write_text("")
+    assert script_imports(tmp_path) == ["bench/a.py imports b", "drills/c.py imports d._private"]
