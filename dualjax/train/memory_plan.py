@@ -6,7 +6,8 @@ layout: the model axis, FSDP; LoRA's frozen weights in their own dtype), read fr
 train state's shardings without computing anything; and, from the step compiled for
 the run's first (full-length) batch (`compiled.memory_analysis()`), the step's
 temporary buffers (activations, gradients, the loss's blocks: what GradCache chunks,
-remat and the blockwise loss shrink) and its peak, argument + temporaries + outputs
+remat and the blockwise loss shrink; XLA CPU's scheduler undoes remat's saving, GPUs'
+and TPUs' keep it: BENCHMARKS.md) and its peak, argument + temporaries + outputs
 less what the donated state shares with them. The peak is checked against the device's
 own limit (`memory_stats()["bytes_limit"]`, on GPUs and TPUs; the host's memory is
 not checked). The compiled step is the one the run then takes (`TrainStep.compile`), so

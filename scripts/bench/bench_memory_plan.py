@@ -6,11 +6,19 @@ the frozen weights in bfloat16), on 1, 8 and 64 devices, replicated or FSDP, and
 
 Nothing is computed: the state is `jax.eval_shape`'s of the run's own init (the objective,
 `objectives.restrict`'s optimizer), placed by `sharding.state_shardings` as the run
-places it, and `train.memory_plan.shard_bytes` sums one device's shards. The
-activations need the step compiled for the device (`mesh.memory_plan`, on the GPU or
-TPU itself); they are not here. Prints a markdown table; BENCHMARKS.md records it.
+places it, and `train.memory_plan.shard_bytes` sums one device's shards. Prints a
+markdown table; BENCHMARKS.md records it.
+
+With --activations, the whole train step (bfloat16 activations, each layer recomputed
+in the backward pass, GradCache over K chunks, AdamW) is compiled from abstract values
+for a global batch of 8,192 pairs (queries 64, documents 512 tokens), as the run's
+memory plan compiles it (`train.memory_plan.plan`: XLA's temporary buffers and the
+step's peak per device), on fake CPU devices: these are XLA CPU's figures, and a GPU
+or TPU compiles its own (fused attention, other fusions), which `mesh.memory_plan`
+reads on the device before a run's first step. Nothing is run or allocated.
 
     python scripts/bench/bench_memory_plan.py
+    python scripts/bench/bench_memory_plan.py --activations=Qwen2-0.5B:8:fsdp:lora:16,...
 """
 
 from __future__ import annotations
@@ -24,9 +32,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))))
 
+import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import time  # noqa: E402
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
 from dualjax import objectives  # noqa: E402
@@ -73,7 +84,102 @@ def state_bytes(arch, lora: bool, devices: int, model_axis: int, strategy: str):
     return count, memory_plan.plan(state)
 
 
+def step_plan(arch, lora: bool, devices: int, strategy: str, chunks: int,
+              batch: int = 8192, lengths: tuple[int, int] = (64, 512), remat: bool = True):
+    """(the plan of one train step compiled for `batch` pairs of `lengths` tokens with
+    `chunks` GradCache chunks, seconds to compile)."""
+    tower = "decoder" if isinstance(arch, DecoderConfig) else "modernbert"
+    spec = ModelSpec(query_tower=tower, doc_tower=tower, similarity="cosine_temperature",
+                     dtype="bfloat16", remat=remat,
+                     lora=LoraSpec(16, 32.0, LORA_TARGETS) if lora else LoraSpec())
+    model = dual_encoder.make_model(spec, arch.vocab_size, architecture=arch)
+    mesh = sharding.make_mesh(devices)
+    objective = objectives.make(dataclasses.replace(
+        objectives.ObjectiveSpec(), max_len=max(lengths), encode_chunks=chunks), model, mesh)
+    tx = objectives.restrict(optax.adamw(1e-4), objective)
+    abstract = jax.eval_shape(step_lib.make_init_state(objective, tx), 0)
+    placed = sharding.state_shardings(abstract, mesh, strategy,
+                                      dual_encoder.logical_axes(model, max(lengths)))
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                         abstract, placed)
+    rows = sharding.batch_sharding(mesh)
+    data = {"doc_ids": jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rows)}
+    for side, length in zip("qd", lengths, strict=True):
+        data[f"{side}_ids"] = jax.ShapeDtypeStruct((batch, length), jnp.int32, sharding=rows)
+        data[f"{side}_mask"] = jax.ShapeDtypeStruct((batch, length), jnp.bool_, sharding=rows)
+    step = step_lib.make_train_step(objective, tx, lambda s: 1e-4, placed, rows,
+                                    sharding.replicated(mesh))
+    start = time.perf_counter()
+    compiled = step.lower(state, data).compile()
+    return memory_plan.plan(state, compiled), time.perf_counter() - start
+
+
+def activations(rows: str) -> None:
+    """--activations: one row per NAME:DEVICES:LAYOUT:TRAINING:CHUNKS."""
+    gib = memory_plan.GIB
+    print("| tower | training | devices, layout | encode_chunks | state GiB | XLA temporaries "
+          "GiB | peak GiB per device | compile s |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    for row in rows.split(","):
+        name, devices, strategy, training, chunks = row.split(":")
+        p, seconds = step_plan(SHAPES[name], training == "lora", int(devices), strategy,
+                               int(chunks))
+        print(f"| {name} | {'LoRA r16, base bf16' if training == 'lora' else 'all weights'} "
+              f"| {devices} x 1, {strategy} | {chunks} | {(p.params + p.optimizer) / gib:.2f} "
+              f"| {(p.temp or 0) / gib:.2f} | {(p.peak or 0) / gib:.2f} | {seconds:.0f} |",
+              flush=True)
+
+
+def remat_probe() -> None:
+    """--remat_probe: XLA's temporaries of a gradient with and without rematerialisation
+    on this backend, plain jax (layers of tanh(x W) and a softmax attention over
+    [32, 512, 256]) and dualjax's ModernBERT and decoder towers (256 wide, one device,
+    32 pairs of 64 + 512 tokens, one chunk)."""
+    from dualjax.models.modernbert import ModernBertConfig
+
+    def layer(w, x):
+        h = jnp.tanh(x @ w)
+        a = jax.nn.softmax(jnp.einsum("bld,bmd->blm", h, h), axis=-1)
+        return x + jnp.einsum("blm,bmd->bld", a, h)
+
+    def net(ws, x, remat):
+        f = jax.checkpoint(layer) if remat else layer
+        for w in ws:
+            x = f(w, x)
+        return x.sum()
+
+    mib = lambda c: c.memory_analysis().temp_size_in_bytes / 2 ** 20
+    x = jax.ShapeDtypeStruct((32, 512, 256), jnp.float32)
+    for n in (2, 8):
+        ws = [jax.ShapeDtypeStruct((256, 256), jnp.float32)] * n
+        forward = jax.jit(lambda ws, x: net(ws, x, False)).lower(ws, x).compile()
+        grads = [jax.jit(jax.grad(lambda ws, x, r=r: net(ws, x, r))).lower(ws, x).compile()
+                 for r in (False, True)]
+        print(f"plain jax, {n} layers: forward {mib(forward):.0f} MiB, gradient "
+              f"{mib(grads[0]):.0f} MiB, each layer checkpointed {mib(grads[1]):.0f} MiB")
+    for layers in (2, 8):
+        for arch in (ModernBertConfig(1000, 256, layers, 4, 512, 1024,
+                                      local=tuple(bool(i % 3) for i in range(layers))),
+                     DecoderConfig("qwen2", 1000, 256, layers, 4, 2, 64, 512, 1024,
+                                   qkv_bias=True)):
+            figures = [step_plan(arch, False, 1, "replicated", 1, batch=32, remat=r)[0].temp
+                       for r in (False, True)]
+            print(f"{type(arch).__name__}, {layers} layers: {(figures[0] or 0) / 2**20:.0f} "
+                  f"MiB, model.remat {(figures[1] or 0) / 2**20:.0f} MiB", flush=True)
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--activations", default="",
+                        help="NAME:DEVICES:LAYOUT:TRAINING:CHUNKS,...: compile these steps "
+                             "(TRAINING: full or lora) instead of the state table")
+    parser.add_argument("--remat_probe", action="store_true",
+                        help="what rematerialisation saves on this backend, instead")
+    args = parser.parse_args()
+    if args.remat_probe:
+        return remat_probe()
+    if args.activations:
+        return activations(args.activations)
     gib = memory_plan.GIB
     print("| tower | training | params | devices (data x model), layout | parameters GiB "
           "| optimizer GiB | state GiB per device |")
