@@ -140,7 +140,9 @@ def before_first_step(spec: Any, mesh: jax.sharding.Mesh, train_step: Any, state
 def _layout(spec: Any, mesh: jax.sharding.Mesh, chunks: int) -> str:
     lora = spec.model.lora
     return (f"{sharding.data_size(mesh)} x {mesh.shape[sharding.MODEL_AXIS]} data x model "
-            f"mesh, {spec.mesh.param_sharding} params, encode_chunks {chunks or 1}"
+            f"mesh, {spec.mesh.param_sharding} params, encode_chunks {chunks or 1}, "
+            f"{spec.model.dtype} activations" + (", each layer recomputed (remat)"
+                                                 if spec.model.remat else "")
             + (f", LoRA rank {lora.rank}" if lora.rank else ""))
 
 

@@ -62,6 +62,7 @@ SHAPES = {
     "ModernBERT-base": ModernBertConfig(50368, 768, 22, 12, 1152, 8192,
                                         local=tuple(bool(i % 3) for i in range(22))),
 }
+DEVICE_GIB = (16, 80, 141)  # a TPU v4 core, an A100 / H100, an H200
 LAYOUTS = ((1, 1, "replicated"), (8, 1, "replicated"), (8, 1, "fsdp"), (64, 1, "fsdp"),
            (64, 2, "fsdp"))
 
@@ -118,16 +119,17 @@ def activations(rows: str) -> None:
     """--activations: one row per NAME:DEVICES:LAYOUT:TRAINING:CHUNKS."""
     gib = memory_plan.GIB
     print("| tower | training | devices, layout | encode_chunks | state GiB | XLA temporaries "
-          "GiB | peak GiB per device | compile s |")
-    print("|---|---|---|---:|---:|---:|---:|---:|")
+          "GiB | peak GiB per device | fits 16 / 80 / 141 GiB | compile s |")
+    print("|---|---|---|---:|---:|---:|---:|---|---:|")
     for row in rows.split(","):
         name, devices, strategy, training, chunks = row.split(":")
         p, seconds = step_plan(SHAPES[name], training == "lora", int(devices), strategy,
                                int(chunks))
         print(f"| {name} | {'LoRA r16, base bf16' if training == 'lora' else 'all weights'} "
               f"| {devices} x 1, {strategy} | {chunks} | {(p.params + p.optimizer) / gib:.2f} "
-              f"| {(p.temp or 0) / gib:.2f} | {(p.peak or 0) / gib:.2f} | {seconds:.0f} |",
-              flush=True)
+              f"| {(p.temp or 0) / gib:.2f} | {(p.peak or 0) / gib:.2f} | "
+              f"{' / '.join('yes' if (p.peak or 0) <= d * gib else 'no' for d in DEVICE_GIB)} "
+              f"| {seconds:.0f} |", flush=True)
 
 
 def remat_probe() -> None:

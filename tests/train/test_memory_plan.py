@@ -39,6 +39,17 @@ def test_state_bytes_per_device_follow_the_layout():
         assert plan.optimizer == rows * 64 * 4 and plan.peak is None and plan.fits
 
 
+def test_the_plan_names_the_layout_it_was_made_for():
+    """The plan's line says the mesh, the parameters' layout, the chunks, the activations'
+    dtype, remat and LoRA: each is a way to make a step fit."""
+    from dualjax.config import run
+    cfg = tiny(model={"dtype": "bfloat16", "remat": True, "lora_rank": 4})
+    spec = run.resolve(cfg, checked=False)
+    line = memory_plan._layout(spec, sharding.make_mesh(8, model=2), 4)
+    assert line == ("4 x 2 data x model mesh, replicated params, encode_chunks 4, bfloat16 "
+                    "activations, each layer recomputed (remat), LoRA rank 4"), line
+
+
 @pytest.mark.slow
 def test_a_compiled_plan_is_logged_and_the_run_takes_its_step(tmp_path, caplog):
     """mesh.memory_plan=compile on CPU: the plan line, with a peak at least the state's;
@@ -94,7 +105,8 @@ def _choose(monkeypatch, peaks: dict, limit: int):
         return types.SimpleNamespace(k=k, compile=compile)
     spec = types.SimpleNamespace(
         mesh=types.SimpleNamespace(memory_plan="compile", param_sharding="replicated"),
-        model=types.SimpleNamespace(lora=types.SimpleNamespace(rank=0)),
+        model=types.SimpleNamespace(lora=types.SimpleNamespace(rank=0), dtype="float32",
+                                 remat=False),
         objective=types.SimpleNamespace(kind="in_batch"), num_mixed_negatives=0,
         schedule=types.SimpleNamespace(global_batch_size=64))
     mesh = sharding.make_mesh(8)
@@ -130,5 +142,6 @@ def test_encode_chunks_minus_one_compiles_the_run_s_steps(tmp_path, monkeypatch)
     cfg.train.encode_chunks = -1
     monkeypatch.setattr(memory_plan, "device_limit", lambda device: 2 ** 20)
     with pytest.raises(errors.ConfigError, match=r"even 32 chunks do not fit: .* encode_chunks "
-                                                 r"32\): .*peak [0-9.]+ GiB of the compiled"):
+                                                 r"32, float32 activations\): .*peak [0-9.]+ "
+                                                 r"GiB of the compiled"):
         train.train_and_evaluate(cfg, str(tmp_path / "tight"))
