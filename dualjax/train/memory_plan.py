@@ -110,7 +110,11 @@ def compiles(mode: str, device: jax.Device | None = None) -> bool:
 
 
 AUTO = -1  # train.encode_chunks: the fewest chunks whose compiled step fits
-MAX_AUTO_CHUNKS = 64
+# The most chunks -1 tries: 8 texts a side a chunk at a global batch of 8,192 on one
+# device, where a decoder's 512-token documents need more than 64 chunks on a 16 GiB
+# core (BENCHMARKS.md, "The train state per device"); the search compiles about
+# log2 of the choices, so the cap costs a few compilations, not one per choice.
+MAX_AUTO_CHUNKS = 1024
 
 
 def before_first_step(spec: Any, mesh: jax.sharding.Mesh, train_step: Any, state: Any,

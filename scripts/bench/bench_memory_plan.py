@@ -190,7 +190,7 @@ def main() -> None:
         for lora in (False, True):
             for devices, model_axis, strategy in LAYOUTS:
                 if lora and (model_axis > 1 or not isinstance(arch, DecoderConfig)):
-                    continue  # (the modernbert tower takes no adapters yet)
+                    continue  # (LoRA rows for the decoders; ModernBERT trained whole)
                 count, p = state_bytes(arch, lora, devices, model_axis, strategy)
                 print(f"| {name} | {'LoRA r16, base bf16' if lora else 'all weights, f32'} "
                       f"| {count / 1e9:.2f} B | {devices // model_axis} x {model_axis}, "
