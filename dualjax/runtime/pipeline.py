@@ -3,10 +3,19 @@ batch n+1 (reads, tokenizes, pads) and reads back and stores the vectors of batc
 
 jax dispatches a computation and returns at once; only reading its result waits. A loop
 that prepares a batch, runs it and reads it back before preparing the next makes host
-and device take turns, each idle half the time. `overlapped` runs `prepare` in a worker
-thread up to `ahead` jobs in advance (the tokenizers library and numpy release the GIL
-while they work), dispatches each job's device work in order, and reads a job's result
-back only once `lag` later jobs are dispatched (one per device when several take turns).
+and device take turns, each idle half the time. `overlapped` runs `prepare` in
+`HOST_WORKERS` worker threads up to `ahead` jobs in advance (the tokenizers library and
+numpy release the GIL while they work), dispatches each job's device work in order, and
+reads a job's result back only once `lag` later jobs are dispatched (one per device when
+several take turns).
+
+Two workers, not one: a batch's preparation is the tokenizer's call, which fills every
+core in its own threads, then Python's part (lowercasing before it, reading the ids and
+padding after), which holds one core. With one worker the other cores idle during
+Python's part; with two, one worker's Python part runs beside the other's tokenizer
+call. Preparing several jobs ahead also keeps the host at work while the device's
+program for a new length bucket compiles (BENCHMARKS.md, "Corpus encoding, static
+tower").
 Every corpus encoding goes through it: evaluation, `dualjax.index`, the bundle's
 `Encoder`, the teacher's pass and the pseudo-labels.
 """
@@ -23,6 +32,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import jax
+
+HOST_WORKERS = 2  # threads preparing jobs (see above)
+AHEAD = 4  # jobs prepared in advance
 
 J = TypeVar("J")  # a job: what to encode (row indices, a device)
 P = TypeVar("P")  # a job prepared by the host (token ids, masks)
@@ -50,33 +62,38 @@ class Timings:
 
 
 def overlapped(jobs: Iterable[J], prepare: Callable[[J], P], run: Callable[[J, P], Any],
-               take: Callable[[J, Any], None], ahead: int = 2, lag: int = 1,
-               timings: Timings | None = None) -> None:
+               take: Callable[[J, Any], None], ahead: int = AHEAD, lag: int = 1,
+               timings: Timings | None = None, workers: int = HOST_WORKERS) -> None:
     """prepare(job) on the host, run(job, prepared) on the device (dispatched, not
     waited for), take(job, result) once `lag` more jobs are dispatched, for every job,
     in order; everything taken before it returns.
 
     Args:
       jobs: the jobs, in the order they are run and taken.
-      prepare: host work of one job, run in a worker thread, at most `ahead` jobs early.
+      prepare: host work of one job, run in a worker thread, at most `ahead` jobs early;
+        called from `workers` threads at once, so it must not share mutable state.
       run: dispatches a prepared job (returns without waiting for the device).
       take: reads a job's result back (waits for it) and stores it.
       ahead: jobs prepared in advance (>= 1).
       lag: jobs dispatched before a result is read back (>= 1; the number of devices
         taking turns, so that each has one in flight).
       timings: where the time went is added to it (the bench's split of host, device
-        and waiting).
+        and waiting); `prepare` is the sum of the workers' seconds.
+      workers: threads preparing jobs (>= 1).
     """
     jobs = iter(jobs)
     t = timings if timings is not None else Timings()
     clock = time.perf_counter
+
+    lock = threading.Lock()
 
     def timed_prepare(job: J) -> P:
         start = clock()
         try:
             return prepare(job)
         finally:
-            t.prepare += clock() - start
+            with lock:
+                t.prepare += clock() - start
 
     def finish(job: J, result: Any) -> None:
         start = clock()
@@ -89,7 +106,8 @@ def overlapped(jobs: Iterable[J], prepare: Callable[[J], P], run: Callable[[J, P
 
     ready: collections.deque = collections.deque()  # (job, future of its preparation)
     running: collections.deque = collections.deque()  # (job, its dispatched result)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="prepare") as pool:
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(workers, ahead)),
+                                               thread_name_prefix="prepare") as pool:
         def fill() -> None:
             while len(ready) < ahead:
                 try:

@@ -29,7 +29,7 @@ import numpy as np
 from flax import serialization
 
 from dualjax.runtime.files import verify_digests
-from dualjax.runtime.pipeline import Timings, overlapped
+from dualjax.runtime.pipeline import AHEAD, Timings, overlapped
 from dualjax.text import features, sides, tokenizers
 
 FORMAT = 2  # encoder.json "format": bumped when a bundle's layout changes (2: "files")
@@ -249,5 +249,5 @@ class Encoder:
                 progress(len(rows))
 
         overlapped(range(-(-len(texts) // batch_size)), prepare, run, take,
-                   ahead=len(devices) + 1, lag=len(devices), timings=self.timings)
+                   ahead=len(devices) + AHEAD, lag=len(devices), timings=self.timings)
         return out

@@ -79,3 +79,24 @@ def test_prefetched_items_come_in_order_and_a_producer_error_where_its_item_woul
     stopped = prefetched(iter(range(10 ** 6)), depth=2)  # a consumer that stops early
     assert next(stopped) == 0
     stopped.close()
+
+
+def test_two_workers_prepare_at_once_and_results_keep_the_job_order():
+    """`workers` threads prepare jobs side by side (one's Python part beside the other's
+    tokenizer call); a job whose preparation ends first is still run and taken in job
+    order."""
+    def preparing(both: threading.Barrier):  # passes only while two preparations overlap
+        def prepare(n):
+            if n < 2:
+                both.wait()
+                time.sleep(0.05 if n == 0 else 0)  # job 1 ready before job 0
+            return n
+        return prepare
+
+    taken = []
+    overlapped(range(6), preparing(threading.Barrier(2, timeout=5)), lambda n, x: x,
+               lambda n, y: taken.append((n, y)), ahead=4, workers=2)
+    assert taken == [(n, n) for n in range(6)]
+    with pytest.raises(threading.BrokenBarrierError):  # one worker: never two at once
+        overlapped(range(2), preparing(threading.Barrier(2, timeout=0.3)), lambda n, x: x,
+                   lambda n, y: None, workers=1)
