@@ -96,31 +96,43 @@ PRETOKENIZE_MAX_BYTES = 2 * 2 ** 30  # a source whose token ids fit in this is e
 CHUNK = 1 << 15  # records encoded at a time when the source is pretokenized
 
 
+def pretokenized_pairs(source, inputs: Inputs, num_hard_negatives: int = 0
+                       ) -> dict[str, np.ndarray] | None:
+    """Every record of `source` encoded once, in bulk chunks of `CHUNK` (a document
+    repeated over a chunk is tokenized once, `Side.encode`): the arrays `ReadPairs`
+    gathers its batches from; None when they would take more than
+    `PRETOKENIZE_MAX_BYTES` (then each batch is encoded when it is read). It touches
+    nothing of jax: a run computes it in a thread while its model is built."""
+    row_bytes = 5 * (inputs.query.max_len + (1 + num_hard_negatives) * inputs.document.max_len)
+    if len(source) * row_bytes > PRETOKENIZE_MAX_BYTES:
+        return None
+    reader = ReadPairs(source, inputs, num_hard_negatives, pretokenize=False)
+    parts = [reader.map_records(read_records(source, range(start, min(start + CHUNK,
+                                                                      len(source)))))
+             for start in range(0, len(source), CHUNK)]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
 class ReadPairs(grain.transforms.Map):
     """A batch of record indices -> `encode_pairs` of those records, and with
     `num_hard_negatives` k each record's mined negatives: n_ids, n_mask [batch, k,
     document max_len] and n_doc_ids [batch, k].
 
     With `pretokenize` (and a source whose encoded arrays take at most
-    `PRETOKENIZE_MAX_BYTES`), every record is encoded once, here, in bulk chunks, and a
-    batch is a gather of rows of those arrays: no record read and no Python string
-    work per batch. Otherwise records are read with one bulk `__getitems__` per batch
-    (array_record then fetches them together) and encoded then. Both give the same
-    arrays (`_encode` does either).
+    `PRETOKENIZE_MAX_BYTES`), every record is encoded once up front
+    (`pretokenized_pairs`; or `table`, those arrays computed before) and a batch is a
+    gather of rows of those arrays: no record read and no Python string work per batch.
+    Otherwise records are read with one bulk `__getitems__` per batch (array_record then
+    fetches them together) and encoded then. Both give the same arrays (`map_records`
+    does either).
     """
 
     def __init__(self, source, inputs: Inputs, num_hard_negatives: int = 0,
-                 pretokenize: bool = True):
+                 pretokenize: bool = True, table: dict[str, np.ndarray] | None = None):
         self._source, self._inputs, self._k = source, inputs, num_hard_negatives
-        row_bytes = 5 * (inputs.query.max_len + (1 + num_hard_negatives) * inputs.document.max_len)
-        self._table = None
-        if pretokenize and len(source) * row_bytes <= PRETOKENIZE_MAX_BYTES:
-            # Large chunks: a document repeated over the collection is tokenized once a
-            # chunk (`Side.encode`).
-            parts = [self._encode(read_records(source, range(start, min(start + CHUNK,
-                                                                        len(source)))))
-                     for start in range(0, len(source), CHUNK)]
-            self._table = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        self._table = table
+        if table is None and pretokenize:
+            self._table = pretokenized_pairs(source, inputs, num_hard_negatives)
 
     @property
     def pretokenized(self) -> bool:
@@ -129,9 +141,10 @@ class ReadPairs(grain.transforms.Map):
     def map(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         if self._table is not None:
             return {k: v[indices] for k, v in self._table.items()}
-        return self._encode(read_records(self._source, indices.tolist()))
+        return self.map_records(read_records(self._source, indices.tolist()))
 
-    def _encode(self, records: Sequence[dict]) -> dict[str, np.ndarray]:
+    def map_records(self, records: Sequence[dict]) -> dict[str, np.ndarray]:
+        """`encode_pairs` of the records, and their hard negatives."""
         out = encode_pairs(records, self._inputs)
         if self._k:
             negatives = [[t.decode("utf-8") for t in r.get("hard_negatives", ())[:self._k]]
@@ -223,9 +236,11 @@ def _iterate(ds: grain.MapDataset, worker_count: int, prefetch_batches: int
 def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
                    worker_count: int = 0, num_mixed_negatives: int = 0,
                    num_hard_negatives: int = 0, prefetch_batches: int = 4,
-                   pretokenize: bool = True) -> grain.DatasetIterator:
+                   pretokenize: bool = True, table: dict[str, np.ndarray] | None = None
+                   ) -> grain.DatasetIterator:
     """An endless iterator of this process's share of each global training batch (its
-    pairs encoded once up front with `pretokenize`, see `ReadPairs`).
+    pairs encoded once up front with `pretokenize`, or given so encoded as `table`:
+    `pretokenized_pairs`; see `ReadPairs`).
 
     Every epoch is reshuffled (seeded, `shuffle.stream`); the last incomplete batch of an
     epoch does not exist because the data repeats before batching. Every process orders
@@ -245,7 +260,7 @@ def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
     local, n = global_batch_size // n_proc, len(source)
     batches = grain.MapDataset.range(2 ** 62 // global_batch_size)
     ds = batches.map(lambda b: shuffle.stream(b * global_batch_size + i * local, local, n, seed))
-    reader = ReadPairs(source, inputs, num_hard_negatives, pretokenize)
+    reader = ReadPairs(source, inputs, num_hard_negatives, pretokenize, table)
     ds = ds.map(reader)
     if num_mixed_negatives:
         u = num_mixed_negatives // n_proc

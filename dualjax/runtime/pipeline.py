@@ -29,13 +29,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import jax
 
 HOST_WORKERS = 2  # threads preparing jobs (see above)
 AHEAD = 4  # jobs prepared in advance
 
+T = TypeVar("T")
 J = TypeVar("J")  # a job: what to encode (row indices, a device)
 P = TypeVar("P")  # a job prepared by the host (token ids, masks)
 
@@ -172,3 +173,31 @@ def prefetched(items: Iterable[J], depth: int = 1) -> Iterator[J]:
 
 
 _END = object()
+
+
+class Background(Generic[T]):
+    """`fn()` run in a thread from now on: `result()` waits for it and returns its value,
+    or raises its error there, in the caller's thread. The thread is a daemon: a run that
+    fails before asking for the result does not wait for it to end. (A run tokenizes its
+    training pairs this way while its model is built and compiled.)"""
+
+    def __init__(self, fn: Callable[[], T], name: str):
+        self._done = threading.Event()
+        self._value: list[T] = []
+        self._error: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                self._value.append(fn())
+            except BaseException as e:  # raised by result(), where it is asked for
+                self._error.append(e)
+            finally:
+                self._done.set()
+
+        threading.Thread(target=work, name=name, daemon=True).start()
+
+    def result(self) -> T:
+        self._done.wait()
+        if self._error:
+            raise self._error[0]
+        return self._value[0]

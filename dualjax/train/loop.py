@@ -35,6 +35,7 @@ from dualjax.eval import evaluators as evaluators_lib
 from dualjax.eval.metrics_log import MetricsLog
 from dualjax.objectives import optimizer
 from dualjax.runtime import malloc, processes, sharding
+from dualjax.runtime.pipeline import Background
 from dualjax.runtime.signals import Signals
 from dualjax.text import sides
 from dualjax.train import (
@@ -154,9 +155,13 @@ def _train_and_evaluate(spec: RunSpec, workdir: str, mesh, hooks: Sequence[Hook]
                                                         rebuilt))
     spec = capped_steps(spec, tasks)
     s = spec.schedule
+    # The training pairs are tokenized while the model is built and its start loaded
+    # (the tokenizer works in its own threads, XLA compiles in its own).
+    tables = Background(functools.partial(_tokenized_pairs, tasks, prepared[1])
+                        if s.num_train_steps else dict, "tokenize pairs")
     run, progress = _build(spec, workdir, mesh, log, signals, tasks, *prepared)
     if s.num_train_steps:
-        progress.data_iters = _training_data(run)
+        progress.data_iters = _training_data(run, tables.result())
     _restore(run, progress)
     selection = Selection(spec.eval.select_by, s.early_stopping * s.eval_every_steps,
                           s.num_train_steps, workdir, run.system)
@@ -292,15 +297,29 @@ def _build(spec: RunSpec, workdir, mesh, log, signals, tasks, splits, inputs, or
     return run, Progress(state, step_with(spec.objective.encode_chunks))
 
 
-def _training_data(run: Run) -> list:
-    """Each task's iterator of this process's share of the training batches (data.tasks
-    "pseudo": its pairs labelled by the start first; "distill": its candidates scored by
-    the teacher first)."""
+def _tokenized_pairs(tasks: Sequence[tasks_lib.Task], inputs: sides.Inputs
+                     ) -> dict[str, dict[str, np.ndarray] | None]:
+    """Each task's training pairs encoded once, by task name (`Task.pretokenized_pairs`;
+    None where a batch is encoded as it is read)."""
+    start, out = time.perf_counter(), {}
+    for t in tasks:
+        out[t.name] = t.pretokenized_pairs(inputs)
+        if out[t.name] is not None:
+            logging.info("%stokenized %d training pairs in %.1f s", f"Task {t.name}: "
+                         if t.name else "", len(t.train_source), time.perf_counter() - start)
+    return out
+
+
+def _training_data(run: Run, tables: dict[str, dict[str, np.ndarray] | None]) -> list:
+    """Each task's iterator of this process's share of the training batches (`tables`:
+    its pairs tokenized already, `_tokenized_pairs`; data.tasks "pseudo": its pairs
+    labelled by the start first; "distill": its candidates scored by the teacher
+    first)."""
     spec, s = run.spec, run.spec.schedule
     model_data.prepare(spec, run.tasks, run.workdir, run.inputs, run.mesh, run.encoders,
                        run.first_params)
     iters = [t.train_iterator(run.inputs, s.global_batch_size, s.seed + i,
-                              spec.num_mixed_negatives)
+                              spec.num_mixed_negatives, tables.get(t.name))
              for i, t in enumerate(run.tasks)]
     for t in run.tasks:
         logging.info("%s%s; global batch %d over %d devices of the data axis",

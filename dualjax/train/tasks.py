@@ -118,16 +118,27 @@ class Task:
             return iter(())
         return pipeline.pair_fields(self.train_source)
 
+    def pretokenized_pairs(self, inputs: sides.Inputs) -> dict[str, np.ndarray] | None:
+        """Its training pairs encoded once (`pipeline.pretokenized_pairs`; None for a
+        generated collection, or pairs too many to hold encoded)."""
+        if self.pretraining:
+            return None
+        return pipeline.pretokenized_pairs(self.train_source, inputs,
+                                           self.data["hard_negatives"])
+
     def train_iterator(self, inputs: sides.Inputs, global_batch_size: int, seed: int,
-                       num_mixed_negatives: int = 0):
-        """An endless iterator of this process's share of each global training batch."""
+                       num_mixed_negatives: int = 0,
+                       table: dict[str, np.ndarray] | None = None):
+        """An endless iterator of this process's share of each global training batch
+        (`table`: its pairs already encoded, `pretokenized_pairs`)."""
         d = self.data
         if self.pretraining:
             return pipeline.generated_iterator(self.train_source, inputs, global_batch_size,
                                                d["worker_count"], d["prefetch_batches"])
         return pipeline.train_iterator(self.train_source, inputs, global_batch_size, seed,
                                        d["worker_count"], num_mixed_negatives,
-                                       d["hard_negatives"], d["prefetch_batches"])
+                                       d["hard_negatives"], d["prefetch_batches"],
+                                       table=table)
 
     def describe_training(self, global_batch_size: int) -> str:
         """How many training pairs (or what generates them), for the log; warns when a

@@ -209,6 +209,7 @@ def train(args, name: str, folder: str, pairs: str, accelerator: bool,
     for line in proc.stdout:
         lines.append(line)
         now = time.perf_counter() - start
+        # the pairs tokenized (beside the model's build), or a generated collection read
         if "training pairs" in line or "generated from" in line:
             marks.setdefault("data_ready_s", now)
         if re.search(r"step 1/\d+:", line):

@@ -100,3 +100,14 @@ def test_two_workers_prepare_at_once_and_results_keep_the_job_order():
     with pytest.raises(threading.BrokenBarrierError):  # one worker: never two at once
         overlapped(range(2), preparing(threading.Barrier(2, timeout=0.3)), lambda n, x: x,
                    lambda n, y: None, workers=1)
+
+
+def test_background_work_gives_its_value_or_its_error_to_the_caller():
+    from dualjax.runtime.pipeline import Background
+    assert Background(lambda: 42, "answer").result() == 42
+
+    def fails():
+        raise ValueError("data.path: line 3 is bad")
+
+    with pytest.raises(ValueError, match="line 3 is bad"):
+        Background(fails, "fails").result()
