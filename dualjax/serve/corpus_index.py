@@ -66,7 +66,10 @@ class ShardWriter:
 
     def add(self, ids: Sequence[str], texts: Sequence[str], vectors: np.ndarray) -> None:
         """Appends documents (ids, texts) and their vectors [len(ids), dim], in index order."""
-        lines = [(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n").encode()
+        # json.dumps({"id": i, "text": t}, ensure_ascii=False) to the byte, with json's C
+        # string encoder called directly: a third of the time of a line
+        quoted = json.encoder.encode_basestring
+        lines = [f'{{"id": {quoted(i)}, "text": {quoted(t)}}}\n'.encode()
                  for i, t in zip(ids, texts, strict=True)]
         self._lines.writelines(lines)
         ends = np.cumsum([len(line) for line in lines], dtype=np.int64)

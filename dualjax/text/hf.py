@@ -13,6 +13,9 @@ special token already (a decoder embedder's end-of-text token, whose state is th
 text's vector), within max_len: the text is cut one shorter to leave it room, as
 e5-mistral and gte-Qwen2 append it.
 
+Of a long text only its head is tokenized where that gives the same ids (`heads`: most
+tokenizers split words at spaces; BENCHMARKS.md, "Corpus encoding, static tower").
+
 Saved as JSON {"type": "hf", "tokenizer": <the tokenizers JSON>, "lowercase",
 "add_special_tokens", "drop_unknown", "end_token", "version"}, so a workdir and a bundle
 carry it whole.
@@ -28,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from dualjax.text import heads
 from dualjax.text.words import FORMAT_VERSION, check_header, read_tokenizer_json, write_json
 
 TYPE = "hf"
@@ -85,6 +89,7 @@ class HFTokenizer:
         unk = model.get("unk_token")
         self.unknown_id = tok.token_to_id(unk) if isinstance(unk, str) else None
         self._by_length: dict[int, Any] = {}  # max_len -> a copy that truncates there
+        self._heads = heads.cuts_exactly(spec)  # a long text's head alone is tokenized
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **settings: bool) -> HFTokenizer:
@@ -95,6 +100,12 @@ class HFTokenizer:
         except Exception as e:  # the Rust side's errors are plain Exceptions
             raise ValueError(f"{os.fspath(path)}: not a tokenizers JSON this library reads: "
                              f"{e}") from None
+
+    @property
+    def reads_heads(self) -> bool:
+        """Whether a long text's head alone is tokenized (`text/heads.py`): its length
+        then costs nothing."""
+        return self._heads
 
     @property
     def vocab_size(self) -> int:
@@ -140,8 +151,19 @@ class HFTokenizer:
         # threads: per text in Python, that was a third of the time of a batch. The fast
         # form leaves out the character offsets, which nothing here reads (BENCHMARKS.md,
         # "Corpus encoding, static tower").
-        encodings = self._truncating(room).encode_batch_fast(
-            texts, add_special_tokens=self.add_special_tokens)
+        tok = self._truncating(room)
+        if not self._heads:
+            encodings = tok.encode_batch_fast(texts, add_special_tokens=self.add_special_tokens)
+        else:  # each text's head (`heads`); whole where a head gives too few tokens
+            cut = [heads.head(t, room * heads.CHARS_PER_TOKEN) for t in texts]
+            encodings = tok.encode_batch_fast(cut, add_special_tokens=self.add_special_tokens)
+            short = [i for i, (t, c, e) in enumerate(zip(texts, cut, encodings, strict=True))
+                     if c is not t and len(e) < room]
+            if short:
+                again = tok.encode_batch_fast([texts[i] for i in short],
+                                              add_special_tokens=self.add_special_tokens)
+                for i, e in zip(short, again, strict=True):
+                    encodings[i] = e
         lists = [e.ids for e in encodings]
         if self.drop_unknown and self.unknown_id is not None:
             lists = [[i for i in ids if i != self.unknown_id] for ids in lists]

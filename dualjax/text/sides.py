@@ -57,7 +57,8 @@ class Side:
         """{"ids", "mask"} [n, max_len] (truncated, padded), plus "cats" [n, num_fields]
         when the side has categorical fields (all missing when `fields` is None)."""
         texts = list(texts)
-        _warn_if_long(texts, self.max_len)
+        if not getattr(self.tokenizer, "reads_heads", False):  # (`text/heads.py`)
+            _warn_if_long(texts, self.max_len)
         # Each distinct text tokenized once (a collection's documents come back with each
         # of their queries: SQuAD's pairs hold 2 k paragraphs 42 k times).
         first: dict[str, int] = {}

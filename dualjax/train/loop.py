@@ -157,8 +157,8 @@ def _train_and_evaluate(spec: RunSpec, workdir: str, mesh, hooks: Sequence[Hook]
     s = spec.schedule
     # The training pairs are tokenized while the model is built and its start loaded
     # (the tokenizer works in its own threads, XLA compiles in its own).
-    tables = Background(functools.partial(_tokenized_pairs, tasks, prepared[1])
-                        if s.num_train_steps else dict, "tokenize pairs")
+    tables = Background(functools.partial(_tokenized_pairs, tasks if s.num_train_steps
+                                          else (), prepared[1]), "tokenize pairs")
     run, progress = _build(spec, workdir, mesh, log, signals, tasks, *prepared)
     if s.num_train_steps:
         progress.data_iters = _training_data(run, tables.result())
