@@ -18,7 +18,8 @@ at a space is known:
   beside it (Punctuation, Digits);
 - or none, for a BPE model none of whose merges joins a piece ending in a letter with
   one starting at the space's mark (sentencepiece's BPE as Llama and WordLlama ship it:
-  the normalizer writes a space as "▁");
+  the normalizer writes a space as "▁"), with that mark in its vocabulary and no
+  end-of-word suffix, subword prefix or `ignore_merges`;
 - no added token holding a space, no BPE dropout.
 Anything else is tokenized whole, as before.
 """
@@ -89,7 +90,11 @@ def cuts_exactly(spec: dict[str, Any]) -> bool:
                     or p.get("type") == "ByteLevel" and p.get("use_regex", True))
         return any(splits(p) for p in pre) and all(
             splits(p) or p.get("type") in _SPLITS_FURTHER for p in pre)
-    if model.get("type") != "BPE":
+    # one "word", the whole text: its end must not mark its last piece, a merge must
+    # not jump over a whole-text lookup, and the space's mark must be a piece of its own
+    if (model.get("type") != "BPE" or model.get("ignore_merges")
+            or model.get("end_of_word_suffix") or model.get("continuing_subword_prefix")
+            or mark not in model.get("vocab", {})):
         return False
     for merge in model.get("merges", []):
         left, right = merge.split(" ", 1) if isinstance(merge, str) else merge

@@ -75,6 +75,10 @@ def test_a_sentencepiece_bpe_is_cut_unless_a_merge_joins_across_a_space():
         np.testing.assert_array_equal(ids, want)
     joining = sentencepiece_bpe(extra_merges=(("d", "▁"),))  # "…d" + "▁…": across
     assert not heads.cuts_exactly(joining)
+    spec = sentencepiece_bpe()
+    for key, value in (("end_of_word_suffix", "</w>"), ("ignore_merges", True),
+                       ("dropout", 0.1)):  # the whole text is one "word" to it
+        assert not heads.cuts_exactly({**spec, "model": {**spec["model"], key: value}})
 
 
 def test_a_head_with_too_few_tokens_is_tokenized_whole(monkeypatch):
