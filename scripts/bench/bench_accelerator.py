@@ -468,8 +468,9 @@ def table(results: dict) -> str:
         row(f"encode {e['docs']} documents (docs/s)", e["docs_per_s"],
             peer_.get("encode_docs_per_s"))
         p = e["profile"]
-        lines.append(f"| encode: host preparing, dispatch, storing, waiting for host / device "
-                     f"(s) | {p.get('prepare')}, {p.get('dispatch')}, {p.get('store')}, "
+        lines.append(f"| encode: host preparing (its threads summed), dispatch, storing, "
+                     f"waiting for host / device (s) | {p.get('prepare')}, "
+                     f"{p.get('dispatch')}, {p.get('store')}, "
                      f"{p.get('wait_host')} / {p.get('wait_device')} | | |")
     s = results.get("static")
     if s and not s.get("exit"):
