@@ -147,3 +147,40 @@ def test_query_clusters_limit_queries_not_candidates():
     assert task.queries == ["b1", "b2", "b3"]
     assert task.relevant == [frozenset({3, 4}), frozenset({2, 4}), frozenset({2, 3})]
     assert task.query_corpus_index.tolist() == [2, 3, 4]
+
+
+# --- retrieval tasks from a hand-made pair graph ---------------------------------------------
+
+def test_cluster_tasks_from_a_pair_graph_split_and_all_candidates():
+    # Pairs: a~b, b~c (transitive: {a, b, c}), d~e, f~g, h~i; and one train pair x~y.
+    pairs = [("a", "b"), ("b", "c"), ("d", "e"), ("f", "g"), ("h", "i"), ("x", "y")]
+    cluster_of = clusters.cluster_pairs(pairs)
+    assert cluster_of["a"] == cluster_of["b"] == cluster_of["c"] != cluster_of["d"]
+    split = {"a": "test", "d": "test", "f": "val", "h": "val", "x": "train"}
+    root = {t: next(r for r in split if cluster_of[r] == cluster_of[t]) for t in cluster_of}
+    items = [(t, cluster_of[t], split[root[t]]) for t in cluster_of] + [("z", 99, "test")]
+
+    by_split = clusters.cluster_tasks(items, "split")
+    test = by_split["test"]
+    assert test.corpus == ["a", "b", "c", "d", "e", "z"]  # z: a singleton distractor
+    assert test.queries == ["a", "b", "c", "d", "e"]
+    rel = {q: {test.corpus[j] for j in r} for q, r in zip(test.queries, test.relevant, strict=True)}
+    assert rel == {"a": {"b", "c"}, "b": {"a", "c"}, "c": {"a", "b"}, "d": {"e"}, "e": {"d"}}
+    assert [test.corpus[i] for i in test.query_corpus_index] == test.queries
+    assert by_split["val"].corpus == ["f", "g", "h", "i"]
+
+    everything = clusters.cluster_tasks(items, "all")["test"]
+    assert sorted(everything.corpus) == sorted(cluster_of) + ["z"]  # train and val too
+    assert everything.queries == ["a", "b", "c", "d", "e"]
+    rel_all = {q: {everything.corpus[j] for j in r}
+               for q, r in zip(everything.queries, everything.relevant, strict=True)}
+    assert rel_all == rel
+
+
+def test_incoherent_clusters_are_dropped():
+    items = [("how to cook rice", 0, "test"), ("how to cook rice fast", 0, "test"),
+             ("what is love", 1, "test"), ("best pizza in town", 1, "test")]
+    # Cluster 0: {how to cook rice} and {how to cook rice fast}: 4/5 and 5/5 -> 0.9.
+    # Cluster 1: 3 and 4 words, disjoint: 3/7 and 4/7 -> 0.5.
+    assert clusters.drop_incoherent(items, 0.6) == {1}
+    assert clusters.drop_incoherent(items, 0.0) == set()
