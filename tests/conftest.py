@@ -71,6 +71,29 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
 
 
+SYNTHETIC_SEED = 0  # the seed of the synthetic tables below
+
+
+@pytest.fixture(scope="module")
+def tiny_data():
+    """The tiny config's data group (synthetic paraphrases)."""
+    return load_config("tiny").data
+
+
+@pytest.fixture(scope="module")
+def synthetic_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tfds_synthetic"))
+
+
+@pytest.fixture(scope="module")
+def train_src(tiny_data, synthetic_dir):
+    """The tiny synthetic data's pairs table, written once a module (the builders' and the
+    pipeline's tests read it)."""
+    from dualjax.config.specs import dataset_spec
+    from dualjax.data import builders
+    return builders.train_source(dataset_spec(tiny_data, SYNTHETIC_SEED), synthetic_dir)
+
+
 @pytest.fixture(scope="session")
 def trained_tiny(tmp_path_factory):
     """A workdir of the tiny config trained to the end (no untrained or baseline rows),

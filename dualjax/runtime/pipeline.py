@@ -16,6 +16,7 @@ Python's part; with two, one worker's Python part runs beside the other's tokeni
 call. Preparing several jobs ahead also keeps the host at work while the device's
 program for a new length bucket compiles (BENCHMARKS.md, "Corpus encoding, static
 tower").
+
 Every corpus encoding goes through it: evaluation, `dualjax.index`, the bundle's
 `Encoder`, the teacher's pass and the pseudo-labels.
 """

@@ -155,10 +155,9 @@ def _train_and_evaluate(spec: RunSpec, workdir: str, mesh, hooks: Sequence[Hook]
                                                         rebuilt))
     spec = capped_steps(spec, tasks)
     s = spec.schedule
-    # The training pairs are tokenized while the model is built and its start loaded
-    # (the tokenizer works in its own threads, XLA compiles in its own).
-    tables = Background(functools.partial(_tokenized_pairs, tasks if s.num_train_steps
-                                          else (), prepared[1]), "tokenize pairs")
+    pairs = tasks if s.num_train_steps else ()  # tokenized while the model is built
+    tables = Background(functools.partial(tasks_lib.tokenized_pairs, pairs, prepared[1]),
+                        "tokenize pairs")
     run, progress = _build(spec, workdir, mesh, log, signals, tasks, *prepared)
     if s.num_train_steps:
         progress.data_iters = _training_data(run, tables.result())
@@ -297,22 +296,9 @@ def _build(spec: RunSpec, workdir, mesh, log, signals, tasks, splits, inputs, or
     return run, Progress(state, step_with(spec.objective.encode_chunks))
 
 
-def _tokenized_pairs(tasks: Sequence[tasks_lib.Task], inputs: sides.Inputs
-                     ) -> dict[str, dict[str, np.ndarray] | None]:
-    """Each task's training pairs encoded once, by task name (`Task.pretokenized_pairs`;
-    None where a batch is encoded as it is read)."""
-    start, out = time.perf_counter(), {}
-    for t in tasks:
-        out[t.name] = t.pretokenized_pairs(inputs)
-        if out[t.name] is not None:
-            logging.info("%stokenized %d training pairs in %.1f s", f"Task {t.name}: "
-                         if t.name else "", len(t.train_source), time.perf_counter() - start)
-    return out
-
-
 def _training_data(run: Run, tables: dict[str, dict[str, np.ndarray] | None]) -> list:
     """Each task's iterator of this process's share of the training batches (`tables`:
-    its pairs tokenized already, `_tokenized_pairs`; data.tasks "pseudo": its pairs
+    its pairs tokenized already, `tasks.tokenized_pairs`; data.tasks "pseudo": its pairs
     labelled by the start first; "distill": its candidates scored by the teacher
     first)."""
     spec, s = run.spec, run.spec.schedule

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import itertools
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -201,6 +202,20 @@ def _files_at(path: str) -> list[str]:
     return ([os.path.join(path, n) for n in ("corpus.jsonl", "queries.jsonl")
              if os.path.isfile(os.path.join(path, n))]
             + sorted(os.path.join(qrels, n) for n in judged if n.endswith(".tsv")))
+
+
+def tokenized_pairs(tasks: Sequence[Task], inputs: sides.Inputs
+                    ) -> dict[str, dict[str, np.ndarray] | None]:
+    """Each task's training pairs encoded once, by task name (`Task.pretokenized_pairs`;
+    None where a batch is encoded as it is read). A run computes it in a thread while
+    its model is built."""
+    start, out = time.perf_counter(), {}
+    for t in tasks:
+        out[t.name] = t.pretokenized_pairs(inputs)
+        if out[t.name] is not None:
+            logging.info("%stokenized %d training pairs in %.1f s", f"Task {t.name}: "
+                         if t.name else "", len(t.train_source), time.perf_counter() - start)
+    return out
 
 
 def make_tasks(tasks: Sequence[TaskSpec], seed: int) -> list[Task]:

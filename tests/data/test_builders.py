@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import load_config
+from conftest import SYNTHETIC_SEED, load_config
 
 from dualjax.config.specs import dataset_spec as spec
 from dualjax.data import builders, synthetic
@@ -16,28 +16,13 @@ from dualjax.text.words import normalize
 
 VERSION = str(builders._RetrievalBuilder.VERSION)
 
-SEED = 0
+SEED = SYNTHETIC_SEED  # the seed of the `train_src` tables (conftest.py)
 
 
 def _generate(data_cfg, seed=SEED):
     return synthetic.generate(seed=seed, num_train_clusters=data_cfg.num_train_clusters,
                               num_val_clusters=data_cfg.num_val_clusters,
                               num_test_clusters=data_cfg.num_test_clusters)
-
-
-@pytest.fixture(scope="module")
-def tiny_data():
-    return load_config("tiny").data
-
-
-@pytest.fixture(scope="module")
-def synthetic_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("tfds_synthetic"))
-
-
-@pytest.fixture(scope="module")
-def train_src(tiny_data, synthetic_dir):
-    return builders.train_source(spec(tiny_data, SEED), synthetic_dir)
 
 
 # --- synthetic_paraphrase ----------------------------------------------------------------

@@ -5,31 +5,15 @@ import os
 
 import numpy as np
 import pytest
-from conftest import load_config
+from conftest import SYNTHETIC_SEED
 
-from dualjax.config.specs import dataset_spec as spec
-from dualjax.data import builders, pipeline
+from dualjax.data import pipeline
 from dualjax.text import features as feature_lib
 from dualjax.text.features import SideFeatures
 from dualjax.text.sides import Inputs, Side
 from dualjax.text.words import WordTokenizer, build_word_tokenizer
 
-SEED = 0
-
-
-@pytest.fixture(scope="module")
-def tiny_data():
-    return load_config("tiny").data
-
-
-@pytest.fixture(scope="module")
-def synthetic_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("tfds_synthetic"))
-
-
-@pytest.fixture(scope="module")
-def train_src(tiny_data, synthetic_dir):
-    return builders.train_source(spec(tiny_data, SEED), synthetic_dir)
+SEED = SYNTHETIC_SEED  # the seed of the `train_src` tables (conftest.py)
 
 
 # --- pipeline.train_iterator ---------------------------------------------------------------
