@@ -34,11 +34,8 @@ from ml_collections import config_flags
 
 from dualjax import cli
 from dualjax.config import keys as config_keys
-from dualjax.config import run as run_spec
 from dualjax.errors import DualjaxError, Preempted
-from dualjax.eval.metrics_log import setup_logging
 from dualjax.runtime.files import DISK_ERRNOS
-from dualjax.train import loop as train
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, as a process killed by it (also after SIGINT)
 
@@ -70,6 +67,11 @@ def main(argv: list[str]) -> None:
     if not _WORKDIR.value:
         raise app.UsageError("--workdir is required (a directory for checkpoints, metrics "
                              "and artifacts)")
+    # The run's imports (jax, TFDS, Orbax: seconds) after the flags are parsed, so a
+    # mistyped flag or config file is refused at once.
+    from dualjax.config import run as run_spec
+    from dualjax.eval.metrics_log import setup_logging
+    from dualjax.train import loop as train
     setup_logging()
     sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
     try:
