@@ -2,13 +2,13 @@
 
 `train_and_evaluate(spec, workdir)` runs (`spec`: the run resolved once,
 `config.run.resolve`): workdir and mesh → `_prepare_input` (tables,
-vocabularies, the pretrained start) → `_build` (model, optimizer, sharded state, update
-step: a frozen `Run` and its `Progress`, what moves as it trains) → `_training_data`
-(`model_data`: what a model labels or scores first) → `_restore` (the latest checkpoint)
-→ evaluators (built from its EvalSpec, `evaluators.py`; `selection.py`: eval.select_by
-and early stopping) → `_train_loop` (train rows, val evaluations, checkpoints,
-preemption) → `_final_evaluation` (`evaluation.py`). Everything it writes goes under
-`workdir`.
+vocabularies, the pretrained start) → `_build` (model, optimizer, the state's shapes and
+shardings, update step: a frozen `Run` and its `Progress`, what moves as it trains) →
+`_training_data` (`model_data`: what a model labels or scores first) → `_restore` (the
+latest checkpoint, else the first state: the start's towers, the rest initialised) →
+evaluators (built from its EvalSpec, `evaluators.py`; `selection.py`: eval.select_by and
+early stopping) → `_train_loop` (train rows, val evaluations, checkpoints, preemption) →
+`_final_evaluation` (`evaluation.py`). Everything it writes goes under `workdir`.
 """
 
 from __future__ import annotations
@@ -101,8 +101,9 @@ class Run:
     splits: dict[str, tuple[str, ...]]       # each task's evaluation splits
     inputs: sides.Inputs
     origin: pretrained.Pretrained | None     # model.pretrained's start
-    init_state: Callable[[int], step_lib.State]  # seed -> the state, sharded (jitted)
+    init_state: Callable[..., step_lib.State]  # (seed, given) -> the state, sharded (jitted)
     state_sharding: Any
+    abstract: step_lib.State                 # the state's shapes, dtypes and shardings
     step_with: Callable[[int], step_lib.TrainStep]  # the step of K GradCache chunks
     encoders: tuple[Callable, Callable]      # (params, inputs) -> unit vectors, per side
     host_rows: Callable[[dict], dict] = dict  # lazy updates: lazy_rows.BatchRows
@@ -112,12 +113,18 @@ class Run:
         """The trained model's rows: "dual_encoder" or "pses"."""
         return self.spec.system
 
+    def first_state(self) -> step_lib.State:
+        """The state a run without a checkpoint starts from: its seed's initialisation
+        with the start's towers (init_from's or model.pretrained's) in place of theirs,
+        which are then never initialised at random (`step.make_init_state`)."""
+        tree = warm_start.start_tree(self.spec.start.init_from, self.spec.as_dict("model"),
+                                     self.origin, self.abstract["params"])
+        return self.init_state(self.spec.schedule.seed,
+                               warm_start.given(tree, self.state_sharding["params"]))
+
     def first_params(self) -> dict:
         """The towers the run starts from (init_from's, model.pretrained's or random)."""
-        init = self.init_state(self.spec.schedule.seed)["params"]  # (the program `_build`
-        # compiled, not another)
-        return warm_start.start_params(self.spec.start.init_from, self.spec.as_dict("model"),
-                                       self.origin, init, sharding.replicated(self.mesh))
+        return self.first_state()["params"]
 
     def systems_of(self, systems: dict[str, Any]) -> evaluators_lib.Systems:
         """name -> params  to  name -> (encode_queries, encode_documents) with those params."""
@@ -128,9 +135,10 @@ class Run:
 
 @dataclasses.dataclass
 class Progress:
-    """What moves as a run trains: the train state, the step function (`memory_plan` may
-    choose another before the first step), each task's data iterator, the checkpointer
-    (`_restore` opens it) and the step last saved."""
+    """What moves as a run trains: the train state (its `Run.abstract` until `_restore`
+    reads or makes it), the step function (`memory_plan` may choose another before the
+    first step), each task's data iterator, the checkpointer (`_restore` opens it) and
+    the step last saved."""
     state: step_lib.State
     train_step: step_lib.TrainStep
     data_iters: list = dataclasses.field(default_factory=list)  # one per task
@@ -262,7 +270,8 @@ def _prepare_input(spec: RunSpec, workdir: str,
 
 def _build(spec: RunSpec, workdir, mesh, log, signals, tasks, splits, inputs, origin
            ) -> tuple[Run, Progress]:
-    """The model, the optimizer, the sharded state at its initialisation and the step."""
+    """The model, the optimizer, the train state's shapes and shardings, how to make its
+    first state, and the step."""
     model = models.make_model(spec.model, inputs.query.tokenizer.vocab_size,
                               inputs.feature_sizes(), num_tasks=len(tasks),
                               architecture=origin.architecture if origin else None)
@@ -271,14 +280,19 @@ def _build(spec: RunSpec, workdir, mesh, log, signals, tasks, splits, inputs, or
     tx, schedule = optimizer.make_optimizer(spec.optimizer, spec.schedule.num_train_steps)
     tx = objectives.restrict(tx, objective)  # params the objective keeps fixed get no update
     init_state = step_lib.make_init_state(objective, tx, spec.log_q_buckets)
+    shapes = jax.eval_shape(init_state, seed)
     try:  # a model axis that does not divide the towers' heads: named in one line
         state_sharding = sharding.state_shardings(
-            jax.eval_shape(init_state, seed), mesh, spec.mesh.param_sharding,
+            shapes, mesh, spec.mesh.param_sharding,
             models.logical_axes(model, spec.inputs.max_lens))
     except ValueError as e:
         raise ConfigError(f"config.{e}") from None
-    init_state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding)
-    state = init_state(seed)
+    # Nothing is computed yet: `_restore` reads the checkpoint into `abstract`, or makes
+    # the first state (`Run.first_state`), the given start's weights donated to it.
+    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            shapes, state_sharding)
+    init_state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding,
+                         donate_argnums=1)
     table_updates = spec.optimizer.table_updates
 
     def step_with(chunks: int) -> step_lib.TrainStep:  # (train.encode_chunks=-1 chooses)
@@ -290,10 +304,12 @@ def _build(spec: RunSpec, workdir, mesh, log, signals, tasks, splits, inputs, or
     host_rows: Callable[[dict], dict] = dict
     if table_updates == "lazy" and jax.process_count() == 1:  # else the step finds the rows
         assert objective.tables is not None, "validated: lazy updates need token tables"
-        host_rows = lazy_rows.BatchRows(objective.tables(state["params"]), state["params"])
+        host_rows = lazy_rows.BatchRows(objective.tables(abstract["params"]),
+                                        abstract["params"])
     run = Run(spec, workdir, mesh, log, signals, tuple(tasks), splits, inputs, origin,
-              init_state, state_sharding, step_with, models.make_encoders(model), host_rows)
-    return run, Progress(state, step_with(spec.objective.encode_chunks))
+              init_state, state_sharding, abstract, step_with, models.make_encoders(model),
+              host_rows)
+    return run, Progress(abstract, step_with(spec.objective.encode_chunks))
 
 
 def _training_data(run: Run, tables: dict[str, dict[str, np.ndarray] | None]) -> list:
@@ -323,8 +339,7 @@ def _restore(run: Run, progress: Progress) -> None:
                                                     run.spec.schedule.keep_checkpoints)
     last = progress.last_saved = ckpt.latest_step()
     if last is not None:
-        progress.state, saved_data = ckpt.restore(last,
-                                                  checkpoints.abstract_like(progress.state))
+        progress.state, saved_data = ckpt.restore(last, run.abstract)
         for t, it in zip(run.tasks, progress.data_iters, strict=True):
             it.set_state(saved_data if len(run.tasks) == 1 else saved_data[t.name])
         logging.info("Resumed from %s at step %d", os.path.join(run.workdir, "checkpoints"),
@@ -335,9 +350,7 @@ def _restore(run: Run, progress: Progress) -> None:
                             "%d steps needs a new --workdir)", steps, last, last, steps)
         run.signals.stage = f"before training; the checkpoint of step {last} is kept"
     else:
-        progress.state["params"] = warm_start.start_params(
-            run.spec.start.init_from, run.spec.as_dict("model"), run.origin,
-            progress.state["params"], run.state_sharding["params"])
+        progress.state = run.first_state()
     run.log.truncate_after(last or 0)  # rows of steps this run will do (again)
     run.log.start_events((last or 0) + 1, json.dumps(
         run.spec.as_dict(), indent=2, default=str))

@@ -9,7 +9,7 @@ bench_scale.py) time the same step alone.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -27,13 +27,25 @@ State = dict[str, Any]  # {"params", "opt_state", "step", "rng"[, "critic", "fre
 
 # ----------------------------------------------------------------------------- state
 def make_init_state(objective: objectives.Objective, tx: optax.GradientTransformation,
-                    log_q_buckets: int = 0) -> Callable[[int], State]:
-    """seed -> the initial train state {"params", "opt_state", "step", "rng"}, plus
-    "critic" ({"params", "opt_state", "step"}) for an objective with a second player and
-    "frequency" (the streaming document-frequency estimate) when `log_q_buckets` > 0."""
+                    log_q_buckets: int = 0) -> Callable[..., State]:
+    """(seed, given) -> the initial train state {"params", "opt_state", "step", "rng"},
+    plus "critic" ({"params", "opt_state", "step"}) for an objective with a second player
+    and "frequency" (the streaming document-frequency estimate) when `log_q_buckets` > 0.
 
-    def init_state(seed: int) -> State:
+    `given` ({key path of a param (`jax.tree_util.keystr`): its array}, e.g. a
+    pretrained start's weights, `warm_start.given`) replaces those params' random
+    initialisation: jitted, the random values of those params are never computed (XLA
+    drops what no output reads), so a start's weights cost no initialisation and no
+    second copy of the towers."""
+
+    def init_state(seed: int, given: Mapping[str, jax.Array] | None = None) -> State:
         params = objective.init(jax.random.PRNGKey(seed))
+        if given:
+            paths = {jax.tree_util.keystr(p) for p, _ in
+                     jax.tree_util.tree_leaves_with_path(params)}
+            assert paths >= set(given), f"not params: {sorted(set(given) - paths)[:3]}"
+            params = jax.tree_util.tree_map_with_path(
+                lambda path, x: given.get(jax.tree_util.keystr(path), x), params)
         state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
                  "rng": jax.random.PRNGKey(seed + 1)}
         if objective.critic is not None:

@@ -106,11 +106,10 @@ def _shapes(tree: Any) -> dict[str, tuple]:
             for path, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def tower_params(init_from: str, params: dict, model: dict,
-                 sharding: jax.sharding.Sharding) -> dict:
-    """`params` (this run's initial parameters) with the towers of init_from's latest
-    checkpoint, placed with `sharding`; ConfigError if the towers differ (naming the
-    settings of `model`, this run's config.model, that differ from init_from's)."""
+def tower_params(init_from: str, params: dict, model: dict) -> dict:
+    """`params` (this run's initial parameters, or their shapes) with the towers of
+    init_from's latest checkpoint (host arrays); ConfigError if the towers differ (naming
+    the settings of `model`, this run's config.model, that differ from init_from's)."""
     try:
         step, saved = checkpoints.latest_params(init_from)
     except FileNotFoundError as e:
@@ -134,7 +133,7 @@ def tower_params(init_from: str, params: dict, model: dict,
             continue
         out[key] = value
     logging.info("init_from: towers of %s at step %d", init_from, step)
-    return jax.device_put(out, sharding)
+    return out
 
 
 def resolve_start(spec: StartSpec, workdir: str) -> pretrained.Pretrained | None:
@@ -207,13 +206,34 @@ def pretrained_params(start: pretrained.Pretrained, params: dict) -> dict:
     return out
 
 
+def start_tree(init_from: str, model: dict, start: pretrained.Pretrained | None,
+               params: dict) -> dict:
+    """`params` (the run's initialisation, or only its shapes: `jax.ShapeDtypeStruct`s)
+    with the start's weights in it as host arrays: `init_from`'s towers (`model`: this
+    run's config.model, plain, to name what differs), else the pretrained start's
+    weights, else `params` as they are."""
+    if init_from:
+        return tower_params(init_from, params, model)
+    if start is not None:
+        return pretrained_params(start, params)
+    return params
+
+
+def given(tree: dict, shardings: dict) -> dict[str, jax.Array]:
+    """The weights of a `start_tree` over shapes (its leaves that are arrays), by key
+    path, each placed with its param's sharding (`shardings`: the params' tree): what
+    `step.make_init_state`'s init puts in place of their random initialisation."""
+    where = {jax.tree_util.keystr(p): s
+             for p, s in jax.tree_util.tree_leaves_with_path(shardings)}
+    return {k: jax.device_put(x, where[k]) for k, x in (
+        (jax.tree_util.keystr(p), x) for p, x in jax.tree_util.tree_leaves_with_path(tree))
+        if not isinstance(x, jax.ShapeDtypeStruct)}
+
+
 def start_params(init_from: str, model: dict, start: pretrained.Pretrained | None,
                  params: dict, sharding: jax.sharding.Sharding) -> dict:
-    """The run's first parameters from its initialisation `params`: `init_from`'s towers
-    (`model`: this run's config.model, plain, to name what differs), else the pretrained
-    start's weights, else `params` as they are."""
-    if init_from:
-        return tower_params(init_from, params, model, sharding)
-    if start is not None:
-        return jax.device_put(pretrained_params(start, jax.device_get(params)), sharding)
-    return params
+    """`start_tree` over the initialisation `params`, placed with `sharding`."""
+    if not init_from and start is None:
+        return params
+    return jax.device_put(start_tree(init_from, model, start, jax.device_get(params)),
+                          sharding)

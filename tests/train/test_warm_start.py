@@ -75,8 +75,7 @@ def test_init_from_carries_the_same_similarity(pretrained):
     step, saved = checkpoints.latest_params(str(pretrained))
     fresh = dual_encoder.init_params(model, jax.random.key(1), 16)
     fresh["tower"] = jax.tree.map(np.zeros_like, saved["tower"])  # the saved vocabulary's size
-    got = warm_start.tower_params(str(pretrained), fresh, cfg.model,
-                                  jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    got = warm_start.tower_params(str(pretrained), fresh, cfg.model)
     assert step == 4
     np.testing.assert_array_equal(got["log_temperature"], saved["log_temperature"])
     jax.tree.map(np.testing.assert_array_equal, got["tower"], saved["tower"])
@@ -147,3 +146,35 @@ def test_an_init_from_saved_before_a_vocabulary_key_is_read_at_that_keys_old_val
     (tmp_path / "new").mkdir()
     warm_start.copy_vocabularies(str(old), str(tmp_path / "new"), {**model, "feature_dim": 32})
     assert (tmp_path / "new" / "vocab.json").exists()
+
+
+def test_given_weights_replace_their_random_initialisation_which_is_never_computed():
+    """`step.make_init_state`'s `given` (a start's weights): those params are the given
+    arrays, every other leaf of the state is what the plain initialisation makes, and the
+    compiled initialisation no longer draws the given params' random values."""
+    import optax
+
+    from dualjax import losses
+    from dualjax.objectives import in_batch
+    from dualjax.runtime import sharding
+    from dualjax.train import step as step_lib
+    cfg = tiny(**{"model.tower": "bow_mlp"})
+    mesh = sharding.make_mesh()
+    model = dual_encoder.make_model(model_spec(cfg.model), 300)
+    objective = in_batch.objective(model, losses.sharded("in_batch_softmax", mesh), 16)
+    init = jax.jit(step_lib.make_init_state(objective, optax.adam(1e-3)), static_argnums=0)
+    plain = init(3)
+    towers = {jax.tree_util.keystr(p): np.full(x.shape, 0.5, x.dtype) for p, x in
+              jax.tree_util.tree_leaves_with_path(plain["params"])
+              if p[0].key in ("query_tower", "doc_tower", "tower")}
+    assert towers
+    state = init(3, towers)
+    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(state),
+                            jax.tree.leaves(plain), strict=True):
+        given = towers.get(jax.tree_util.keystr(path[1:])) if path[0].key == "params" else None
+        np.testing.assert_array_equal(x, y if given is None else given,
+                                      err_msg=jax.tree_util.keystr(path))
+    # Threefry's rounds are xors: the towers' random values are what the plain
+    # initialisation spends them on, and nothing computes them when they are given.
+    xors = lambda *args: init.lower(*args).compile().as_text().count(" xor(")
+    assert xors(3, towers) < xors(3) / 4, (xors(3, towers), xors(3))
