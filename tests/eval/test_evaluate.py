@@ -33,32 +33,37 @@ TEXTS[4] = ""  # a text with no words: all-padding row
 def _masked_mean_encoder(vocab_size, dim=6, seed=0):
     """A jitted encode fn (mean of a fixed random embedding table over real tokens)."""
     table = jax.random.normal(jax.random.PRNGKey(seed), (vocab_size, dim))
-    calls = {"traces": 0}
+    calls = {"traces": 0, "rows": set()}
 
     @jax.jit
     def encode(x):
         ids, mask = x["ids"], x["mask"]
         calls["traces"] += 1
+        calls["rows"].add(ids.shape[0])
         m = mask.astype(jnp.float32)[..., None]
         return (table[ids] * m).sum(1) / jnp.maximum(m.sum(1), 1.0)
 
     return encode, calls
 
 
-@pytest.mark.parametrize("batch_size", [5, 8, 13, 64])
-def test_encode_texts_matches_one_direct_call(mesh, batch_size):
+# batch_size -> the rows its batches run as, on 8 devices: batches of 8 (8, 8, 5 texts:
+# the last padded to 8), of 16 (16, then 5 padded to 8, not 16); the 21 texts in one
+# batch run as 24 of 64 (three eighths of the batch) and as 32 of 512 (8 devices x 4).
+@pytest.mark.parametrize("batch_size,rows", [(5, {8}), (8, {8}), (13, {16, 8}), (64, {24}),
+                                             (512, {32})])
+def test_encode_texts_matches_one_direct_call(mesh, batch_size, rows):
     tok = build_word_tokenizer(TEXTS, vocab_size=10, num_oov_buckets=7)
     encode, calls = _masked_mean_encoder(tok.vocab_size)
     ids, mask = tok.encode(TEXTS, 12)
     expected = np.asarray(encode({"ids": ids, "mask": mask}))
-    calls["traces"] = 0
+    calls["traces"], calls["rows"] = 0, set()
 
     out = encoding.encode_texts(encode, TEXTS, Side(tok, 12), batch_size, mesh)
     assert out.shape == (len(TEXTS), 6)
     np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(out[4], 0.0)  # the empty text
-    # Every batch (the padded last one too) has the same shape: one compile.
-    assert calls["traces"] == 1
+    # One compile per shape: the full batches' and a short last batch's own.
+    assert calls["rows"] == rows and calls["traces"] == len(rows)
 
 
 @pytest.mark.slow
