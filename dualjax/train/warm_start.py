@@ -11,7 +11,10 @@ are left behind. Towers that do not match are refused, naming the settings that 
 A pretrained start is recorded in WORKDIR/pretrained.json (`resolve_start`; copied with
 the vocabularies by init_from) and its weights replace the towers' initial parameters
 (`pretrained_params`): a BERT's whole tower, a static table's token tables. Both kinds of
-start go through `start_params`, which the run also uses for its "start" evaluation row.
+start go through `start_tree`, over the state's shapes: the run's first state takes its
+weights (`given`) in place of their random initialisation (`step.make_init_state`), for
+training and for its "start" evaluation row; `start_params` places them over concrete
+params (an evaluation-only run's export, `trained.py`).
 """
 
 from __future__ import annotations
