@@ -39,13 +39,7 @@ def make_init_state(objective: objectives.Objective, tx: optax.GradientTransform
     second copy of the towers."""
 
     def init_state(seed: int, given: Mapping[str, jax.Array] | None = None) -> State:
-        params = objective.init(jax.random.PRNGKey(seed))
-        if given:
-            paths = {jax.tree_util.keystr(p) for p, _ in
-                     jax.tree_util.tree_leaves_with_path(params)}
-            assert paths >= set(given), f"not params: {sorted(set(given) - paths)[:3]}"
-            params = jax.tree_util.tree_map_with_path(
-                lambda path, x: given.get(jax.tree_util.keystr(path), x), params)
+        params = with_given(objective.init(jax.random.PRNGKey(seed)), given)
         state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0),
                  "rng": jax.random.PRNGKey(seed + 1)}
         if objective.critic is not None:
@@ -56,6 +50,17 @@ def make_init_state(objective: objectives.Objective, tx: optax.GradientTransform
         return state
 
     return init_state
+
+
+def with_given(params: Any, given: Mapping[str, jax.Array] | None) -> Any:
+    """`params` with the leaves `given` names (by `jax.tree_util.keystr` of their path)
+    replaced: under jit, the values they replace are never computed."""
+    if not given:
+        return params
+    paths = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)}
+    assert paths >= set(given), f"not params: {sorted(set(given) - paths)[:3]}"
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: given.get(jax.tree_util.keystr(path), x), params)
 
 
 # ----------------------------------------------------------------------------- step
