@@ -88,6 +88,7 @@ class Peers:
         self._cleanups: dict[int, Callable[[], None]] = {}
         self._lock = threading.Lock()
         self._stopped = threading.Event()  # set with `reason`
+        self._announced = threading.Event()  # this process' stop is with the service
         self._exiting = False
         self._done = threading.Event()
         self._wake_read = -1
@@ -180,15 +181,23 @@ class Peers:
 
     def announce(self, why: str) -> bool:
         """Tells the others that this process stops, and why ("SIGTERM", "SIGINT", "an
-        error"); once (False when it had already)."""
+        error"); once (False when it had already). Returns once the message is with the
+        service: a second caller (the main thread's handler while the watcher sends the
+        same signal's) waits for the first's, so the process never exits with it unsent
+        (the others would then read a dead process, not a signal)."""
         with self._lock:
-            if self.signal is not None:
-                return False
-            self.signal = why
+            first = self.signal is None
+            if first:
+                self.signal = why
+        if not first:
+            self._announced.wait(UNREACHABLE)
+            return False
         try:
             self.client.key_value_set(f"{PREFIX}stop/{self.me}", why, allow_overwrite=True)
         except Exception:
             pass  # (the others find this process' beats stopping instead)
+        finally:
+            self._announced.set()
         return True
 
     def _stop(self, code: int, why: str) -> None:

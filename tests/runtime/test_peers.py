@@ -158,3 +158,38 @@ def test_process_flag_refusals_and_distributed_alone_say_one_line_not_the_usage(
             capture_output=True, text=True, timeout=120, cwd=REPO,
             env={**os.environ, "JAX_PLATFORMS": "cpu"})
         assert (out.returncode, said(out.stderr)) == (1, [message]), out.stderr
+
+
+def test_a_second_announcer_waits_until_the_stop_is_with_the_service():
+    """The CI failure of 2026-11-29: a SIGTERM reached the watcher (which sends it) and
+    the main thread's handler (which exits): the process exited while the watcher's
+    message was in flight, and the other process read a dead process (exit 1), not a
+    signal (143). Now the second announcer returns only once the message has landed."""
+    import threading
+
+    from dualjax.runtime import peers
+
+    class SlowClient:  # the coordination service, answering when `answer` is set
+        def __init__(self):
+            self.store, self.answer = {}, threading.Event()
+
+        def key_value_set(self, key, value, allow_overwrite=False):
+            self.answer.wait(10)
+            self.store[key] = value
+
+    client = SlowClient()
+    p = peers.Peers(client, me=1, count=2, command="dualjax.index", timeout=10)
+    watcher = threading.Thread(target=p.announce, args=("SIGTERM",))
+    watcher.start()
+    while p.signal is None:  # the watcher's message is in flight
+        time.sleep(0.001)
+    second = []
+    handler = threading.Thread(target=lambda: second.append(
+        (p.announce("SIGTERM"), dict(client.store))))
+    handler.start()
+    time.sleep(0.2)
+    assert not second  # still waiting for the first message
+    client.answer.set()
+    watcher.join(5)
+    handler.join(5)
+    assert second == [(False, {f"{peers.PREFIX}stop/1": "SIGTERM"})]
