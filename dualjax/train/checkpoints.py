@@ -116,9 +116,13 @@ class Checkpointer:
             self._manager.close()
 
 
-def abstract_like(tree: Any) -> Any:
-    """ShapeDtypeStructs (with shardings) describing the arrays of `tree`."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+def abstract_like(tree: Any, shardings: Any = None) -> Any:
+    """ShapeDtypeStructs describing the arrays (or shapes) of `tree`, each with its
+    sharding in `shardings` (a tree like it), else its own."""
+    if shardings is None:
+        shardings = jax.tree.map(lambda x: x.sharding, tree)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
 
 
 def _restore_numpy(path: str) -> Any:

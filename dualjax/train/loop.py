@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import itertools
 import json
-import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -161,7 +160,7 @@ def _train_and_evaluate(spec: RunSpec, workdir: str, mesh, hooks: Sequence[Hook]
     tasks = tasks_lib.make_tasks(spec.tasks, spec.schedule.seed)
     prepared = processes.main_first(functools.partial(_prepare_input, spec, workdir, tasks,
                                                         rebuilt))
-    spec = capped_steps(spec, tasks)
+    spec = tasks_lib.capped_steps(spec, tasks)
     s = spec.schedule
     pairs = tasks if s.num_train_steps else ()  # tokenized while the model is built
     tables = Background(functools.partial(tasks_lib.tokenized_pairs, pairs, prepared[1]),
@@ -199,26 +198,6 @@ def _train_and_evaluate(spec: RunSpec, workdir: str, mesh, hooks: Sequence[Hook]
         for it in progress.data_iters:
             it.close()
     return _final_evaluation(run, progress, evaluators, selection)
-
-
-def capped_steps(spec: RunSpec, tasks: Sequence[tasks_lib.Task]) -> RunSpec:
-    """`spec` with num_train_steps cut to `max_epochs` passes over the training items
-    (every task's pairs; a pre-training collection's passages, times
-    distill.queries_per_passage for data.tasks "distill"), rounded up; as it is
-    without max_epochs or when the cap is higher. Resuming computes the same cap."""
-    s = spec.schedule
-    if not s.max_epochs or not s.num_train_steps:
-        return spec
-    per_passage = lambda t: (spec.teacher.queries_per_passage
-                             if t.needs_teacher and spec.teacher else 1)
-    items = sum(len(t.collection.passages) * per_passage(t) if t.pretraining
-                else len(t.train_source) for t in tasks)
-    steps = max(1, math.ceil(s.max_epochs * items / s.global_batch_size))
-    if steps >= s.num_train_steps:
-        return spec
-    logging.info("max_epochs=%g: %d training items at %d a step: %d steps, not %d",
-                 s.max_epochs, items, s.global_batch_size, steps, s.num_train_steps)
-    return spec.with_steps(steps)
 
 
 def _prepare_input(spec: RunSpec, workdir: str,
@@ -289,8 +268,7 @@ def _build(spec: RunSpec, workdir, mesh, log, signals, tasks, splits, inputs, or
         raise ConfigError(f"config.{e}") from None
     # Nothing is computed yet: `_restore` reads the checkpoint into `abstract`, or makes
     # the first state (`Run.first_state`), the given start's weights donated to it.
-    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            shapes, state_sharding)
+    abstract = checkpoints.abstract_like(shapes, state_sharding)
     init_state = jax.jit(init_state, static_argnums=0, out_shardings=state_sharding,
                          donate_argnums=1)
     table_updates = spec.optimizer.table_updates

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from dualjax.config.run import TaskSpec
+from dualjax.config.run import RunSpec, TaskSpec
 from dualjax.data import builders, documents, pipeline, pretraining, sources
 from dualjax.data.pretraining import PRETRAIN
 from dualjax.retrieval.task import RetrievalTask
@@ -216,6 +217,26 @@ def tokenized_pairs(tasks: Sequence[Task], inputs: sides.Inputs
             logging.info("%stokenized %d training pairs in %.1f s", f"Task {t.name}: "
                          if t.name else "", len(t.train_source), time.perf_counter() - start)
     return out
+
+
+def capped_steps(spec: RunSpec, tasks: Sequence[Task]) -> RunSpec:
+    """`spec` with num_train_steps cut to `max_epochs` passes over the training items
+    (every task's pairs; a pre-training collection's passages, times
+    distill.queries_per_passage for data.tasks "distill"), rounded up; as it is
+    without max_epochs or when the cap is higher. Resuming computes the same cap."""
+    s = spec.schedule
+    if not s.max_epochs or not s.num_train_steps:
+        return spec
+    per_passage = lambda t: (spec.teacher.queries_per_passage
+                             if t.needs_teacher and spec.teacher else 1)
+    items = sum(len(t.collection.passages) * per_passage(t) if t.pretraining
+                else len(t.train_source) for t in tasks)
+    steps = max(1, math.ceil(s.max_epochs * items / s.global_batch_size))
+    if steps >= s.num_train_steps:
+        return spec
+    logging.info("max_epochs=%g: %d training items at %d a step: %d steps, not %d",
+                 s.max_epochs, items, s.global_batch_size, steps, s.num_train_steps)
+    return spec.with_steps(steps)
 
 
 def make_tasks(tasks: Sequence[TaskSpec], seed: int) -> list[Task]:

@@ -226,11 +226,10 @@ def given(tree: dict, shardings: dict) -> dict[str, jax.Array]:
     """The weights of a `start_tree` over shapes (its leaves that are arrays), by key
     path, each placed with its param's sharding (`shardings`: the params' tree): what
     `step.make_init_state`'s init puts in place of their random initialisation."""
-    where = {jax.tree_util.keystr(p): s
-             for p, s in jax.tree_util.tree_leaves_with_path(shardings)}
-    return {k: jax.device_put(x, where[k]) for k, x in (
-        (jax.tree_util.keystr(p), x) for p, x in jax.tree_util.tree_leaves_with_path(tree))
-        if not isinstance(x, jax.ShapeDtypeStruct)}
+    key, leaves = jax.tree_util.keystr, jax.tree_util.tree_leaves_with_path
+    where = {key(p): s for p, s in leaves(shardings)}
+    return {key(p): jax.device_put(x, where[key(p)]) for p, x in leaves(tree)
+            if not isinstance(x, jax.ShapeDtypeStruct)}
 
 
 def start_params(init_from: str, model: dict, start: pretrained.Pretrained | None,

@@ -10,6 +10,7 @@ from helpers import tiny
 from dualjax import errors
 from dualjax.config import validation as config_lib
 from dualjax.train import loop as train
+from dualjax.train import tasks as tasks_lib
 
 
 @pytest.mark.slow
@@ -125,7 +126,7 @@ def test_max_epochs_caps_the_steps_by_the_training_items():
     from dualjax.train import workdir as workdir_lib
     cfg = tiny(**{"num_train_steps": 300, "global_batch_size": 64, "max_epochs": 2.0})
     spec = run.resolve(cfg, checked=False)
-    steps = lambda spec, tasks: train.capped_steps(spec, tasks).schedule.num_train_steps
+    steps = lambda spec, tasks: tasks_lib.capped_steps(spec, tasks).schedule.num_train_steps
     pairs = types.SimpleNamespace(pretraining=False, train_source=[None] * 100)
     docs = types.SimpleNamespace(pretraining=True, needs_teacher=False,
                                  collection=types.SimpleNamespace(passages=[""] * 82))
@@ -138,10 +139,10 @@ def test_max_epochs_caps_the_steps_by_the_training_items():
     assert steps(spec, [pairs, docs]) == 6  # ceil(2 * 182 / 64)
     assert spec.schedule.num_train_steps == 300  # the caller's spec is left as it was
     big = types.SimpleNamespace(pretraining=False, train_source=[None] * 100_000)
-    assert train.capped_steps(spec, [big]) is spec
+    assert tasks_lib.capped_steps(spec, [big]) is spec
     cfg.max_epochs = 0.0
     off = run.resolve(cfg, checked=False)
-    assert train.capped_steps(off, [docs]) is off
+    assert tasks_lib.capped_steps(off, [docs]) is off
     saved = {k: v for k, v in cfg.to_dict().items() if k != "max_epochs"}
     assert workdir_lib.config_changes(saved, cfg.to_dict()) == ([], [])
     cfg.max_epochs = 2.0
