@@ -13,8 +13,8 @@ the vocabularies by init_from) and its weights replace the towers' initial param
 (`pretrained_params`): a BERT's whole tower, a static table's token tables. Both kinds of
 start go through `start_tree`, over the state's shapes: the run's first state takes its
 weights (`given`) in place of their random initialisation (`step.make_init_state`), for
-training and for its "start" evaluation row; `start_params` places them over concrete
-params (an evaluation-only run's export, `trained.py`).
+training and for its "start" evaluation row, and an evaluation-only run's export
+(`trained.start_params`).
 """
 
 from __future__ import annotations
@@ -230,12 +230,3 @@ def given(tree: dict, shardings: dict) -> dict[str, jax.Array]:
     where = {key(p): s for p, s in leaves(shardings)}
     return {key(p): jax.device_put(x, where[key(p)]) for p, x in leaves(tree)
             if not isinstance(x, jax.ShapeDtypeStruct)}
-
-
-def start_params(init_from: str, model: dict, start: pretrained.Pretrained | None,
-                 params: dict, sharding: jax.sharding.Sharding) -> dict:
-    """`start_tree` over the initialisation `params`, placed with `sharding`."""
-    if not init_from and start is None:
-        return params
-    return jax.device_put(start_tree(init_from, model, start, jax.device_get(params)),
-                          sharding)
