@@ -33,8 +33,13 @@ def read_records(source, indices: Sequence[int]) -> list:
 
 def text_ids(texts: Sequence[str]) -> np.ndarray:
     """int32 [n]: the same id for texts that normalise alike (CRC-32 of the normalised
-    text, 31 bits), so a document twice in one batch is recognised as one."""
-    return np.asarray([zlib.crc32(normalize(t).encode()) & 0x7FFFFFFF for t in texts], np.int32)
+    text, 31 bits), so a document twice in one batch is recognised as one. Each distinct
+    text is normalised once (a collection's documents come once per query)."""
+    ids: dict[str, int] = {}
+    for t in texts:
+        if t not in ids:
+            ids[t] = zlib.crc32(normalize(t).encode()) & 0x7FFFFFFF
+    return np.fromiter((ids[t] for t in texts), np.int32, len(texts))
 
 
 def record_clusters(records: Sequence[dict], key: str) -> dict[str, np.ndarray]:
@@ -52,12 +57,20 @@ def record_fields(record: dict, key: str) -> dict | None:
 
 
 def encode_records(records: Sequence[dict], key: str, side: Side, prefix: str
-                   ) -> tuple[dict[str, np.ndarray], list[str]]:
+                   ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Side `key` ("query" / "document") of pairs records, encoded as `side` reads it:
-    ({prefix_ids, prefix_mask[, prefix_cats]}, the texts)."""
-    texts = [r[key].decode("utf-8") for r in records]
-    fields = [record_fields(r, f"{key}_fields") for r in records] if side.features else None
-    return {f"{prefix}_{k}": v for k, v in side.encode(texts, fields).items()}, texts
+    ({prefix_ids, prefix_mask[, prefix_cats]}, the texts' `text_ids`). Each distinct
+    text is decoded, tokenized and normalised once (SQuAD's 42 k pairs hold 2 k
+    paragraphs); the categorical fields are each record's own."""
+    first: dict[bytes, int] = {}
+    rows = np.fromiter((first.setdefault(r[key], len(first)) for r in records), np.int64,
+                       len(records))
+    texts = [raw.decode("utf-8") for raw in first]
+    out = {k: v[rows] for k, v in side.encode(texts).items()}
+    if side.features:
+        out["cats"] = side.features.encode([record_fields(r, f"{key}_fields")
+                                            for r in records])
+    return {f"{prefix}_{k}": v for k, v in out.items()}, text_ids(texts)[rows]
 
 
 def encode_pairs(records: Sequence[dict], inputs: Inputs) -> dict[str, np.ndarray]:
@@ -66,9 +79,9 @@ def encode_pairs(records: Sequence[dict], inputs: Inputs) -> dict[str, np.ndarra
     for a side with categorical fields, doc_ids, query_ids [batch] (`text_ids` of the
     documents and of the queries) and, when the records have them, cluster_ids [batch],
     for masking accidental hits."""
-    out, queries = encode_records(records, "query", inputs.query, "q")
-    documents, texts = encode_records(records, "document", inputs.document, "d")
-    out.update(documents, doc_ids=text_ids(texts), query_ids=text_ids(queries))
+    out, query_ids = encode_records(records, "query", inputs.query, "q")
+    documents, doc_ids = encode_records(records, "document", inputs.document, "d")
+    out.update(documents, doc_ids=doc_ids, query_ids=query_ids)
     out.update(record_clusters(records, "cluster_ids"))
     return out
 
@@ -107,8 +120,7 @@ def pretokenized_pairs(source, inputs: Inputs, num_hard_negatives: int = 0
     if len(source) * row_bytes > PRETOKENIZE_MAX_BYTES:
         return None
     reader = ReadPairs(source, inputs, num_hard_negatives, pretokenize=False)
-    parts = [reader.map_records(read_records(source, range(start, min(start + CHUNK,
-                                                                      len(source)))))
+    parts = [reader.map(np.arange(start, min(start + CHUNK, len(source))))
              for start in range(0, len(source), CHUNK)]
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
@@ -129,7 +141,12 @@ class ReadPairs(grain.transforms.Map):
 
     def __init__(self, source, inputs: Inputs, num_hard_negatives: int = 0,
                  pretokenize: bool = True, table: dict[str, np.ndarray] | None = None):
-        self._source, self._inputs, self._k = source, inputs, num_hard_negatives
+        self._inputs, self._k = inputs, num_hard_negatives
+        # A table's records parsed for what is encoded (`records.Records.only`) only.
+        fields = ["query", "document", "cluster"] + [
+            f"{side}_fields" for side in ("query", "document")
+            if getattr(inputs, side).features] + ["hard_negatives"] * bool(num_hard_negatives)
+        self._source = source.only(fields) if hasattr(source, "only") else source
         self._table = table
         if table is None and pretokenize:
             self._table = pretokenized_pairs(source, inputs, num_hard_negatives)
@@ -196,8 +213,8 @@ class MixedNegatives(grain.transforms.RandomMap):
     def random_map(self, batch: dict, rng: np.random.Generator) -> dict:
         picks = self._documents[rng.integers(0, len(self._documents), self._count)][self._share]
         records = read_records(self._source, picks.tolist())
-        mixed, texts = encode_records(records, "document", self._side, "m")
-        return {**batch, **mixed, "m_doc_ids": text_ids(texts),
+        mixed, doc_ids = encode_records(records, "document", self._side, "m")
+        return {**batch, **mixed, "m_doc_ids": doc_ids,
                 **record_clusters(records, "m_cluster_ids")}
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.example_parser import tf_example_pb2
@@ -23,6 +25,13 @@ class Records:
         self._tfds = builder.as_data_source(split=split)
         self._raw = getattr(self._tfds, "data_source", None)  # (None: TFDS decodes)
         self._kinds = tuple(table_files.kinds(features).items())  # (told apart once)
+
+    def only(self, names) -> Records:
+        """The same records with only the features `names` parsed (those the table has):
+        each feature read costs a map lookup per record, about as much as the parse."""
+        view = copy.copy(self)
+        view._kinds = tuple((n, k) for n, k in self._kinds if n in set(names))
+        return view
 
     def __len__(self) -> int:
         return len(self._tfds)

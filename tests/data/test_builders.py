@@ -65,6 +65,16 @@ def test_records_parsed_from_the_raw_bytes_equal_tfds_decoding(tiny_data, synthe
                         assert type(a[key]) is type(b[key]) and a[key] == b[key], key
 
 
+def test_records_parse_only_the_features_asked_for(train_src):
+    """`Records.only`: the same records with only the named features (of those the table
+    has) parsed, as the training pairs are read for encoding."""
+    every = train_src.__getitems__(range(20))
+    some = train_src.only(["query", "cluster", "not a feature"]).__getitems__(range(20))
+    assert [set(r) for r in some] == [{"query", "cluster"}] * 20
+    assert some == [{"query": r["query"], "cluster": r["cluster"]} for r in every]
+    assert set(train_src[0]) > {"query", "cluster"}  # (the source itself unchanged)
+
+
 def test_synthetic_train_records_match_generate(tiny_data, train_src):
     data = _generate(tiny_data)
     assert len(train_src) == len(data.train_pairs) > 100

@@ -194,6 +194,24 @@ def test_stream_reads_the_batches_of_grains_shuffle_repeat_batch():
                                                          rounds=4) for i in index]
             np.testing.assert_array_equal(shuffle.index_shuffle(index, n - 1, seed), expected)
 
+def test_a_repeated_text_is_encoded_once_but_keeps_each_records_fields(monkeypatch):
+    """A document of several pairs is tokenized and normalised once (`encode_records`),
+    its rows the same ids and text id; the categorical fields stay each record's own."""
+    src, tok = _indexed_source(4)
+    for i, r in enumerate(src):
+        r["document"] = b"d0" if i < 3 else b"d3"  # d0 three times, with three shops
+        r["document_fields"] = json.dumps({"shop": f"s{i}"}).encode()
+    shop = feature_lib.build_side([("shop", 4)], [{"shop": f"s{i}"} for i in range(4)], 10, 3)
+    normalised = []
+    normalize = pipeline.normalize
+    monkeypatch.setattr(pipeline, "normalize", lambda t: normalised.append(t) or normalize(t))
+    out = pipeline.encode_pairs(src, _inputs(tok, 3, doc_features=shop))
+    assert sorted(normalised) == ["d0", "d3", "q0", "q1", "q2", "q3"]  # each text once
+    np.testing.assert_array_equal(out["d_ids"][:, 0], [5, 5, 5, 8])
+    assert out["doc_ids"][0] == out["doc_ids"][1] == out["doc_ids"][2] != out["doc_ids"][3]
+    assert len(set(out["d_cats"][:, 0].tolist())) == 4  # each record's shop
+
+
 def test_text_ids_match_exactly_the_texts_that_normalise_alike():
     ids = pipeline.text_ids(["How do I cook rice?", "how do i cook rice", "how do i cook pasta"])
     assert ids[0] == ids[1] != ids[2]
