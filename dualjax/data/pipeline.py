@@ -86,21 +86,31 @@ def encode_pairs(records: Sequence[dict], inputs: Inputs) -> dict[str, np.ndarra
     return out
 
 
-def all_records(source, chunk: int = 4096) -> Iterable[dict]:
-    """Every record of a data source, read in bulk chunks."""
+def only(source, fields: Sequence[str]):
+    """`source` with only `fields` of its records parsed where it can (a table's
+    `records.Records.only`: each feature read costs about what the parse does); as it
+    is otherwise (records in memory, generated pairs)."""
+    return source.only(fields) if hasattr(source, "only") else source
+
+
+def all_records(source, fields: Sequence[str] | None = None, chunk: int = 4096
+                ) -> Iterable[dict]:
+    """Every record of a data source (with `fields` alone, where given), read in bulk
+    chunks."""
+    source = source if fields is None else only(source, fields)
     for start in range(0, len(source), chunk):
         yield from read_records(source, range(start, min(start + chunk, len(source))))
 
 
 def pair_fields(source) -> Iterable[tuple[dict | None, dict | None]]:
     """(query fields, document fields) of every training pair of a data source."""
-    for r in all_records(source):
+    for r in all_records(source, ("query_fields", "document_fields")):
         yield record_fields(r, "query_fields"), record_fields(r, "document_fields")
 
 
 def pair_texts(source) -> Iterable[str]:
     """Both sides of every training pair of a data source."""
-    for r in all_records(source):
+    for r in all_records(source, ("query", "document")):
         yield r["query"].decode("utf-8")
         yield r["document"].decode("utf-8")
 
@@ -142,11 +152,10 @@ class ReadPairs(grain.transforms.Map):
     def __init__(self, source, inputs: Inputs, num_hard_negatives: int = 0,
                  pretokenize: bool = True, table: dict[str, np.ndarray] | None = None):
         self._inputs, self._k = inputs, num_hard_negatives
-        # A table's records parsed for what is encoded (`records.Records.only`) only.
-        fields = ["query", "document", "cluster"] + [
+        # A table's records parsed for what is encoded alone.
+        self._source = only(source, ["query", "document", "cluster"] + [
             f"{side}_fields" for side in ("query", "document")
-            if getattr(inputs, side).features] + ["hard_negatives"] * bool(num_hard_negatives)
-        self._source = source.only(fields) if hasattr(source, "only") else source
+            if getattr(inputs, side).features] + ["hard_negatives"] * bool(num_hard_negatives))
         self._table = table
         if table is None and pretokenize:
             self._table = pretokenized_pairs(source, inputs, num_hard_negatives)
@@ -186,8 +195,11 @@ def encode_negatives(negatives: Sequence[Sequence[str]], side: Side) -> dict[str
 def distinct_documents(source) -> np.ndarray:
     """Indices of the records whose document is the first of its `text_ids` (one per
     distinct normalised document), in record order."""
-    seen, first = set(), []
-    for i, r in enumerate(all_records(source)):
+    seen, first, raw_seen = set(), [], set()
+    for i, r in enumerate(all_records(source, ("document",))):
+        if r["document"] in raw_seen:  # (the same bytes: the same text id, seen)
+            continue
+        raw_seen.add(r["document"])
         key = text_ids([r["document"].decode("utf-8")])[0]
         if key not in seen:
             seen.add(key)
