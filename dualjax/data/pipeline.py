@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from dualjax.data import shuffle
+from dualjax.data import shuffle, token_cache
 from dualjax.text.sides import Inputs, Side
 from dualjax.text.words import normalize
 
@@ -119,20 +119,31 @@ PRETOKENIZE_MAX_BYTES = 2 * 2 ** 30  # a source whose token ids fit in this is e
 CHUNK = 1 << 15  # records encoded at a time when the source is pretokenized
 
 
-def pretokenized_pairs(source, inputs: Inputs, num_hard_negatives: int = 0
+def pretokenized_pairs(source, inputs: Inputs, num_hard_negatives: int = 0,
+                       keep_in: str = "", inputs_id: str = "", write: bool = True
                        ) -> dict[str, np.ndarray] | None:
     """Every record of `source` encoded once, in bulk chunks of `CHUNK` (a document
     repeated over a chunk is tokenized once, `Side.encode`): the arrays `ReadPairs`
     gathers its batches from; None when they would take more than
     `PRETOKENIZE_MAX_BYTES` (then each batch is encoded when it is read). It touches
-    nothing of jax: a run computes it in a thread while its model is built."""
+    nothing of jax: a run computes it in a thread while its model is built.
+
+    keep_in: a folder where the arrays are kept for the next run that asks the same
+    (`token_cache`: read back from there when they are; written there when `write`);
+    inputs_id names the tokenizer and the categorical fields' vocabularies."""
     row_bytes = 5 * (inputs.query.max_len + (1 + num_hard_negatives) * inputs.document.max_len)
     if len(source) * row_bytes > PRETOKENIZE_MAX_BYTES:
         return None
+    kept = token_cache.folder(keep_in, source, inputs, num_hard_negatives, inputs_id)
+    if kept and (arrays := token_cache.read(kept)) is not None:
+        return arrays
     reader = ReadPairs(source, inputs, num_hard_negatives, pretokenize=False)
     parts = [reader.map(np.arange(start, min(start + CHUNK, len(source))))
              for start in range(0, len(source), CHUNK)]
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    arrays = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    if kept and write:
+        token_cache.write(kept, arrays)
+    return arrays
 
 
 class ReadPairs(grain.transforms.Map):

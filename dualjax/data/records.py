@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+import os
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -25,6 +27,15 @@ class Records:
         self._tfds = builder.as_data_source(split=split)
         self._raw = getattr(self._tfds, "data_source", None)  # (None: TFDS decodes)
         self._kinds = tuple(table_files.kinds(features).items())  # (told apart once)
+        self._folder, self._split = os.fspath(builder.data_dir), split
+
+    def identity(self) -> str:
+        """What names these records' bytes: the table's folder, the split and each of
+        its files' size and modification time (a table written again is another)."""
+        files = sorted(os.listdir(self._folder))
+        stats = [(n, (st := os.stat(os.path.join(self._folder, n))).st_size, st.st_mtime_ns)
+                 for n in files]
+        return json.dumps([self._folder, self._split, stats])
 
     def only(self, names) -> Records:
         """The same records with only the features `names` parsed (those the table has):

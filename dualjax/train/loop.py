@@ -163,8 +163,8 @@ def _train_and_evaluate(spec: RunSpec, workdir: str, mesh, hooks: Sequence[Hook]
     spec = tasks_lib.capped_steps(spec, tasks)
     s = spec.schedule
     pairs = tasks if s.num_train_steps else ()  # tokenized while the model is built
-    tables = Background(functools.partial(tasks_lib.tokenized_pairs, pairs, prepared[1]),
-                        "tokenize pairs")
+    tables = Background(functools.partial(tasks_lib.tokenized_pairs, pairs, prepared[1],
+                                          workdir, processes.is_main()), "tokenize pairs")
     run, progress = _build(spec, workdir, mesh, log, signals, tasks, *prepared)
     if s.num_train_steps:
         progress.data_iters = _training_data(run, tables.result())

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import json
 import math
 import os
 import time
@@ -28,6 +29,7 @@ from dualjax.config.run import RunSpec, TaskSpec
 from dualjax.data import builders, documents, pipeline, pretraining, sources
 from dualjax.data.pretraining import PRETRAIN
 from dualjax.retrieval.task import RetrievalTask
+from dualjax.runtime import files
 from dualjax.text import features, sides
 from dualjax.train import workdir as workdir_lib
 
@@ -120,13 +122,17 @@ class Task:
             return iter(())
         return pipeline.pair_fields(self.train_source)
 
-    def pretokenized_pairs(self, inputs: sides.Inputs) -> dict[str, np.ndarray] | None:
+    def pretokenized_pairs(self, inputs: sides.Inputs, workdir: str = "", write: bool = True
+                           ) -> dict[str, np.ndarray] | None:
         """Its training pairs encoded once (`pipeline.pretokenized_pairs`; None for a
-        generated collection, or pairs too many to hold encoded)."""
+        generated collection, or pairs too many to hold encoded), kept in (and read back
+        from) WORKDIR/tokenized/<task> (`data.token_cache`; written where `write`)."""
         if self.pretraining:
             return None
+        keep_in = os.path.join(workdir, "tokenized", self.name or "pairs") if workdir else ""
         return pipeline.pretokenized_pairs(self.train_source, inputs,
-                                           self.data["hard_negatives"])
+                                           self.data["hard_negatives"], keep_in,
+                                           _inputs_id(workdir), write)
 
     def train_iterator(self, inputs: sides.Inputs, global_batch_size: int, seed: int,
                        num_mixed_negatives: int = 0,
@@ -205,17 +211,27 @@ def _files_at(path: str) -> list[str]:
             + sorted(os.path.join(qrels, n) for n in judged if n.endswith(".tsv")))
 
 
-def tokenized_pairs(tasks: Sequence[Task], inputs: sides.Inputs
-                    ) -> dict[str, dict[str, np.ndarray] | None]:
+def _inputs_id(workdir: str) -> str:
+    """What names a workdir's tokenizer and categorical fields: their files' digests."""
+    names = [n for n in ("vocab.json", "features.json")
+             if workdir and os.path.isfile(os.path.join(workdir, n))]
+    return json.dumps(files.file_digests(workdir, names)) if names else ""
+
+
+def tokenized_pairs(tasks: Sequence[Task], inputs: sides.Inputs, workdir: str = "",
+                    write: bool = True) -> dict[str, dict[str, np.ndarray] | None]:
     """Each task's training pairs encoded once, by task name (`Task.pretokenized_pairs`;
-    None where a batch is encoded as it is read). A run computes it in a thread while
-    its model is built."""
+    None where a batch is encoded as it is read), kept in WORKDIR/tokenized (process 0
+    writes: `write`) so that a resumed run reads them back. A run computes it in a thread
+    while its model is built."""
     start, out = time.perf_counter(), {}
     for t in tasks:
-        out[t.name] = t.pretokenized_pairs(inputs)
-        if out[t.name] is not None:
-            logging.info("%stokenized %d training pairs in %.1f s", f"Task {t.name}: "
-                         if t.name else "", len(t.train_source), time.perf_counter() - start)
+        out[t.name] = arrays = t.pretokenized_pairs(inputs, workdir, write)
+        if arrays is not None:
+            kept = isinstance(next(iter(arrays.values())), np.memmap)
+            logging.info("%s%s %d training pairs in %.1f s", f"Task {t.name}: " if t.name
+                         else "", "read back the kept tokens of" if kept else "tokenized",
+                         len(t.train_source), time.perf_counter() - start)
     return out
 
 

@@ -233,6 +233,41 @@ def test_pretokenized_batches_equal_the_records_encoded_per_batch(train_src, tok
         _assert_same([once.map(indices)], [each.map(indices)])
 
 
+def test_encoded_pairs_are_kept_and_read_back_only_for_the_same_table_and_inputs(
+        train_src, tokenizer, tmp_path, monkeypatch):
+    """`keep_in` (data/token_cache.py): the arrays are kept in one folder per key and
+    read back memory-mapped, nothing encoded, by a call that asks the same; another
+    length or tokenizer encodes again and replaces them; a folder not written whole
+    (killed) is not read; in-memory pairs are not kept."""
+    keep = str(tmp_path / "tokenized")
+    inputs = _inputs(tokenizer, 7, 12)
+    first = pipeline.pretokenized_pairs(train_src, inputs, keep_in=keep, inputs_id="v1")
+    assert len(os.listdir(keep)) == 1 and not isinstance(first["q_ids"], np.memmap)
+
+    def encoded(*_):
+        raise AssertionError("encoded again")
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "encode_pairs", encoded)
+        again = pipeline.pretokenized_pairs(train_src, inputs, keep_in=keep, inputs_id="v1")
+        assert all(isinstance(v, np.memmap) for v in again.values())
+        _assert_same([first], [again])
+        for other in (dict(inputs=_inputs(tokenizer, 7, 10)), dict(inputs_id="v2")):
+            with pytest.raises(AssertionError, match="encoded again"):
+                pipeline.pretokenized_pairs(train_src, **{"inputs": inputs,
+                                                          "inputs_id": "v1", **other},
+                                            keep_in=keep)
+    shorter = pipeline.pretokenized_pairs(train_src, _inputs(tokenizer, 7, 10), keep_in=keep,
+                                          inputs_id="v1")
+    (folder,) = os.listdir(keep)  # the other key's arrays replaced
+    assert shorter["d_ids"].shape[1] == 10
+    os.remove(os.path.join(keep, folder, "arrays.json"))  # as if killed before the rename
+    assert not isinstance(pipeline.pretokenized_pairs(
+        train_src, _inputs(tokenizer, 7, 10), keep_in=keep, inputs_id="v1")["q_ids"], np.memmap)
+    in_memory, _ = _indexed_source(4)
+    pipeline.pretokenized_pairs(in_memory, inputs, keep_in=str(tmp_path / "none"))
+    assert not os.path.exists(tmp_path / "none")
+
+
 def test_worker_count_minus_one_chooses_from_the_cores_and_the_pretokenizing(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)))
     assert pipeline.workers(-1, "the pairs are tokenized up front") == 0

@@ -16,6 +16,7 @@ from helpers import preempt_at, tiny, train_rows
 from jax import monitoring
 
 from dualjax import errors, models
+from dualjax.data import pipeline
 from dualjax.errors import DataError
 from dualjax.train import loop as train
 from dualjax.train import step as step_lib
@@ -121,7 +122,7 @@ def test_a_run_resumed_within_the_same_second_keeps_the_earlier_events(tmp_path,
 
 
 @pytest.mark.slow
-def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
+def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch):
     whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
     train.train_and_evaluate(tiny(), whole)
 
@@ -133,7 +134,13 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path):
     # norms; the signal's save measures the param norm first (checked finite).
     (row7,) = [r for r in train_rows(split) if r["step"] == 7]
     assert row7["param_norm"] > 0 and "grad_norm" not in row7
-    train.train_and_evaluate(tiny(), split)  # the same command again resumes at step 7
+    # The same command again resumes at step 7, its pairs' tokens read back from
+    # WORKDIR/tokenized (data/token_cache.py), none encoded again.
+    def encoded(*_):
+        raise AssertionError("the resumed run encoded its training pairs again")
+    monkeypatch.setattr(pipeline, "encode_pairs", encoded)
+    train.train_and_evaluate(tiny(), split)
+    monkeypatch.undo()
 
     a, b = final_params(whole, 20), final_params(split, 20)
     leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
