@@ -33,13 +33,8 @@ def read_records(source, indices: Sequence[int]) -> list:
 
 def text_ids(texts: Sequence[str]) -> np.ndarray:
     """int32 [n]: the same id for texts that normalise alike (CRC-32 of the normalised
-    text, 31 bits), so a document twice in one batch is recognised as one. Each distinct
-    text is normalised once (a collection's documents come once per query)."""
-    ids: dict[str, int] = {}
-    for t in texts:
-        if t not in ids:
-            ids[t] = zlib.crc32(normalize(t).encode()) & 0x7FFFFFFF
-    return np.fromiter((ids[t] for t in texts), np.int32, len(texts))
+    text, 31 bits), so a document twice in one batch is recognised as one."""
+    return np.asarray([zlib.crc32(normalize(t).encode()) & 0x7FFFFFFF for t in texts], np.int32)
 
 
 def record_clusters(records: Sequence[dict], key: str) -> dict[str, np.ndarray]:

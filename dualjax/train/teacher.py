@@ -38,13 +38,11 @@ from dualjax.config.run import TeacherSpec
 from dualjax.data.documents import Collection
 from dualjax.data.pretraining import QueryWords
 from dualjax.errors import DataError, PretrainedError
-from dualjax.models import dual_encoder
 from dualjax.models.spec import ModelSpec, TransformerSpec
 from dualjax.retrieval import encoding
-from dualjax.runtime import sharding
 from dualjax.runtime.files import read_records, write_records
 from dualjax.text import sides
-from dualjax.train import step, warm_start, weak_labels
+from dualjax.train import warm_start, weak_labels
 
 FILE = "teacher_scores.jsonl"
 Encode = Callable[[list[str]], np.ndarray]  # texts -> unit vectors [n, dim]
@@ -166,15 +164,9 @@ def encoders(student: ModelSpec, spec: TeacherSpec, batch_size: int, mesh: jax.s
         embed_dim=student.embed_dim if whole else start.dim,
         output_dim=student.output_dim if whole else start.dim)
     model = models.make_model(model_spec, tokenizer.vocab_size, architecture=start.architecture)
-    # The start's weights, and a random initialisation of only what it lacks (one jitted
-    # program: `step.with_given`), placed once, not with every batch.
-    init = lambda given: step.with_given(
-        dual_encoder.init_params(model, jax.random.PRNGKey(0), 8), given)
-    replicated = sharding.replicated(mesh)
-    shapes = jax.eval_shape(init, {})
-    given = warm_start.given(warm_start.pretrained_params(start, shapes),
-                             jax.tree.map(lambda _: replicated, shapes))
-    params = jax.jit(init, out_shardings=replicated, donate_argnums=0)(given)
+    # The start's weights (and a random initialisation of only what it lacks), placed
+    # once, not with every batch.
+    params = warm_start.start_towers(model, 0, 8, mesh, start=start)
     fns = models.make_encoders(model)
     own = start.prompts or {}
     prompts = (own.get("query", ""), own.get("document", ""))

@@ -11,12 +11,10 @@ import jax
 from dualjax import models, pretrained
 from dualjax.config import run as run_lib
 from dualjax.config.run import RunSpec
-from dualjax.models import dual_encoder
 from dualjax.runtime import sharding
 from dualjax.text import sides
 from dualjax.train import checkpoints, warm_start
 from dualjax.train import inputs as inputs_lib
-from dualjax.train import step as step_lib
 
 
 class Trained(NamedTuple):
@@ -61,19 +59,11 @@ def load_trained(workdir: str, spec: RunSpec | None = None) -> Trained:
 def start_params(spec: RunSpec, model, start) -> dict:
     """An evaluation-only run's towers (num_train_steps=0, no checkpoint): its start as
     the run evaluated it (model.pretrained's or init_from's, over the initialisation of
-    its seed, `Run.first_state`'s way: what the start gives is never initialised at
-    random), so that the start itself can be exported and served."""
+    its seed, `warm_start.start_towers`: what the start gives is never initialised
+    at random), so that the start itself can be exported and served."""
     if spec.system != "dual_encoder":
         raise FileNotFoundError(f"config.model.name={spec.system!r}: an evaluation-only "
                                 "run of it has no checkpoint to read")
-    seed, max_len = spec.schedule.seed, max(spec.inputs.max_lens)
-
-    def init(given):
-        params = dual_encoder.init_params(model, jax.random.PRNGKey(seed), max_len)
-        return step_lib.with_given(params, given)
-
-    replicated = sharding.replicated(sharding.make_mesh())
-    shapes = jax.eval_shape(init, None)
-    tree = warm_start.start_tree(spec.start.init_from, spec.as_dict("model"), start, shapes)
-    given = warm_start.given(tree, jax.tree.map(lambda _: replicated, shapes))
-    return jax.device_get(jax.jit(init, out_shardings=replicated)(given))
+    return jax.device_get(warm_start.start_towers(
+        model, spec.schedule.seed, max(spec.inputs.max_lens), sharding.make_mesh(),
+        spec.start.init_from, spec.as_dict("model"), start))

@@ -13,8 +13,8 @@ the vocabularies by init_from) and its weights replace the towers' initial param
 (`pretrained_params`): a BERT's whole tower, a static table's token tables. Both kinds of
 start go through `start_tree`, over the state's shapes: the run's first state takes its
 weights (`given`) in place of their random initialisation (`step.make_init_state`), for
-training and for its "start" evaluation row, and an evaluation-only run's export
-(`trained.start_params`).
+training and for its "start" evaluation row; `start_towers` the same for the
+distillation teacher and an evaluation-only run's export.
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ from absl import logging
 from dualjax import pretrained
 from dualjax.config.run import StartSpec, upgraded
 from dualjax.errors import ConfigError
-from dualjax.models import lora
+from dualjax.models import dual_encoder, lora
 from dualjax.models.dual_encoder import SIMILARITY_PARAMS, token_tables
 from dualjax.objectives import PRETRAINING_HEADS
-from dualjax.train import checkpoints
+from dualjax.runtime import sharding
+from dualjax.train import checkpoints, step
 
 VOCABULARIES = ("vocab.json", "features.json", pretrained.RECORD)
 # Model settings that do not shape the towers' parameters.
@@ -230,3 +231,23 @@ def given(tree: dict, shardings: dict) -> dict[str, jax.Array]:
     where = {key(p): s for p, s in leaves(shardings)}
     return {key(p): jax.device_put(x, where[key(p)]) for p, x in leaves(tree)
             if not isinstance(x, jax.ShapeDtypeStruct)}
+
+
+def start_towers(model: Any, seed: int, max_len: int, mesh: jax.sharding.Mesh,
+                 init_from: str = "", model_config: dict | None = None,
+                 start: pretrained.Pretrained | None = None) -> dict:
+    """A dual encoder's params, replicated over `mesh`: the start's weights (`start_tree`:
+    init_from's towers, `model_config` naming what differs, else the pretrained start's)
+    and the initialisation of `seed` for only what they lack, in one jitted program
+    (`step.with_given`): what the start gives is never initialised at random. The
+    distillation teacher's towers and an evaluation-only run's export."""
+    replicated = sharding.replicated(mesh)
+
+    def init(weights):
+        params = dual_encoder.init_params(model, jax.random.PRNGKey(seed), max_len)
+        return step.with_given(params, weights)
+
+    shapes = jax.eval_shape(init, None)
+    tree = start_tree(init_from, model_config or {}, start, shapes)
+    return jax.jit(init, out_shardings=replicated, donate_argnums=0)(
+        given(tree, jax.tree.map(lambda _: replicated, shapes)))
