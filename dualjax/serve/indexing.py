@@ -20,9 +20,9 @@ import numpy as np
 from absl import logging
 
 from dualjax.data.corpus_file import Document, Line, corpus_path, documents, identity
-from dualjax.errors import DataError
+from dualjax.errors import DataError, PeerStopped
 from dualjax.retrieval import quantized, searchers
-from dualjax.runtime import processes
+from dualjax.runtime import peers, processes
 from dualjax.runtime.files import check_output, staged_output
 from dualjax.runtime.pipeline import prefetched
 from dualjax.runtime.progress import Progress
@@ -160,9 +160,7 @@ def _build(encoder: Encoder, source: Source, out: str, settings: Settings, batch
                 _write_shard(encoder, source.mine(), tmp, share, shares, run, settings,
                              batch_size, record, devices)
             except (DataError, ValueError, OSError) as e:
-                failed = e
-                with open(os.path.join(tmp, f"error-{share}.txt"), "w") as f:
-                    f.write(str(e))
+                failed = _shard_failed(e, tmp, share)
             if processes.any_process(failed is not None):
                 told = True  # every process knows
                 if failed is not None:
@@ -234,6 +232,24 @@ def _agree_on_stage(out: str, tmp: str | None, shares: int) -> tuple[str | None,
             np.array([pid, number, ok], np.int32)))
     staged = (tmp or f"{out.rstrip(os.sep)}.tmp{pid}") if ok else None
     return staged, f"{pid}-{number:08x}"
+
+
+def _shard_failed(error: Exception, tmp: str, share: int) -> Exception:
+    """This process' shard could not be written: its error, left for the others in
+    error-N.txt. When the staging folder is gone, process 0 removed it as it stopped (a
+    signal): this process stops for that reason, not for the file its write lost
+    (PeerStopped, as soon as its watcher reads the other's stop)."""
+    if not os.path.isdir(tmp):
+        watcher = peers.active()
+        reason = watcher.await_stop() if watcher is not None else None
+        if reason is not None:
+            raise PeerStopped(reason) from error
+    try:
+        with open(os.path.join(tmp, f"error-{share}.txt"), "w") as f:
+            f.write(str(error))
+    except OSError:  # (the others then say "another process failed")
+        pass
+    return error
 
 
 def _other_failure(tmp: str, shares: int) -> str:

@@ -76,6 +76,30 @@ def test_a_sigterm_to_one_process_ends_both_in_one_line_each(bundle, tmp_path, w
     assert sorted(os.listdir(tmp_path)) == ["corpus.tsv"]  # no staging folder, no lock
 
 
+def test_a_shard_lost_with_the_staging_folder_stops_for_the_other_process(tmp_path,
+                                                                           monkeypatch):
+    """Process 0, signalled, removes the staging folder while process 1 still writes its
+    shard there: process 1's write fails on a missing file, and it must stop for process
+    0's signal (143, its line), not for that file (exit 1: the race the SIGTERM test
+    above met one run in a few)."""
+    from dualjax.errors import PeerStopped
+    from dualjax.runtime import peers
+    from dualjax.serve import indexing
+    lost = FileNotFoundError(2, "No such file or directory")
+    stage = tmp_path / "idx.tmp1"
+    stage.mkdir()  # a failure of its own: said to the others in its error file
+    assert indexing._shard_failed(ValueError("line 3: no text"), str(stage), 1).args == (
+        "line 3: no text",)
+    assert (stage / "error-1.txt").read_text() == "line 3: no text"
+    reason = "process 0 was stopped by SIGTERM; this process stops too"
+    watcher = type("Watcher", (), {"await_stop": lambda self: reason})()
+    monkeypatch.setattr(peers, "active", lambda: watcher)
+    with pytest.raises(PeerStopped, match=reason):
+        indexing._shard_failed(lost, str(tmp_path / "gone"), 1)
+    monkeypatch.setattr(peers, "active", lambda: None)  # one process: its own error
+    assert indexing._shard_failed(lost, str(tmp_path / "gone"), 1) is lost
+
+
 @pytest.mark.parametrize("who", [0, 1])
 @pytest.mark.slow
 def test_a_process_killed_is_noticed_in_seconds_and_said_in_one_line(bundle, tmp_path, who):
