@@ -1,8 +1,8 @@
 """LoRA on the decoder tower: the adapters start at zero and fold into the weights
 exactly; a run trains the adapters alone (the tower's weights stay as the start's, in
-bfloat16, with no optimizer state), on 8 devices as on one and on 4 x 2 data x model as
-on 8 x 1, resumes bit-equal and exports merged weights (a bundle, a sentence-transformers
-folder) that give the run's vectors."""
+bfloat16, with no optimizer state), on 4 x 2 data x model as on 8 x 1, resumes
+bit-equal and exports merged weights (a bundle, a sentence-transformers folder) that
+give the run's vectors."""
 
 import dataclasses
 import os
@@ -115,16 +115,7 @@ def test_a_lora_run_trains_the_adapters_alone_resumes_and_exports_merged(tmp_pat
     again.num_train_steps = 4
     train.train_and_evaluate(again, half)
     jax.tree.map(np.testing.assert_array_equal, checkpoints.latest_params(half)[1], saved)
-    # On one device: the 8-device run's weights (beta aside: the in-batch softmax does not
-    # change with it, so its gradient is rounding noise, which Adam scales to whole steps).
-    one = lora_config(lora_targets="q_proj,v_proj,mlp_down")
-    one.mesh.num_devices = 1
-    train.train_and_evaluate(one, str(tmp_path / "one"))
-    single = checkpoints.latest_params(str(tmp_path / "one"))[1]
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(
-        np.asarray(a, np.float32), np.asarray(b, np.float32), atol=2e-6),
-        {k: v for k, v in single.items() if k != "beta"},
-        {k: v for k, v in saved.items() if k != "beta"})
+    # (Another mesh than 8 x 1 gives the same weights: the data-by-model test below.)
 
     run = trained.load_trained(workdir)
     encoder = export.export(workdir, str(tmp_path / "bundle"), platforms=("cpu",))

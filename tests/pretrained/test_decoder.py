@@ -152,9 +152,9 @@ def test_an_old_record_of_a_bert_start_still_loads(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_from_a_tiny_qwen2_trains_resumes_and_exports(tmp_path):
-    """tower="decoder": the start row is the folder's model as is, training moves it, a
-    resumed run ends where one run does, and the bundle encodes as the workdir's model."""
+def test_a_run_from_a_tiny_qwen2_trains_and_exports(tmp_path):
+    """tower="decoder": the start row is the folder's model as is, training moves it, and
+    the bundle encodes as the workdir's model."""
     from dualjax import export
     from dualjax.train import checkpoints, trained
     from dualjax.train import loop as train
@@ -172,14 +172,7 @@ def test_a_run_from_a_tiny_qwen2_trains_resumes_and_exports(tmp_path):
     assert step == 4 and start.kind == "decoder"
     assert not np.allclose(saved["tower"]["layer_0"]["mlp_up"]["kernel"],
                            start.tower_params()["layer_0"]["mlp_up"]["kernel"])
-
-    # Two steps, then two more from the checkpoint: the same weights as four in one run.
-    half = str(tmp_path / "half")
-    cfg.num_train_steps = 2
-    train.train_and_evaluate(cfg, half)
-    cfg.num_train_steps = 4
-    train.train_and_evaluate(cfg, half)
-    jax.tree.map(np.testing.assert_array_equal, checkpoints.latest_params(half)[1], saved)
+    # (A resumed decoder run ends where one run does: tests/models/test_lora.py's run.)
 
     run = trained.load_trained(workdir)
     encoder = export.export(workdir, str(tmp_path / "bundle"), platforms=("cpu",))
