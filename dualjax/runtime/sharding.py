@@ -59,6 +59,14 @@ def data_size(mesh: jax.sharding.Mesh) -> int:
     return mesh.shape[DATA_AXIS]
 
 
+def names_matter(mesh: jax.sharding.Mesh, strategy: str) -> bool:
+    """Whether the params' logical axis names change any sharding of the state: a
+    `model` axis splits what they name, and FSDP splits the dimension they prefer. On a
+    data mesh with replicated params they do not (and finding them traces the model's
+    initialisation once more)."""
+    return strategy == "fsdp" or mesh.shape.get(MODEL_AXIS, 1) > 1
+
+
 def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 

@@ -260,10 +260,11 @@ def _build(spec: RunSpec, workdir, mesh, log, signals, tasks, splits, inputs, or
     tx = objectives.restrict(tx, objective)  # params the objective keeps fixed get no update
     init_state = step_lib.make_init_state(objective, tx, spec.log_q_buckets)
     shapes = jax.eval_shape(init_state, seed)
+    strategy = spec.mesh.param_sharding
     try:  # a model axis that does not divide the towers' heads: named in one line
         state_sharding = sharding.state_shardings(
-            shapes, mesh, spec.mesh.param_sharding,
-            models.logical_axes(model, spec.inputs.max_lens))
+            shapes, mesh, strategy, models.logical_axes(model, spec.inputs.max_lens)
+            if sharding.names_matter(mesh, strategy) else None)
     except ValueError as e:
         raise ConfigError(f"config.{e}") from None
     # Nothing is computed yet: `_restore` reads the checkpoint into `abstract`, or makes

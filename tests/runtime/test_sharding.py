@@ -235,6 +235,31 @@ def test_the_transformer_towers_weights_split_over_the_model_axis():
     assert all(s == P() for p, s in specs.items() if "norm" in p or "out_bias" in p)
 
 
+def test_the_names_are_looked_up_only_where_they_can_change_a_sharding():
+    """A data mesh with replicated params shards the state the same without the params'
+    logical names, so a run does not trace the model's initialisation once more to find
+    them (`sharding.names_matter`); a model axis splits what they name, and FSDP prefers
+    the dimensions they name."""
+    cfg = tiny(**{"model.tower": "transformer", "model.transformer.width": 32,
+                  "model.transformer.mlp_dim": 64, "model.transformer.num_heads": 4}).model
+    model = dual_encoder.make_model(model_spec(cfg), 2000 + 1 + 50)
+    tx = optax.adamw(1e-3)
+
+    def init(seed):
+        params = dual_encoder.init_params(model, jax.random.PRNGKey(seed), 16)
+        return {"params": params, "opt_state": tx.init(params)}
+
+    shapes, names = jax.eval_shape(init, 0), dual_encoder.logical_axes(model, 16)
+    same = lambda mesh, strategy: (sharding.state_shardings(shapes, mesh, strategy, names)
+                                   == sharding.state_shardings(shapes, mesh, strategy, None))
+    for devices in (1, 2, 8):
+        mesh = sharding.make_mesh(devices)
+        assert not sharding.names_matter(mesh, "replicated") and same(mesh, "replicated")
+        assert sharding.names_matter(mesh, "fsdp")
+    mesh = sharding.make_mesh(8, model=4)
+    assert sharding.names_matter(mesh, "replicated") and not same(mesh, "replicated")
+
+
 @pytest.mark.slow
 def test_a_data_by_model_mesh_trains_as_the_data_mesh(tmp_path, monkeypatch):
     """8 devices as 2 (data) x 4 (model): every BERT weight and its Adam
