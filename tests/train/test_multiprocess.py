@@ -19,7 +19,7 @@ from dualjax.train import checkpoints
 from dualjax.train import loop as train
 
 OVERRIDES = {
-    "num_train_steps": 30, "checkpoint_every_steps": 0, "log_every_steps": 5,
+    "num_train_steps": 40, "checkpoint_every_steps": 0, "log_every_steps": 5,
     # cosine_temperature: the affine bias of cosine_affine gets a zero gradient under the
     # softmax, and Adam turns its rounding noise (a sum over processes is ordered
     # differently) into steps of the learning rate's size.
@@ -72,17 +72,17 @@ def test_two_processes_train_as_one_and_resume_together(tmp_path):
     assert "a signal to another process: saved a checkpoint at step" in out0
     assert "SIGTERM: saved a checkpoint at step" in out1
     saved = sorted(int(s) for s in os.listdir(os.path.join(two, "checkpoints")) if s.isdigit())
-    assert len(saved) == 1 and saved[0] % 5 == 0 and saved[0] < 30
+    assert len(saved) == 1 and saved[0] % 5 == 0 and saved[0] < 40
 
     results = finish(launch(two))  # the same command again: they resume and finish
     assert [code for code, _ in results] == [0, 0], results[0][1][-3000:]
     assert "Resumed from" in results[0][1] and "Resumed from" in results[1][1]
-    assert "test split, step 30" in results[0][1]  # process 0 prints the table
+    assert "test split, step 40" in results[0][1]  # process 0 prints the table
     assert "test split" not in results[1][1]
 
     step_a, a = checkpoints.latest_params(str(tmp_path / "one"))
     step_b, b = checkpoints.latest_params(two)
-    assert step_a == step_b == 30
+    assert step_a == step_b == 40
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
     rows = {r["system"]: r for r in map(json.loads, open(os.path.join(two, "metrics.jsonl")))
@@ -91,4 +91,4 @@ def test_two_processes_train_as_one_and_resume_together(tmp_path):
     # Each train row once (process 0 writes), the steps the killed pair logged after its
     # checkpoint replaced by the resumed run's.
     steps = [r["step"] for r in train_rows(two)]
-    assert steps == sorted(set(steps)) and steps[-1] == 30
+    assert steps == sorted(set(steps)) and steps[-1] == 40
