@@ -391,6 +391,18 @@ def _train_loop(run: Run, progress: Progress, evaluators, selection: Selection,
             if is_eval and _evaluate_during_training(run, progress, evaluators, selection,
                                                      rows, step):
                 break
+        # A signal that came after the last step's check (while its row or checkpoint
+        # was written): that step is saved, and the final evaluation would ignore it.
+        # From here a signal stops the run at once.
+        signals.stage = f"after step {progress.last_saved}, which is saved"
+        signals.deferring = False
+        late = signals.received
+        if jax.process_count() > 1:
+            late = (late or "a signal to another process") if processes.any_process(
+                bool(late)) else None
+        if late:
+            raise Preempted(f"{late}: saved a checkpoint at step {progress.last_saved} in "
+                            f"{run.workdir}; run the same command again to resume")
     finally:  # also on errors: the saves already started finish before we leave
         signals.deferring = False
         rows.close()

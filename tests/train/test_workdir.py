@@ -262,6 +262,32 @@ def test_a_signal_outside_training_stops_at_once_with_one_message(tmp_path, monk
 
 
 @pytest.mark.slow
+def test_a_signal_as_the_last_step_is_saved_stops_before_the_final_evaluation(tmp_path,
+                                                                              monkeypatch):
+    """A SIGTERM that lands while the last step's checkpoint is written comes after that
+    step's check: the run went on to its whole final evaluation (minutes at 1M pairs; a
+    preempted VM has seconds). It stops there now, the step saved, in one line; the same
+    command then evaluates the finished run."""
+    cfg = tiny(**{"num_train_steps": 4, "checkpoint_every_steps": 2, "eval_every_steps": 0,
+                  "log_every_steps": 2,
+                  "eval.index": "exact", "eval.untrained": False, "eval.baselines": ""})
+    run, save = tmp_path / "run", train.Progress.save
+
+    def signalled(self, step, tasks):
+        save(self, step, tasks)
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+    monkeypatch.setattr(train.Progress, "save", signalled)
+    with pytest.raises(errors.Preempted, match="SIGTERM: saved a checkpoint at step 4 in "):
+        train.train_and_evaluate(cfg, str(run))
+    assert sorted(os.listdir(run / "checkpoints")) == ["2", "4"]
+    assert not [r for r in MetricsLog(str(run)).read() if r["split"] in ("val", "test")]
+    monkeypatch.setattr(train.Progress, "save", save)
+    results = train.train_and_evaluate(cfg, str(run))
+    assert results["dual_encoder [exact]"]["num_queries"] > 0
+
+
+@pytest.mark.slow
 def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_earlier_ones_resume(tmp_path,
                                                                                monkeypatch):
     """Orbax reports a full disk as a ValueError carrying TensorStore's status (seen on a
