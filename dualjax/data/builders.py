@@ -314,14 +314,15 @@ def eval_task(spec: DatasetSpec, tfds_dir: str, split: str) -> RetrievalTask:
     keys = lambda records: ([r["key"].decode("utf-8") for r in records]
                             if any(r["key"] for r in records) else None)
     graded = any(len(r["grades"]) for r in queries)
+    ids = lambda values: np.asarray(values, np.int64).tolist()  # (Python ints, made in C)
     return RetrievalTask(
         corpus=[r["text"].decode("utf-8") for r in corpus],
         queries=[r["text"].decode("utf-8") for r in queries],
-        relevant=[frozenset(int(j) for j in r["relevant"]) for r in queries],
+        relevant=[frozenset(ids(r["relevant"])) for r in queries],
         query_corpus_index=np.asarray([int(r["self"]) for r in queries], np.int64),
         corpus_fields=corpus_fields if any(corpus_fields) else None,
         query_fields=query_fields if any(query_fields) else None,
-        grades=[dict(zip(map(int, r["relevant"]), map(int, r["grades"]), strict=True))
+        grades=[dict(zip(ids(r["relevant"]), ids(r["grades"]), strict=True))
                 for r in queries]
         if graded else None,
         corpus_keys=keys(corpus), query_keys=keys(queries))
