@@ -213,10 +213,9 @@ def tiny_bert_with_mlp(folder, mlp: int):
     return str(folder)
 
 
-def test_the_transformer_towers_weights_split_over_the_model_axis():
-    """Every attention and MLP weight of the transformer tower (and its Adam moments)
-    gets `model` on its heads or MLP columns; norms and the width's biases stay whole.
-    (The BERT tower, made of the same layers, trains below.)"""
+def transformer_state():
+    """A tiny transformer tower's train state (params and AdamW's moments) as shapes,
+    and its params' logical axis names."""
     cfg = tiny(**{"model.tower": "transformer", "model.transformer.width": 32,
                   "model.transformer.mlp_dim": 64, "model.transformer.num_heads": 4}).model
     model = dual_encoder.make_model(model_spec(cfg), 2000 + 1 + 50)
@@ -226,8 +225,15 @@ def test_the_transformer_towers_weights_split_over_the_model_axis():
         params = dual_encoder.init_params(model, jax.random.PRNGKey(seed), 16)
         return {"params": params, "opt_state": tx.init(params)}
 
-    got = sharding.state_shardings(jax.eval_shape(init, 0), sharding.make_mesh(8, model=4),
-                                   "replicated", dual_encoder.logical_axes(model, 16))
+    return jax.eval_shape(init, 0), dual_encoder.logical_axes(model, 16)
+
+
+def test_the_transformer_towers_weights_split_over_the_model_axis():
+    """Every attention and MLP weight of the transformer tower (and its Adam moments)
+    gets `model` on its heads or MLP columns; norms and the width's biases stay whole.
+    (The BERT tower, made of the same layers, trains below.)"""
+    shapes, names = transformer_state()
+    got = sharding.state_shardings(shapes, sharding.make_mesh(8, model=4), "replicated", names)
     specs = {jax.tree_util.keystr(p): s.spec for p, s in
              jax.tree_util.tree_leaves_with_path(got)}
     weights = {p: s for p, s in specs.items() if "layer" in p and "kernel" in p}
@@ -240,16 +246,7 @@ def test_the_names_are_looked_up_only_where_they_can_change_a_sharding():
     logical names, so a run does not trace the model's initialisation once more to find
     them (`sharding.names_matter`); a model axis splits what they name, and FSDP prefers
     the dimensions they name."""
-    cfg = tiny(**{"model.tower": "transformer", "model.transformer.width": 32,
-                  "model.transformer.mlp_dim": 64, "model.transformer.num_heads": 4}).model
-    model = dual_encoder.make_model(model_spec(cfg), 2000 + 1 + 50)
-    tx = optax.adamw(1e-3)
-
-    def init(seed):
-        params = dual_encoder.init_params(model, jax.random.PRNGKey(seed), 16)
-        return {"params": params, "opt_state": tx.init(params)}
-
-    shapes, names = jax.eval_shape(init, 0), dual_encoder.logical_axes(model, 16)
+    shapes, names = transformer_state()
     same = lambda mesh, strategy: (sharding.state_shardings(shapes, mesh, strategy, names)
                                    == sharding.state_shardings(shapes, mesh, strategy, None))
     for devices in (1, 2, 8):
