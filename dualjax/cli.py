@@ -195,6 +195,11 @@ def run(main: Callable[[list[str]], None], module: str, name: str = "", **kwargs
 
 
 def _terminate(signum, frame) -> None:
+    """SIGTERM: raised where the command is. In a multi-process command the others are
+    told first, before any cleanup: a cleanup that meets a collective then stops there
+    (`processes`) instead of waiting in it for processes that are still working."""
+    if (watcher := peers.active()) is not None:
+        watcher.announce("SIGTERM")
     raise Terminated()
 
 

@@ -36,6 +36,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from absl import logging
+
 from dualjax.errors import PeerStopped
 
 BEAT = 0.5  # seconds between beats (3 small RPCs to the service each)
@@ -86,7 +88,7 @@ class Peers:
         self.signal: str | None = None  # why this process told the others it stops
         self.deferring: Callable[[], bool] = lambda: False  # (training: Signals.deferring)
         self._cleanups: dict[int, Callable[[], None]] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (a signal handler may announce inside exit)
         self._stopped = threading.Event()  # set with `reason`
         self._announced = threading.Event()  # this process' stop is with the service
         self._exiting = False
@@ -190,15 +192,30 @@ class Peers:
             if first:
                 self.signal = why
         if not first:
-            self._announced.wait(UNREACHABLE)
+            self._announced.wait(UNREACHABLE + 1)
             return False
         try:
-            self.client.key_value_set(f"{PREFIX}stop/{self.me}", why, allow_overwrite=True)
-        except Exception:
-            pass  # (the others find this process' beats stopping instead)
+            self._send_stop(why)
         finally:
             self._announced.set()
         return True
+
+    def _send_stop(self, why: str) -> None:
+        """Writes this process' stop to the service, trying again for UNREACHABLE seconds
+        when it does not answer (loaded, for a moment): a stop not written reads as a dead
+        process to the others (exit 1 after `timeout`, not this signal's status)."""
+        deadline = time.monotonic() + UNREACHABLE
+        while True:
+            try:
+                self.client.key_value_set(f"{PREFIX}stop/{self.me}", why,
+                                          allow_overwrite=True)
+                return
+            except Exception as e:
+                if time.monotonic() > deadline:  # (the others find the beats stopping)
+                    logging.warning("could not tell the other processes that this one "
+                                    "stops (%s): %s", why, e)
+                    return
+                time.sleep(0.05)
 
     def _stop(self, code: int, why: str) -> None:
         """Another process stopped, died, or the service is gone: this one stops too."""

@@ -11,6 +11,10 @@ from absl import logging
 from tqdm.auto import tqdm
 
 LOG_EVERY_SECONDS = 30.0
+# tqdm's monitor thread (it shortens a stalled bar's refresh) is started by the first bar:
+# a SIGTERM landing while it starts was turned into "release unlocked lock", swallowed
+# with a TqdmMonitorWarning, and the command went on. No bar here needs it.
+tqdm.monitor_interval = 0
 
 
 class Progress:

@@ -217,3 +217,40 @@ def test_a_second_announcer_waits_until_the_stop_is_with_the_service():
     watcher.join(5)
     handler.join(5)
     assert second == [(False, {f"{peers.PREFIX}stop/1": "SIGTERM"})]
+
+
+class _Store:
+    """The coordination service's key-value store, failing its first `failures` writes."""
+    def __init__(self, failures=0):
+        self.store, self.failures = {}, failures
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("UNAVAILABLE: the service is busy")
+        self.store[key] = value
+
+
+def test_a_stop_the_service_does_not_take_at_once_is_sent_again():
+    """A stop lost to one failed write read as a dead process to the others: exit 1 after
+    --peer_timeout, not the signal's 143 (a CI run's failure of the SIGTERM test)."""
+    from dualjax.runtime import peers
+    client = _Store(failures=3)
+    p = peers.Peers(client, me=0, count=2, command="dualjax.index", timeout=10)
+    assert p.announce("SIGTERM")
+    assert client.store == {f"{peers.PREFIX}stop/0": "SIGTERM"}
+
+
+def test_a_sigterm_tells_the_others_before_the_command_cleans_up(monkeypatch):
+    """The handler announces, then raises: a cleanup that meets a collective (process 0
+    telling the others it refused) then stops there (leaving) instead of waiting in it
+    for processes still encoding."""
+    from dualjax.errors import Terminated
+    from dualjax.runtime import peers
+    client = _Store()
+    p = peers.Peers(client, me=1, count=2, command="dualjax.index", timeout=10)
+    monkeypatch.setattr(peers, "_active", p)
+    with pytest.raises(Terminated):
+        cli._terminate(signal.SIGTERM, None)
+    assert client.store == {f"{peers.PREFIX}stop/1": "SIGTERM"}
+    assert peers.leaving() == "stopped by SIGTERM"
