@@ -32,6 +32,7 @@ from dualjax.data import sources
 from dualjax.data.clusters import RawData, RetrievalTask
 from dualjax.data.pairs_file import _read_bytes
 from dualjax.errors import DataError
+from dualjax.runtime import files as runtime_files
 
 # BEIR qrels file name -> our split ("train" gives the training pairs).
 SPLITS = {"dev.tsv": "val", "test.tsv": "test", "train.tsv": "train"}
@@ -291,8 +292,8 @@ def _settings(data: Mapping[str, Any], seed: int) -> dict:
     for root, _, files in sorted(os.walk(folder)):
         for name in sorted(files):
             if name.endswith((".jsonl", ".tsv")):
-                with open(os.path.join(root, name), "rb") as f:
-                    digest.update(name.encode() + hashlib.file_digest(f, "sha256").digest())
+                digest.update(name.encode() + bytes.fromhex(
+                    runtime_files.sha256_of(os.path.join(root, name))))
     return {"seed": seed, "path": folder, "sha256": digest.hexdigest(),
             "skip_bad_lines": data["skip_bad_lines"], **sources.negatives_settings(data),
             **({} if data.get("ignore_identical_ids", True) else {"ignore_identical_ids": False})}

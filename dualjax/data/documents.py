@@ -35,6 +35,7 @@ from absl import logging
 
 from dualjax.data import beir, reqa
 from dualjax.errors import DataError
+from dualjax.runtime import files as runtime_files
 from dualjax.text.words import sentence_spans, words
 
 FORMAT = 2  # of the cache file; bump when reading or splitting changes
@@ -287,8 +288,7 @@ def _digest(path: str) -> str:
     h = hashlib.sha256()
     files = ([os.path.join(path, "corpus.jsonl")] if os.path.isdir(path) else [path])
     for name in files:
-        with open(name, "rb") as f:
-            h.update(hashlib.file_digest(f, "sha256").digest())
+        h.update(bytes.fromhex(runtime_files.sha256_of(name)))
     return h.hexdigest()
 
 

@@ -21,13 +21,13 @@ tests/project/test_plugins.py registers one from a test file.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from dualjax.data.clusters import RawData
 from dualjax.errors import DataError
+from dualjax.runtime import files
 from dualjax.runtime.registry import Registry
 
 CANDIDATES = ("split", "all")  # data.candidates of the clustered sources
@@ -81,8 +81,7 @@ def file_settings(path: str, what: str) -> dict:
         raise DataError(f"{path}: is a folder; data.path must name {what}")
     if not os.path.isfile(full):
         raise DataError(f"{path}: no such file (data.path)")
-    with open(full, "rb") as f:
-        return {"path": full, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+    return {"path": full, "sha256": files.sha256_of(full)}
 
 
 def negatives_settings(data: Mapping[str, Any]) -> dict:

@@ -28,6 +28,7 @@ import zipfile
 from collections.abc import Sequence
 
 from dualjax.errors import PretrainedError  # noqa: F401 (raised here)
+from dualjax.runtime import files
 from dualjax.runtime.files import atomic_write
 
 MARKER = "dualjax_pretrained.json"  # written into a fetched folder: where it came from
@@ -135,8 +136,7 @@ def folder_of(name: str) -> str:
 
 
 def sha256_file(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+    return files.sha256_of(path)
 
 
 def verify(source: Source, folder: str) -> None:

@@ -43,14 +43,32 @@ def atomic_write(path: str | os.PathLike, text: str) -> None:
     os.replace(tmp, path)
 
 
+SETTLED_S = 2.0  # a file last modified this long ago: its digest is kept (`sha256_of`)
+_DIGESTS: dict[tuple, str] = {}
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """sha256 hex of a file's bytes. A run reads the digests of its data and weight
+    files several times (the tables' names, the workdir's record, the start's identity:
+    seven reads of the pairs file and the weights before the first table); a file
+    last modified SETTLED_S or more before is read once a process, while its size,
+    modification time and inode stay the same (a rewrite gives it a newer time; the
+    workdir's record trusts the same between runs, `train/workdir.check_data`)."""
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key in _DIGESTS:
+        return _DIGESTS[key]
+    with open(path, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    if time.time_ns() - st.st_mtime_ns >= SETTLED_S * 1e9:
+        _DIGESTS[key] = digest
+    return digest
+
+
 def file_digests(folder: str, names: Sequence[str]) -> dict[str, str]:
     """{name: sha256 hex of folder/name} (a file's name and bytes: what a bundle or an
     index records, and checks when loaded)."""
-    out = {}
-    for name in names:
-        with open(os.path.join(folder, name), "rb") as f:
-            out[name] = hashlib.file_digest(f, "sha256").hexdigest()
-    return out
+    return {name: sha256_of(os.path.join(folder, name)) for name in names}
 
 
 def files_under(folder: str) -> list[str]:

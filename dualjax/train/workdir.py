@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import glob
-import hashlib
 import json
 import os
 import shutil
@@ -45,6 +44,7 @@ from dualjax.runtime.files import (
     atomic_write,
     has_checkpoint,
     has_state,
+    sha256_of,
 )
 from dualjax.runtime.processes import is_main, main_first
 
@@ -239,8 +239,7 @@ def _identity(path: str, key: str) -> dict[str, Any] | None:
     """{key, size, mtime_ns, sha256} of the file at `path`, None when it is not there."""
     try:
         st = os.stat(path)
-        with open(path, "rb") as f:
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        digest = sha256_of(path)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     return {"key": key, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
