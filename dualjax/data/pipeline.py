@@ -20,6 +20,7 @@ import numpy as np
 from absl import logging
 
 from dualjax.data import shuffle, token_cache
+from dualjax.runtime.pipeline import Background, Later
 from dualjax.text.sides import Inputs, Side
 from dualjax.text.words import normalize
 
@@ -110,8 +111,19 @@ def pair_texts(source) -> Iterable[str]:
         yield r["document"].decode("utf-8")
 
 
+Table = dict[str, np.ndarray]  # every pair's arrays, by name (`pretokenized_pairs`)
+Pending = Background | Later  # one in the making, in a thread
+
+
 PRETOKENIZE_MAX_BYTES = 2 * 2 ** 30  # a source whose token ids fit in this is encoded once
 CHUNK = 1 << 15  # records encoded at a time when the source is pretokenized
+
+
+def fits_pretokenized(source, inputs: Inputs, num_hard_negatives: int = 0) -> bool:
+    """Whether the token ids of every record of `source` take at most
+    `PRETOKENIZE_MAX_BYTES` (`pretokenized_pairs` encodes them once then)."""
+    row_bytes = 5 * (inputs.query.max_len + (1 + num_hard_negatives) * inputs.document.max_len)
+    return len(source) * row_bytes <= PRETOKENIZE_MAX_BYTES
 
 
 def pretokenized_pairs(source, inputs: Inputs, num_hard_negatives: int = 0,
@@ -126,8 +138,7 @@ def pretokenized_pairs(source, inputs: Inputs, num_hard_negatives: int = 0,
     keep_in: a folder where the arrays are kept for the next run that asks the same
     (`token_cache`: read back from there when they are; written there when `write`);
     inputs_id names the tokenizer and the categorical fields' vocabularies."""
-    row_bytes = 5 * (inputs.query.max_len + (1 + num_hard_negatives) * inputs.document.max_len)
-    if len(source) * row_bytes > PRETOKENIZE_MAX_BYTES:
+    if not fits_pretokenized(source, inputs, num_hard_negatives):
         return None
     kept = token_cache.folder(keep_in, source, inputs, num_hard_negatives, inputs_id)
     if kept and (arrays := token_cache.read(kept)) is not None:
@@ -152,27 +163,42 @@ class ReadPairs(grain.transforms.Map):
     gather of rows of those arrays: no record read and no Python string work per batch.
     Otherwise records are read with one bulk `__getitems__` per batch (array_record then
     fetches them together) and encoded then. Both give the same arrays (`map_records`
-    does either).
+    does either), so `table` may also be still in the making (a `Background`, or its
+    `Later` part): until it is done, each batch is encoded from its records, and the
+    first steps of a run need not wait for every pair to be tokenized.
     """
 
     def __init__(self, source, inputs: Inputs, num_hard_negatives: int = 0,
-                 pretokenize: bool = True, table: dict[str, np.ndarray] | None = None):
+                 pretokenize: bool = True, table: Table | Pending | None = None):
         self._inputs, self._k = inputs, num_hard_negatives
         # A table's records parsed for what is encoded alone.
         self._source = only(source, ["query", "document", "cluster"] + [
             f"{side}_fields" for side in ("query", "document")
             if getattr(inputs, side).features] + ["hard_negatives"] * bool(num_hard_negatives))
-        self._table = table
+        self._table: Table | Pending | None = table
         if table is None and pretokenize:
             self._table = pretokenized_pairs(source, inputs, num_hard_negatives)
 
     @property
     def pretokenized(self) -> bool:
+        """Whether batches gather rows of a table (or will, once it is made)."""
         return self._table is not None
 
+    def _ready(self) -> Table | None:
+        """The table, once there is one to gather from (a pending one's error is raised
+        here, in the thread reading a batch)."""
+        table = self._table
+        if table is None or isinstance(table, dict):
+            return table
+        if not table.done():
+            return None
+        self._table = made = table.result()
+        return made
+
     def map(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-        if self._table is not None:
-            return {k: v[indices] for k, v in self._table.items()}
+        table = self._ready()
+        if table is not None:
+            return {k: v[indices] for k, v in table.items()}
         return self.map_records(read_records(self._source, indices.tolist()))
 
     def map_records(self, records: Sequence[dict]) -> dict[str, np.ndarray]:
@@ -271,11 +297,11 @@ def _iterate(ds: grain.MapDataset, worker_count: int, prefetch_batches: int
 def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
                    worker_count: int = 0, num_mixed_negatives: int = 0,
                    num_hard_negatives: int = 0, prefetch_batches: int = 4,
-                   pretokenize: bool = True, table: dict[str, np.ndarray] | None = None
+                   pretokenize: bool = True, table: Table | Pending | None = None
                    ) -> grain.DatasetIterator:
     """An endless iterator of this process's share of each global training batch (its
     pairs encoded once up front with `pretokenize`, or given so encoded as `table`:
-    `pretokenized_pairs`; see `ReadPairs`).
+    `pretokenized_pairs`, or still being encoded; see `ReadPairs`).
 
     Every epoch is reshuffled (seeded, `shuffle.stream`); the last incomplete batch of an
     epoch does not exist because the data repeats before batching. Every process orders
@@ -295,6 +321,11 @@ def train_iterator(source, inputs: Inputs, global_batch_size: int, seed: int,
     local, n = global_batch_size // n_proc, len(source)
     batches = grain.MapDataset.range(2 ** 62 // global_batch_size)
     ds = batches.map(lambda b: shuffle.stream(b * global_batch_size + i * local, local, n, seed))
+    if table is not None and not isinstance(table, dict):
+        if not fits_pretokenized(source, inputs, num_hard_negatives):
+            table = None  # (it will be None: each batch encoded as it is read)
+        elif worker_count > 0:  # the workers are handed the table itself
+            table = table.result()
     reader = ReadPairs(source, inputs, num_hard_negatives, pretokenize, table)
     ds = ds.map(reader)
     if num_mixed_negatives:

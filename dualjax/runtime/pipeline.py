@@ -178,9 +178,10 @@ _END = object()
 
 class Background(Generic[T]):
     """`fn()` run in a thread from now on: `result()` waits for it and returns its value,
-    or raises its error there, in the caller's thread. The thread is a daemon: a run that
-    fails before asking for the result does not wait for it to end. (A run tokenizes its
-    training pairs this way while its model is built and compiled.)"""
+    or raises its error there, in the caller's thread; `done()` says whether it would
+    wait. The thread is a daemon: a run that fails before asking for the result does not
+    wait for it to end. (A run tokenizes its training pairs this way while its model is
+    built and compiled, and while its first steps train: `data.pipeline.ReadPairs`.)"""
 
     def __init__(self, fn: Callable[[], T], name: str):
         self._done = threading.Event()
@@ -197,8 +198,29 @@ class Background(Generic[T]):
 
         threading.Thread(target=work, name=name, daemon=True).start()
 
+    def done(self) -> bool:
+        return self._done.is_set()
+
     def result(self) -> T:
         self._done.wait()
         if self._error:
             raise self._error[0]
         return self._value[0]
+
+    def then(self, fn: Callable[[T], Any]) -> Later:
+        """`fn` of the result, as the result of a `Later` (in no thread of its own)."""
+        return Later(self, fn)
+
+
+class Later:
+    """`fn(background.result())`, asked for like the Background itself (`done`,
+    `result`): one task's part of what a Background makes for several."""
+
+    def __init__(self, background: Background, fn: Callable[[Any], Any]):
+        self._background, self._fn = background, fn
+
+    def done(self) -> bool:
+        return self._background.done()
+
+    def result(self) -> Any:
+        return self._fn(self._background.result())

@@ -162,12 +162,14 @@ def _train_and_evaluate(spec: RunSpec, workdir: str, mesh, hooks: Sequence[Hook]
                                                         rebuilt))
     spec = tasks_lib.capped_steps(spec, tasks)
     s = spec.schedule
-    pairs = tasks if s.num_train_steps else ()  # tokenized while the model is built
+    # The pairs are tokenized in a thread while the model is built and compiled, and
+    # while the first steps train on batches encoded as they are read (`ReadPairs`).
+    pairs = tasks if s.num_train_steps else ()
     tables = Background(functools.partial(tasks_lib.tokenized_pairs, pairs, prepared[1],
                                           workdir, processes.is_main()), "tokenize pairs")
     run, progress = _build(spec, workdir, mesh, log, signals, tasks, *prepared)
     if s.num_train_steps:
-        progress.data_iters = _training_data(run, tables.result())
+        progress.data_iters = _training_data(run, tables)
     _restore(run, progress)
     selection = Selection(spec.eval.select_by, s.early_stopping * s.eval_every_steps,
                           s.num_train_steps, workdir, run.system)
@@ -291,16 +293,18 @@ def _build(spec: RunSpec, workdir, mesh, log, signals, tasks, splits, inputs, or
     return run, Progress(abstract, step_with(spec.objective.encode_chunks))
 
 
-def _training_data(run: Run, tables: dict[str, dict[str, np.ndarray] | None]) -> list:
+def _training_data(run: Run, tables: Background[dict[str, dict[str, np.ndarray] | None]]
+                   ) -> list:
     """Each task's iterator of this process's share of the training batches (`tables`:
-    its pairs tokenized already, `tasks.tokenized_pairs`; data.tasks "pseudo": its pairs
-    labelled by the start first; "distill": its candidates scored by the teacher
-    first)."""
+    its pairs being tokenized, `tasks.tokenized_pairs`: until they are, a batch is
+    encoded as it is read; data.tasks "pseudo": its pairs labelled by the start first;
+    "distill": its candidates scored by the teacher first)."""
     spec, s = run.spec, run.spec.schedule
     model_data.prepare(spec, run.tasks, run.workdir, run.inputs, run.mesh, run.encoders,
                        run.first_params)
     iters = [t.train_iterator(run.inputs, s.global_batch_size, s.seed + i,
-                              spec.num_mixed_negatives, tables.get(t.name))
+                              spec.num_mixed_negatives,
+                              tables.then(functools.partial(_of_task, t.name)))
              for i, t in enumerate(run.tasks)]
     for t in run.tasks:
         logging.info("%s%s; global batch %d over %d devices of the data axis",
@@ -308,6 +312,11 @@ def _training_data(run: Run, tables: dict[str, dict[str, np.ndarray] | None]) ->
                      t.describe_training(s.global_batch_size),
                      s.global_batch_size, sharding.data_size(run.mesh))
     return iters
+
+
+def _of_task(name: str, tables: dict[str, dict[str, np.ndarray] | None]
+             ) -> dict[str, np.ndarray] | None:
+    return tables.get(name)
 
 
 def _restore(run: Run, progress: Progress) -> None:

@@ -136,9 +136,9 @@ class Task:
 
     def train_iterator(self, inputs: sides.Inputs, global_batch_size: int, seed: int,
                        num_mixed_negatives: int = 0,
-                       table: dict[str, np.ndarray] | None = None):
+                       table: pipeline.Table | pipeline.Pending | None = None):
         """An endless iterator of this process's share of each global training batch
-        (`table`: its pairs already encoded, `pretokenized_pairs`)."""
+        (`table`: its pairs already encoded, `pretokenized_pairs`, or being encoded)."""
         d = self.data
         if self.pretraining:
             return pipeline.generated_iterator(self.train_source, inputs, global_batch_size,

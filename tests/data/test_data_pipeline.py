@@ -233,6 +233,43 @@ def test_pretokenized_batches_equal_the_records_encoded_per_batch(train_src, tok
         _assert_same([once.map(indices)], [each.map(indices)])
 
 
+def test_batches_read_while_the_table_is_made_are_encoded_and_equal_its_rows(
+        train_src, tokenizer, monkeypatch):
+    """A table still in the making (the run's tokenizing thread): the iterator's first
+    batches are encoded from their records, the same arrays its rows will hold; once
+    it is done, batches gather them; its error is raised where a batch is read."""
+    import threading
+
+    from dualjax.runtime.pipeline import Background
+    inputs, gate = _inputs(tokenizer, 7, 12), threading.Event()
+    pending = Background(lambda: gate.wait(30) and pipeline.pretokenized_pairs(
+        train_src, inputs), "tokenize pairs")
+    encoded = []
+    each = pipeline.ReadPairs.map_records
+    monkeypatch.setattr(pipeline.ReadPairs, "map_records",
+                        lambda self, records: encoded.append(len(records)) or each(self, records))
+    it = pipeline.train_iterator(train_src, inputs, 16, seed=SEED, table=pending,
+                                 prefetch_batches=1)
+    early = _take(it, 2)
+    assert encoded and not pending.done()  # read while the table was pending
+    gate.set()
+    pending.result()
+    encoded.clear()
+    late = _take(it, 6)[-2:]  # (the prefetched ones past)
+    assert not encoded  # gathered
+    ready = _take(pipeline.train_iterator(train_src, inputs, 16, seed=SEED,
+                                          table=pending.result()), 8)
+    _assert_same(early + late, ready[:2] + ready[-2:])
+
+    def fail():
+        raise ValueError("4 hard negatives per pair asked for, but the data has fewer")
+    failed = Background(fail, "tokenize pairs")
+    with pytest.raises(ValueError, match="hard negatives"):
+        failed.result()  # (done)
+    with pytest.raises(ValueError, match="hard negatives"):
+        pipeline.ReadPairs(train_src, inputs, table=failed).map(np.arange(4))
+
+
 def test_encoded_pairs_are_kept_and_read_back_only_for_the_same_table_and_inputs(
         train_src, tokenizer, tmp_path, monkeypatch):
     """`keep_in` (data/token_cache.py): the arrays are kept in one folder per key and
