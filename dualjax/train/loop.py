@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import operator
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -304,7 +305,7 @@ def _training_data(run: Run, tables: Background[dict[str, dict[str, np.ndarray] 
                        run.first_params)
     iters = [t.train_iterator(run.inputs, s.global_batch_size, s.seed + i,
                               spec.num_mixed_negatives,
-                              tables.then(functools.partial(_of_task, t.name)))
+                              tables.then(operator.itemgetter(t.name)))
              for i, t in enumerate(run.tasks)]
     for t in run.tasks:
         logging.info("%s%s; global batch %d over %d devices of the data axis",
@@ -312,11 +313,6 @@ def _training_data(run: Run, tables: Background[dict[str, dict[str, np.ndarray] 
                      t.describe_training(s.global_batch_size),
                      s.global_batch_size, sharding.data_size(run.mesh))
     return iters
-
-
-def _of_task(name: str, tables: dict[str, dict[str, np.ndarray] | None]
-             ) -> dict[str, np.ndarray] | None:
-    return tables.get(name)
 
 
 def _restore(run: Run, progress: Progress) -> None:
